@@ -1,0 +1,3 @@
+//! convoy runtime.
+#[cfg(feature = "testing")]
+pub mod testing;
