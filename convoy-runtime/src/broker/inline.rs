@@ -1,0 +1,148 @@
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{Broker, Capabilities, Publication, PublishError};
+use crate::engine::ConsumerPlan;
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::handler::BoxFuture;
+
+/// An event an inline handler gave up on after its retries.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The handler.
+    pub handler: &'static str,
+    /// The event.
+    pub envelope: Envelope,
+    /// The last error.
+    pub error: String,
+}
+
+/// The in-process broker: one queue, delivered in strict submission order,
+/// one event at a time. It does not advertise `STREAM_PARTITIONING`;
+/// `sequential_by` is an accepted no-op here because nothing runs in
+/// parallel.
+#[derive(Debug, Default)]
+pub struct InlineBroker {
+    queue: Mutex<VecDeque<Envelope>>,
+    wake: Notify,
+    dead: Mutex<Vec<DeadLetter>>,
+}
+
+impl InlineBroker {
+    /// A new, empty inline broker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Events given up on after their retries.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.dead
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn pop(&self) -> Option<Envelope> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front()
+    }
+
+    /// Delivers every queued event (and those queued meanwhile); returns how
+    /// many events were delivered.
+    pub async fn drain(&self, plan: &ConsumerPlan) -> usize {
+        let mut n = 0;
+        while let Some(e) = self.pop() {
+            self.deliver(plan, &e).await;
+            n += 1;
+        }
+        n
+    }
+
+    async fn deliver(&self, plan: &ConsumerPlan, envelope: &Envelope) {
+        let retry = &plan.config.server.retry;
+        for sub in plan.subscriptions.iter().filter(|s| s.category == envelope.category) {
+            let mut attempt = 1;
+            loop {
+                match plan.invoke(sub, envelope, attempt, None).await {
+                    Ok(_) => break,
+                    Err(e) if attempt > retry.max_retries => {
+                        tracing::error!(handler = sub.name, id = %envelope.id, error = %e, "handler failed after retries; event dead-lettered");
+                        self.dead
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(DeadLetter {
+                                handler: sub.name,
+                                envelope: envelope.clone(),
+                                error: e.to_string(),
+                            });
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(handler = sub.name, id = %envelope.id, attempt, error = %e, "handler failed; retrying");
+                        tokio::time::sleep(retry.backoff(attempt)).await;
+                        attempt += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Broker for InlineBroker {
+    fn name(&self) -> &str {
+        "inline"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
+    fn is_inline(&self) -> bool {
+        true
+    }
+
+    fn as_inline(&self) -> Option<&InlineBroker> {
+        Some(self)
+    }
+
+    fn publish<'a>(
+        &'a self,
+        _producer: &'a str,
+        batch: &'a [Publication],
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        {
+            let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            q.extend(batch.iter().map(|p| p.envelope.clone()));
+        }
+        self.wake.notify_one();
+        Box::pin(async { Ok(()) })
+    }
+
+    fn run(
+        self: Arc<Self>,
+        plan: Arc<ConsumerPlan>,
+        shutdown: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            loop {
+                let notified = self.wake.notified();
+                while let Some(e) = self.pop() {
+                    self.deliver(&plan, &e).await;
+                    if shutdown.is_cancelled() {
+                        return Ok(());
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = notified => {}
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,100 @@
+//! Brokers: where the outbox publishes and from which handlers consume.
+//!
+//! - [`InlineBroker`]: in-process, strict submission order, no services;
+//!   `sequential_by` is an accepted no-op there.
+//! - `RedisBroker` (in [`crate::redis`]): Redis Streams with partition
+//!   streams, leases and fences.
+
+mod inline;
+
+pub use inline::{DeadLetter, InlineBroker};
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::ConsumerPlan;
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::handler::BoxFuture;
+
+/// What a broker can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities(u32);
+
+impl Capabilities {
+    /// Nothing beyond plain publish/subscribe.
+    pub const NONE: Capabilities = Capabilities(0);
+    /// The broker routes each partitioned event to its own partition stream
+    /// and consumes each partition under an ownership lease.
+    pub const STREAM_PARTITIONING: Capabilities = Capabilities(1);
+
+    /// Whether every capability in `other` is present.
+    pub const fn contains(self, other: Capabilities) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Both sets together.
+    pub const fn union(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 | other.0)
+    }
+}
+
+/// One event to publish, already routed.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    /// The outbox sequence number (increasing per producer).
+    pub seq: u64,
+    /// The stream to append to.
+    pub stream: String,
+    /// The applied partition key, to add to the category's index.
+    pub partition: Option<String>,
+    /// The event.
+    pub envelope: Envelope,
+}
+
+/// A failed publish: how many publications of the batch went out, in order,
+/// before `error`.
+#[derive(Debug)]
+pub struct PublishError {
+    /// Publications that were written.
+    pub published: usize,
+    /// What stopped the rest.
+    pub error: Error,
+}
+
+/// A message broker.
+pub trait Broker: Send + Sync + 'static {
+    /// A short name for messages (`inline`, `redis`).
+    fn name(&self) -> &str;
+
+    /// What the broker can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Whether this is the inline broker, the accepted exception for
+    /// `sequential_by` without `STREAM_PARTITIONING`.
+    fn is_inline(&self) -> bool {
+        false
+    }
+
+    /// The inline broker itself, when this is it.
+    fn as_inline(&self) -> Option<&InlineBroker> {
+        None
+    }
+
+    /// Publishes a batch in order. `producer` identifies the outbox so a
+    /// broker can drop a re-sent publication it already wrote.
+    fn publish<'a>(
+        &'a self,
+        producer: &'a str,
+        batch: &'a [Publication],
+    ) -> BoxFuture<'a, Result<(), PublishError>>;
+
+    /// Consumes for every subscription of `plan` until `shutdown` fires, then
+    /// finishes the events in flight and returns.
+    fn run(
+        self: Arc<Self>,
+        plan: Arc<ConsumerPlan>,
+        shutdown: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), Error>>;
+}

@@ -1,0 +1,384 @@
+//! Configuration: `domain.toml`.
+//!
+//! ```toml
+//! [broker]
+//! url = "inline"                   # or "redis://127.0.0.1:6379/0", "rediss://user:pass@host/0"
+//!
+//! [server.partitioning]
+//! lease_ttl_ms = 15000
+//! heartbeat_interval_seconds = 3.0 # default lease_ttl_ms / 5000
+//! poll_interval_seconds = 0.25
+//! reap_idle_ms = 3600000
+//! partition_warning_threshold = 10000
+//!
+//! [server.priority_lanes]
+//! enabled = false
+//! backfill_suffix = "backfill"
+//!
+//! [server.retry]
+//! max_retries = 3
+//! initial_backoff_ms = 100
+//! max_backoff_ms = 10000
+//! ```
+//!
+//! Every key is optional; a missing file means every default. Unknown keys
+//! are errors naming the key and the file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// The whole configuration of a domain.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Which broker to use.
+    pub broker: BrokerConfig,
+    /// Engine settings.
+    pub server: ServerConfig,
+}
+
+/// `[broker]`.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// `inline`, or a `redis://` / `rediss://` URL.
+    pub url: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            url: "inline".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
+}
+
+/// A URL with its password replaced by `***`, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// `[server.partitioning]`.
+    pub partitioning: PartitioningConfig,
+    /// `[server.priority_lanes]`.
+    pub priority_lanes: PriorityLanesConfig,
+    /// `[server.retry]`.
+    pub retry: RetryConfig,
+}
+
+/// `[server.partitioning]`: timing of the partitioned consumer.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitioningConfig {
+    /// How long an ownership lease is held before it must be renewed.
+    pub lease_ttl_ms: u64,
+    /// How often the owner renews its leases; default `lease_ttl_ms / 5000`.
+    pub heartbeat_interval_seconds: Option<f64>,
+    /// How long a partition worker waits between reads when its partition is
+    /// empty and no wake-up arrives (a safety net; new events wake workers at
+    /// once).
+    pub poll_interval_seconds: f64,
+    /// How long a drained partition sits idle before its owner retires it.
+    pub reap_idle_ms: u64,
+    /// Warn when a category has more live partitions than this.
+    pub partition_warning_threshold: u64,
+}
+
+impl Default for PartitioningConfig {
+    fn default() -> Self {
+        PartitioningConfig {
+            lease_ttl_ms: 15_000,
+            heartbeat_interval_seconds: None,
+            poll_interval_seconds: 0.25,
+            reap_idle_ms: 3_600_000,
+            partition_warning_threshold: 10_000,
+        }
+    }
+}
+
+impl PartitioningConfig {
+    /// The lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// The heartbeat interval (explicit or `lease_ttl_ms / 5000` seconds).
+    pub fn heartbeat_interval(&self) -> Duration {
+        match self.heartbeat_interval_seconds {
+            Some(s) => Duration::from_secs_f64(s),
+            None => Duration::from_millis(self.lease_ttl_ms / 5),
+        }
+    }
+
+    /// The poll interval.
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.poll_interval_seconds)
+    }
+
+    /// The idle time after which a drained partition is retired.
+    pub fn reap_idle(&self) -> Duration {
+        Duration::from_millis(self.reap_idle_ms)
+    }
+}
+
+/// `[server.priority_lanes]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriorityLanesConfig {
+    /// Route low-priority events to the backfill lane.
+    pub enabled: bool,
+    /// The backfill lane suffix; also a reserved key value.
+    pub backfill_suffix: String,
+}
+
+impl Default for PriorityLanesConfig {
+    fn default() -> Self {
+        PriorityLanesConfig {
+            enabled: false,
+            backfill_suffix: "backfill".to_owned(),
+        }
+    }
+}
+
+/// `[server.retry]`: how a failing event is retried.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Retries after the first attempt; then a partition halts and an
+    /// ordinary handler dead-letters.
+    pub max_retries: u32,
+    /// The first back-off.
+    pub initial_backoff_ms: u64,
+    /// The longest back-off (back-off doubles up to it).
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_retries: 3,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 10_000,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The back-off before attempt `attempt + 1`, after `attempt` failures.
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(30);
+        let ms = self
+            .initial_backoff_ms
+            .saturating_mul(1u64 << exp)
+            .min(self.max_backoff_ms);
+        Duration::from_millis(ms)
+    }
+}
+
+impl Config {
+    /// Reads `path`; a missing file means every default.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, Error> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::from_toml_in(&text, &file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let c = Config::default();
+                c.validate(&file)?;
+                Ok(c)
+            }
+            Err(e) => Err(Error::Config {
+                file,
+                message: format!("cannot read the file: {e}"),
+            }),
+        }
+    }
+
+    /// Parses TOML text (errors name the file as `<string>`).
+    pub fn from_toml(text: &str) -> Result<Config, Error> {
+        Config::from_toml_in(text, "<string>")
+    }
+
+    fn from_toml_in(text: &str, file: &str) -> Result<Config, Error> {
+        let c: Config = toml::from_str(text).map_err(|e| Error::Config {
+            file: file.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        c.validate(file)?;
+        Ok(c)
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self, file: &str) -> Result<(), Error> {
+        let err = |message: String| {
+            Err(Error::Config {
+                file: file.to_owned(),
+                message,
+            })
+        };
+        let p = &self.server.partitioning;
+        if p.lease_ttl_ms < 100 {
+            return err(format!(
+                "[server.partitioning] lease_ttl_ms = {} is too short; use at least 100",
+                p.lease_ttl_ms
+            ));
+        }
+        if let Some(h) = p.heartbeat_interval_seconds {
+            if !h.is_finite() || h <= 0.0 {
+                return err(format!(
+                    "[server.partitioning] heartbeat_interval_seconds = {h} must be a positive number of seconds"
+                ));
+            }
+            let max = p.lease_ttl_ms as f64 / 3000.0;
+            if h > max {
+                return err(format!(
+                    "[server.partitioning] heartbeat_interval_seconds = {h} is not well under lease_ttl_ms = {} (a live owner could let its lease lapse); use at most a third of the TTL ({max:.3} s), the default is lease_ttl_ms / 5000",
+                    p.lease_ttl_ms
+                ));
+            }
+        }
+        if !p.poll_interval_seconds.is_finite() || p.poll_interval_seconds <= 0.0 {
+            return err(format!(
+                "[server.partitioning] poll_interval_seconds = {} must be a positive number of seconds",
+                p.poll_interval_seconds
+            ));
+        }
+        let suffix = &self.server.priority_lanes.backfill_suffix;
+        if suffix.is_empty()
+            || suffix.contains(':')
+            || suffix == crate::key::DLQ_TOKEN
+            || crate::key::is_sentinel(suffix)
+        {
+            return err(format!(
+                "[server.priority_lanes] backfill_suffix = {suffix:?} must be a non-empty name without `:`, other than `dlq` and not of the `__name__` form"
+            ));
+        }
+        let r = &self.server.retry;
+        if r.initial_backoff_ms > r.max_backoff_ms {
+            return err(format!(
+                "[server.retry] initial_backoff_ms = {} is above max_backoff_ms = {}",
+                r.initial_backoff_ms, r.max_backoff_ms
+            ));
+        }
+        let url = &self.broker.url;
+        if url != "inline" && !url.starts_with("redis://") && !url.starts_with("rediss://") {
+            return err(format!(
+                "[broker] url = {:?} is not a broker; use \"inline\" or a redis:// or rediss:// URL",
+                redact_url(url)
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml("").expect("empty is fine");
+        assert_eq!(c, Config::default());
+        let p = &c.server.partitioning;
+        assert_eq!(p.lease_ttl_ms, 15_000);
+        assert_eq!(p.heartbeat_interval(), Duration::from_secs(3));
+        assert_eq!(p.poll_interval(), Duration::from_millis(250));
+        assert_eq!(p.reap_idle_ms, 3_600_000);
+        assert!(!c.server.priority_lanes.enabled);
+        assert_eq!(c.server.priority_lanes.backfill_suffix, "backfill");
+        assert_eq!(c.broker.url, "inline");
+    }
+
+    #[test]
+    fn heartbeat_follows_ttl() {
+        let c = Config::from_toml("[server.partitioning]\nlease_ttl_ms = 5000\n").expect("ok");
+        assert_eq!(c.server.partitioning.heartbeat_interval(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let dir = std::env::temp_dir().join(format!("convoy-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("domain.toml");
+        std::fs::write(&f, "[server.partitioning]\nlease_tll_ms = 1000\n").expect("write");
+        let e = Config::from_file(&f).expect_err("unknown key").to_string();
+        assert!(e.contains("lease_tll_ms"), "{e}");
+        assert!(e.contains("domain.toml"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn missing_file_is_defaults() {
+        let c = Config::from_file("/nonexistent/convoy/domain.toml").expect("defaults");
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn heartbeat_must_be_well_under_ttl() {
+        let e = Config::from_toml(
+            "[server.partitioning]\nlease_ttl_ms = 3000\nheartbeat_interval_seconds = 2.5\n",
+        )
+        .expect_err("too slow")
+        .to_string();
+        assert!(e.contains("not well under"), "{e}");
+        Config::from_toml("[server.partitioning]\nlease_ttl_ms = 3000\nheartbeat_interval_seconds = 0.5\n")
+            .expect("fine");
+    }
+
+    #[test]
+    fn bad_values() {
+        for bad in [
+            "[broker]\nurl = \"kafka://x\"\n",
+            "[server.priority_lanes]\nbackfill_suffix = \"a:b\"\n",
+            "[server.priority_lanes]\nbackfill_suffix = \"dlq\"\n",
+            "[server.partitioning]\npoll_interval_seconds = 0\n",
+            "[server.retry]\ninitial_backoff_ms = 10\nmax_backoff_ms = 1\n",
+            "[server.partitioning]\nlease_ttl_ms = \"x\"\n",
+        ] {
+            assert!(Config::from_toml(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        let c = Config::from_toml("[broker]\nurl = \"rediss://:pw@h/0\"\n").expect("ok");
+        assert!(!format!("{c:?}").contains("pw"));
+    }
+
+    #[test]
+    fn backoff_doubles_to_max() {
+        let r = RetryConfig {
+            max_retries: 5,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 350,
+        };
+        assert_eq!(r.backoff(1), Duration::from_millis(100));
+        assert_eq!(r.backoff(2), Duration::from_millis(200));
+        assert_eq!(r.backoff(3), Duration::from_millis(350));
+    }
+}

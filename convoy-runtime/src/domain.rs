@@ -1,0 +1,325 @@
+//! The domain: configuration, broker, outbox and handlers, validated
+//! together by [`DomainBuilder::init`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::broker::{Broker, Capabilities, InlineBroker};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::envelope::{Envelope, Priority};
+use crate::error::Error;
+use crate::handler::{CommandHandler, Context, Dispatched, EventHandler, HandlerDescriptor};
+use crate::key::KeyPolicy;
+use crate::message::{Command, MessageDescriptor};
+use crate::outbox::{MemoryOutbox, OutboxStore};
+use crate::registry::{self, BrokerFacts, Registry};
+use crate::uow::UnitOfWork;
+
+/// A validated domain. Cheap to clone.
+#[derive(Clone)]
+pub struct Domain {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    registry: Arc<Registry>,
+    policy: Arc<KeyPolicy>,
+    broker: Arc<dyn Broker>,
+    outbox: Arc<dyn OutboxStore>,
+    outbox_wake: Arc<Notify>,
+    event_handlers: Vec<Arc<dyn EventHandler>>,
+    command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
+    instance_id: String,
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("instance_id", &self.inner.instance_id)
+            .field("broker", &self.inner.broker.name())
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Domain {
+    /// Starts building a domain.
+    pub fn builder() -> DomainBuilder {
+        DomainBuilder::default()
+    }
+
+    /// A new unit of work.
+    pub fn unit_of_work(&self) -> UnitOfWork {
+        UnitOfWork::new(self.clone())
+    }
+
+    /// The engine that publishes the outbox and runs the event handlers.
+    pub fn engine(&self) -> Engine {
+        Engine::new(self.clone())
+    }
+
+    /// Dispatches a command synchronously to its command handler. Events the
+    /// handler raises through its [`Context`] are committed to the outbox
+    /// when it succeeds. (`sequential_by` on a command handler is checked at
+    /// init but has no effect: commands never reach the outbox.)
+    pub async fn process<C: Command>(&self, command: C) -> Result<(), Error> {
+        let d = <C as crate::message::Message>::DESCRIPTOR;
+        let handler = self
+            .inner
+            .command_handlers
+            .get(d.type_name)
+            .ok_or_else(|| Error::NoCommandHandler(d.type_name.to_owned()))?;
+        let envelope = Envelope::wrap(&command, None, Priority::Normal, None)?;
+        let ctx = Context::new(handler.descriptor().name, &envelope, 1, self.inner.policy.clone());
+        match handler.dispatch(&envelope, &ctx).await {
+            Ok(Dispatched::Handled) => {
+                self.append_to_outbox(ctx.take_raised().into_envelopes()).await
+            }
+            Ok(Dispatched::NotHandled) => Err(Error::NoCommandHandler(d.type_name.to_owned())),
+            Err(e) => Err(Error::CommandFailed {
+                handler: handler.descriptor().name.to_owned(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The validated registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.inner.broker
+    }
+
+    /// The outbox.
+    pub fn outbox(&self) -> &Arc<dyn OutboxStore> {
+        &self.inner.outbox
+    }
+
+    /// This engine instance's id (the owner id in leases and fences).
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+
+    /// The event handlers this domain runs.
+    pub fn event_handlers(&self) -> &[Arc<dyn EventHandler>] {
+        &self.inner.event_handlers
+    }
+
+    pub(crate) fn key_policy(&self) -> &Arc<KeyPolicy> {
+        &self.inner.policy
+    }
+
+    pub(crate) fn outbox_wake(&self) -> &Arc<Notify> {
+        &self.inner.outbox_wake
+    }
+
+    pub(crate) async fn append_to_outbox(&self, envelopes: Vec<Envelope>) -> Result<(), Error> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        self.inner.outbox.append(envelopes).await?;
+        self.inner.outbox_wake.notify_one();
+        Ok(())
+    }
+}
+
+/// Builds a [`Domain`]; [`DomainBuilder::init`] validates everything.
+#[derive(Default)]
+pub struct DomainBuilder {
+    config: Option<Config>,
+    error: Option<Error>,
+    broker: Option<Arc<dyn Broker>>,
+    outbox: Option<Arc<dyn OutboxStore>>,
+    event_handlers: Vec<Arc<dyn EventHandler>>,
+    command_handlers: Vec<Arc<dyn CommandHandler>>,
+    descriptors: Vec<&'static HandlerDescriptor>,
+    messages: Vec<&'static MessageDescriptor>,
+    skip_discovery: bool,
+    instance_id: Option<String>,
+}
+
+impl std::fmt::Debug for DomainBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DomainBuilder")
+            .field("config", &self.config)
+            .field("handlers", &self.event_handlers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DomainBuilder {
+    /// Uses this configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Reads the configuration from a `domain.toml` (a missing file means
+    /// defaults). A bad file makes [`DomainBuilder::init`] fail.
+    pub fn config_file(mut self, path: impl AsRef<Path>) -> Self {
+        match Config::from_file(path) {
+            Ok(c) => self.config = Some(c),
+            Err(e) => self.error = Some(e),
+        }
+        self
+    }
+
+    /// Uses this broker instead of the one named in the configuration.
+    pub fn broker(mut self, broker: impl Broker) -> Self {
+        self.broker = Some(Arc::new(broker));
+        self
+    }
+
+    /// Uses this broker (shared).
+    pub fn broker_arc(mut self, broker: Arc<dyn Broker>) -> Self {
+        self.broker = Some(broker);
+        self
+    }
+
+    /// Uses this outbox store instead of the in-memory one.
+    pub fn outbox(mut self, outbox: impl OutboxStore) -> Self {
+        self.outbox = Some(Arc::new(outbox));
+        self
+    }
+
+    /// Runs this event handler.
+    pub fn handler(mut self, handler: impl EventHandler) -> Self {
+        self.event_handlers.push(Arc::new(handler));
+        self
+    }
+
+    /// Uses this command handler for the commands it handles.
+    pub fn command_handler(mut self, handler: impl CommandHandler) -> Self {
+        self.command_handlers.push(Arc::new(handler));
+        self
+    }
+
+    /// Adds a handler declaration by hand (validated like the ones the
+    /// macros register).
+    pub fn register(mut self, descriptor: &'static HandlerDescriptor) -> Self {
+        self.descriptors.push(descriptor);
+        self
+    }
+
+    /// Adds a message declaration by hand.
+    pub fn register_message(mut self, descriptor: &'static MessageDescriptor) -> Self {
+        self.messages.push(descriptor);
+        self
+    }
+
+    /// Validates only what was given to this builder, not every declaration
+    /// linked into the binary (useful when one binary holds several domains).
+    pub fn without_discovery(mut self) -> Self {
+        self.skip_discovery = true;
+        self
+    }
+
+    /// Sets this instance's id (default: `{hostname}-{pid}-{random}`).
+    /// It must not contain `:`.
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
+        self
+    }
+
+    /// Validates every declaration against the broker and builds the domain.
+    ///
+    /// Checks, reporting every problem found at once: the `sequential_by`
+    /// field exists on every handled type, one key per category, handled
+    /// types belong to the handler's category and kind, and the broker
+    /// advertises `STREAM_PARTITIONING` (the inline broker is the accepted
+    /// no-op exception).
+    pub fn init(self) -> Result<Domain, Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let config = match self.config {
+            Some(c) => {
+                c.validate("<code>")?;
+                c
+            }
+            None => Config::default(),
+        };
+        let broker: Arc<dyn Broker> = match self.broker {
+            Some(b) => b,
+            None => broker_from_config(&config)?,
+        };
+        let mut handlers: Vec<&'static HandlerDescriptor> = self.descriptors;
+        handlers.extend(self.event_handlers.iter().map(|h| h.descriptor()));
+        handlers.extend(self.command_handlers.iter().map(|h| h.descriptor()));
+        let mut messages = self.messages;
+        if !self.skip_discovery {
+            handlers.extend(registry::registered_handlers());
+            messages.extend(registry::registered_messages());
+        }
+        let facts = BrokerFacts {
+            name: broker.name(),
+            stream_partitioning: broker
+                .capabilities()
+                .contains(Capabilities::STREAM_PARTITIONING),
+            inline: broker.is_inline(),
+        };
+        let registry = Registry::build(messages, handlers, facts)?;
+        let policy = registry.key_policy(&config.server.priority_lanes.backfill_suffix);
+        let mut command_handlers = BTreeMap::new();
+        for h in self.command_handlers {
+            for m in h.descriptor().handles {
+                command_handlers.insert(m.type_name, h.clone());
+            }
+        }
+        let instance_id = match self.instance_id {
+            Some(id) if id.is_empty() || id.contains(':') => {
+                return Err(Error::Config {
+                    file: "<code>".into(),
+                    message: format!("instance id {id:?} must be non-empty and contain no `:`"),
+                });
+            }
+            Some(id) => id,
+            None => default_instance_id(),
+        };
+        Ok(Domain {
+            inner: Arc::new(Inner {
+                config,
+                registry: Arc::new(registry),
+                policy: Arc::new(policy),
+                broker,
+                outbox: self.outbox.unwrap_or_else(|| Arc::new(MemoryOutbox::new())),
+                outbox_wake: Arc::new(Notify::new()),
+                event_handlers: self.event_handlers,
+                command_handlers,
+                instance_id,
+            }),
+        })
+    }
+}
+
+fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
+    let url = &config.broker.url;
+    if url == "inline" {
+        return Ok(Arc::new(InlineBroker::new()));
+    }
+    let broker: Arc<dyn Broker> = Arc::new(crate::redis::RedisBroker::from_url(url)?);
+    Ok(broker)
+}
+
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().replace(':', "-"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &rand[..8])
+}

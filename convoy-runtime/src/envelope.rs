@@ -1,0 +1,251 @@
+//! The envelope: how one event travels from the outbox to a handler.
+//!
+//! On Redis each stream entry holds these fields (all UTF-8 strings):
+//!
+//! | field | meaning |
+//! | --- | --- |
+//! | `id` | the message id, unique per raised message |
+//! | `type` | the wire type name (`OrderPlaced`) |
+//! | `category` | the stream category (`order`) |
+//! | `key` | the partition key; absent for unpartitioned messages |
+//! | `time` | when it was raised, milliseconds since the Unix epoch |
+//! | `priority` | `normal` or `low` |
+//! | `correlation` | the correlation id; absent when none |
+//! | `payload` | the message itself, as JSON |
+//!
+//! An entry that lacks a required field or has an unreadable one is a
+//! processing failure of the handler that reads it (retried, then halted or
+//! dead-lettered), never a crash.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::message::Message;
+
+/// The priority of a raised event; low-priority events use the backfill lane
+/// when priority lanes are enabled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Production traffic: the primary lane.
+    #[default]
+    Normal,
+    /// Backfill traffic: the backfill lane when lanes are enabled.
+    Low,
+}
+
+impl Priority {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+/// One message with its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique message id.
+    pub id: String,
+    /// Wire type name.
+    pub type_name: String,
+    /// Stream category.
+    pub category: String,
+    /// Partition key, validated when the message was raised.
+    pub partition_key: Option<String>,
+    /// Milliseconds since the Unix epoch when raised.
+    pub time_ms: u64,
+    /// Priority.
+    pub priority: Priority,
+    /// Correlation id.
+    pub correlation_id: Option<String>,
+    /// The message as JSON.
+    pub payload: String,
+}
+
+/// The names of the stream entry fields.
+pub mod fields {
+    /// Message id.
+    pub const ID: &str = "id";
+    /// Wire type name.
+    pub const TYPE: &str = "type";
+    /// Stream category.
+    pub const CATEGORY: &str = "category";
+    /// Partition key.
+    pub const KEY: &str = "key";
+    /// Raise time in ms.
+    pub const TIME: &str = "time";
+    /// Priority.
+    pub const PRIORITY: &str = "priority";
+    /// Correlation id.
+    pub const CORRELATION: &str = "correlation";
+    /// JSON payload.
+    pub const PAYLOAD: &str = "payload";
+}
+
+impl Envelope {
+    /// Wraps a message: serializes it and gives it a fresh id.
+    pub fn wrap<M: Message>(
+        message: &M,
+        partition_key: Option<String>,
+        priority: Priority,
+        correlation_id: Option<String>,
+    ) -> Result<Self, Error> {
+        let d = M::DESCRIPTOR;
+        let payload = serde_json::to_string(message).map_err(|source| Error::Encode {
+            type_name: d.type_name.to_owned(),
+            source,
+        })?;
+        Ok(Envelope {
+            id: new_message_id(),
+            type_name: d.type_name.to_owned(),
+            category: d.category.to_owned(),
+            partition_key,
+            time_ms: now_ms(),
+            priority,
+            correlation_id,
+            payload,
+        })
+    }
+
+    /// Decodes the payload as `M`.
+    pub fn decode<M: Message>(&self) -> Result<M, Error> {
+        serde_json::from_str(&self.payload).map_err(|source| Error::Decode {
+            id: self.id.clone(),
+            type_name: self.type_name.clone(),
+            source,
+        })
+    }
+
+    /// The stream entry fields, in a fixed order.
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            (fields::ID, self.id.clone()),
+            (fields::TYPE, self.type_name.clone()),
+            (fields::CATEGORY, self.category.clone()),
+            (fields::TIME, self.time_ms.to_string()),
+            (fields::PRIORITY, self.priority.as_str().to_owned()),
+            (fields::PAYLOAD, self.payload.clone()),
+        ];
+        if let Some(k) = &self.partition_key {
+            out.push((fields::KEY, k.clone()));
+        }
+        if let Some(c) = &self.correlation_id {
+            out.push((fields::CORRELATION, c.clone()));
+        }
+        out
+    }
+
+    /// Reads an envelope back from stream entry fields; `entry_id` and
+    /// `stream` only serve the error message.
+    pub fn from_fields<'a, I>(stream: &str, entry_id: &str, entries: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = (&'a str, &'a [u8])>,
+    {
+        let malformed = |reason: String| Error::MalformedEntry {
+            stream: stream.to_owned(),
+            entry_id: entry_id.to_owned(),
+            reason,
+        };
+        let mut id = None;
+        let mut type_name = None;
+        let mut category = None;
+        let mut key = None;
+        let mut time = None;
+        let mut priority = Priority::Normal;
+        let mut correlation = None;
+        let mut payload = None;
+        for (name, value) in entries {
+            let text = std::str::from_utf8(value)
+                .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?
+                .to_owned();
+            match name {
+                fields::ID => id = Some(text),
+                fields::TYPE => type_name = Some(text),
+                fields::CATEGORY => category = Some(text),
+                fields::KEY => key = Some(text),
+                fields::TIME => {
+                    time = Some(
+                        text.parse::<u64>()
+                            .map_err(|_| malformed(format!("field `time` is not a number: {text:?}")))?,
+                    )
+                }
+                fields::PRIORITY => {
+                    priority = match text.as_str() {
+                        "normal" => Priority::Normal,
+                        "low" => Priority::Low,
+                        other => return Err(malformed(format!("unknown priority {other:?}"))),
+                    }
+                }
+                fields::CORRELATION => correlation = Some(text),
+                fields::PAYLOAD => payload = Some(text),
+                _ => {}
+            }
+        }
+        let missing = |f: &str| malformed(format!("required field `{f}` is missing"));
+        Ok(Envelope {
+            id: id.ok_or_else(|| missing(fields::ID))?,
+            type_name: type_name.ok_or_else(|| missing(fields::TYPE))?,
+            category: category.ok_or_else(|| missing(fields::CATEGORY))?,
+            partition_key: key,
+            time_ms: time.ok_or_else(|| missing(fields::TIME))?,
+            priority,
+            correlation_id: correlation,
+            payload: payload.ok_or_else(|| missing(fields::PAYLOAD))?,
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A new message id: 128 random bits as 32 hex digits.
+pub(crate) fn new_message_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Envelope {
+        Envelope {
+            id: "abc".into(),
+            type_name: "OrderPlaced".into(),
+            category: "order".into(),
+            partition_key: Some("c-1".into()),
+            time_ms: 17,
+            priority: Priority::Low,
+            correlation_id: None,
+            payload: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn fields_round_trip() {
+        let e = sample();
+        let f = e.to_fields();
+        let back = Envelope::from_fields("s", "1-0", f.iter().map(|(k, v)| (*k, v.as_bytes())))
+            .expect("round trip");
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn missing_and_bad_fields_are_errors() {
+        let e = sample();
+        let f: Vec<_> = e.to_fields().into_iter().filter(|(k, _)| *k != fields::TYPE).collect();
+        let err = Envelope::from_fields("order:c-1", "1-0", f.iter().map(|(k, v)| (*k, v.as_bytes())))
+            .expect_err("missing type");
+        assert!(err.to_string().contains("`type`"), "{err}");
+        let bad = [("time", b"x".as_slice())];
+        let err = Envelope::from_fields("s", "1-0", bad).expect_err("bad time");
+        assert!(err.to_string().contains("not a number"), "{err}");
+    }
+}

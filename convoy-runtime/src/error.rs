@@ -1,0 +1,292 @@
+//! The one error type of the runtime.
+
+use std::fmt;
+
+use crate::key::KeyRule;
+
+/// Everything that can go wrong in convoy's runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `Domain::init` found declarations that cannot work together. Every
+    /// problem found is listed, not only the first.
+    #[error("incorrect usage: {0}")]
+    IncorrectUsage(Problems),
+
+    /// A raised event's partition key value breaks a key rule; nothing was
+    /// added to the outbox.
+    #[error(
+        "invalid partition key {value} in field `{field}` of `{type_name}`: {rule}; use an entity identifier such as a client id or a UUID"
+    )]
+    InvalidKey {
+        /// The event type.
+        type_name: String,
+        /// The `sequential_by` field.
+        field: String,
+        /// The rejected value, quoted, or `null`.
+        value: String,
+        /// The rule it breaks.
+        rule: KeyRule,
+    },
+
+    /// A configuration file or value is invalid.
+    #[error("invalid configuration in {file}: {message}")]
+    Config {
+        /// The file (or `<code>` for values set in code).
+        file: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+
+    /// A message could not be serialized.
+    #[error("failed to serialize `{type_name}` as JSON")]
+    Encode {
+        /// The message type.
+        type_name: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A message payload could not be read as its type.
+    #[error("failed to decode message {id} as `{type_name}`; is the producer's type the same version as the consumer's?")]
+    Decode {
+        /// The message id.
+        id: String,
+        /// The type it was read as.
+        type_name: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A stream entry is not a convoy envelope.
+    #[error("malformed stream entry {entry_id} in `{stream}`: {reason}")]
+    MalformedEntry {
+        /// The stream.
+        stream: String,
+        /// The entry id.
+        entry_id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A message's type is not registered in this domain.
+    #[error("unknown message type `{type_name}` (message {id}); register the type in this engine's binary or remove the message")]
+    UnknownType {
+        /// The wire type name.
+        type_name: String,
+        /// The message id.
+        id: String,
+    },
+
+    /// No command handler handles this command type.
+    #[error("no command handler handles `{0}`; add one with #[command_handler] and pass it to Domain::builder().command_handler(..)")]
+    NoCommandHandler(String),
+
+    /// A command handler failed.
+    #[error("command handler `{handler}` failed: {message}")]
+    CommandFailed {
+        /// The handler.
+        handler: String,
+        /// The handler's error, rendered.
+        message: String,
+    },
+
+    /// Talking to Redis failed.
+    #[error("redis: {context}")]
+    Redis {
+        /// What was being done.
+        context: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// The engine stopped because the shutdown signal fired.
+    #[error("the engine is shutting down")]
+    Shutdown,
+}
+
+impl Error {
+    /// Wraps a Redis error with what was being done.
+    pub fn redis(context: impl Into<String>, source: redis::RedisError) -> Self {
+        Error::Redis {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Whether retrying the same operation later may succeed (connection
+    /// loss, timeouts, Redis loading or restarting).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Redis { source, .. } => {
+                source.is_io_error()
+                    || source.is_connection_dropped()
+                    || source.is_connection_refusal()
+                    || source.is_timeout()
+                    || matches!(
+                        source.kind(),
+                        redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                            | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                            | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    /// The problems of an [`Error::IncorrectUsage`], empty otherwise.
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            Error::IncorrectUsage(p) => &p.0,
+            _ => &[],
+        }
+    }
+}
+
+/// The list of problems found by `Domain::init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problems(pub Vec<Problem>);
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(f, "{n} problem{} found", if n == 1 { "" } else { "s" })?;
+        for p in &self.0 {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One problem found by `Domain::init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// A handled type lacks the `sequential_by` field.
+    MissingKeyField {
+        /// The handler.
+        handler: String,
+        /// The handled type.
+        type_name: String,
+        /// The missing field.
+        field: String,
+        /// The fields the type has.
+        available: Vec<String>,
+    },
+    /// Two handlers partition one category by different keys.
+    KeyConflict {
+        /// The category.
+        category: String,
+        /// First handler and its key.
+        first: (String, String),
+        /// Second handler and its key.
+        second: (String, String),
+    },
+    /// The broker cannot partition streams and is not the inline broker.
+    BrokerCapability {
+        /// The handler declaring `sequential_by`.
+        handler: String,
+        /// The broker's name.
+        broker: String,
+    },
+    /// A handled type belongs to another category than the handler.
+    CategoryMismatch {
+        /// The handler.
+        handler: String,
+        /// The handler's category.
+        category: String,
+        /// The handled type.
+        type_name: String,
+        /// The type's category.
+        type_category: String,
+    },
+    /// A handled type is of the wrong kind (an event in a command handler or
+    /// the reverse).
+    KindMismatch {
+        /// The handler.
+        handler: String,
+        /// The handled type.
+        type_name: String,
+    },
+    /// Two handlers share a name.
+    DuplicateHandler(String),
+    /// Two message types share a wire name.
+    DuplicateTypeName {
+        /// The wire name.
+        type_name: String,
+        /// The Rust paths declaring it.
+        paths: (String, String),
+    },
+    /// Two command handlers handle one command.
+    DuplicateCommandHandler {
+        /// The command.
+        type_name: String,
+        /// The handlers.
+        handlers: (String, String),
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::MissingKeyField {
+                handler,
+                type_name,
+                field,
+                available,
+            } => {
+                write!(
+                    f,
+                    "`{handler}` declares sequential_by = \"{field}\" but `{type_name}` has no field `{field}`"
+                )?;
+                if available.is_empty() {
+                    write!(f, " (it has no fields)")
+                } else {
+                    write!(f, " (available fields: {})", available.join(", "))
+                }
+            }
+            Problem::KeyConflict {
+                category,
+                first,
+                second,
+            } => write!(
+                f,
+                "category `{category}` is partitioned by `{}` in `{}` but by `{}` in `{}`; a partition key belongs to the category, so every handler on it must use one key or none",
+                first.1, first.0, second.1, second.0
+            ),
+            Problem::BrokerCapability { handler, broker } => write!(
+                f,
+                "`{handler}` declares sequential_by but the broker `{broker}` does not advertise STREAM_PARTITIONING; use the Redis broker (or the inline broker, where it is a no-op)"
+            ),
+            Problem::CategoryMismatch {
+                handler,
+                category,
+                type_name,
+                type_category,
+            } => write!(
+                f,
+                "`{handler}` is part of `{category}` but handles `{type_name}` of category `{type_category}`, which never reaches it"
+            ),
+            Problem::KindMismatch { handler, type_name } => write!(
+                f,
+                "`{handler}` handles `{type_name}`, which is not a message of the kind this handler takes"
+            ),
+            Problem::DuplicateHandler(name) => {
+                write!(f, "two handlers are named `{name}`; handler names must be unique")
+            }
+            Problem::DuplicateTypeName { type_name, paths } => write!(
+                f,
+                "`{}` and `{}` share the wire name `{type_name}`; rename one with #[event(name = \"...\")]",
+                paths.0, paths.1
+            ),
+            Problem::DuplicateCommandHandler { type_name, handlers } => write!(
+                f,
+                "command `{type_name}` is handled by both `{}` and `{}`; a command has one handler",
+                handlers.0, handlers.1
+            ),
+        }
+    }
+}

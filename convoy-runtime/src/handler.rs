@@ -1,0 +1,291 @@
+//! Handlers: what `#[event_handler]` and `#[command_handler]` generate, the
+//! [`Context`] a handler receives, and [`HandlerError`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use std::sync::Arc;
+
+use crate::envelope::{Envelope, Priority};
+use crate::key::KeyPolicy;
+use crate::message::{Command, MessageDescriptor};
+use crate::uow::PendingEvents;
+
+/// A boxed future, as returned by generated dispatch code.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What kind of handler a descriptor describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HandlerKind {
+    /// `#[event_handler]`: consumes events from the broker.
+    Event,
+    /// `#[command_handler]`: called synchronously; `sequential_by` is checked
+    /// but inert because commands never reach the outbox.
+    Command,
+}
+
+impl fmt::Display for HandlerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HandlerKind::Event => "event handler",
+            HandlerKind::Command => "command handler",
+        })
+    }
+}
+
+/// What the runtime knows about a handler type, built at compile time by the
+/// handler macros and registered with `inventory`.
+#[derive(Debug)]
+pub struct HandlerDescriptor {
+    /// The handler's name: its Rust path (`orders::ClientLedger`). Also the
+    /// name of its consumer group.
+    pub name: &'static str,
+    /// Event or command handler.
+    pub kind: HandlerKind,
+    /// The stream category the handler is `part_of`.
+    pub category: &'static str,
+    /// The partition key field, when declared with `sequential_by`.
+    pub sequential_by: Option<&'static str>,
+    /// The message types the handler handles, in declaration order.
+    pub handles: &'static [&'static MessageDescriptor],
+}
+
+impl HandlerDescriptor {
+    /// Whether the handler handles the message type with this wire name.
+    pub fn handles_type(&self, type_name: &str) -> bool {
+        self.handles.iter().any(|m| m.type_name == type_name)
+    }
+}
+
+/// The outcome of dispatching one message to a handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatched {
+    /// A handler method ran and succeeded.
+    Handled,
+    /// The handler does not handle this message type; nothing ran.
+    NotHandled,
+}
+
+/// An event handler, implemented by `#[event_handler]`.
+pub trait EventHandler: Send + Sync + 'static {
+    /// The handler's compile-time description.
+    fn descriptor(&self) -> &'static HandlerDescriptor;
+
+    /// Decodes the envelope and runs the matching `#[handle]` method.
+    fn dispatch<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
+}
+
+/// A command handler, implemented by `#[command_handler]`.
+pub trait CommandHandler: Send + Sync + 'static {
+    /// The handler's compile-time description.
+    fn descriptor(&self) -> &'static HandlerDescriptor;
+
+    /// Decodes the envelope and runs the matching `#[handle]` method.
+    fn dispatch<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
+}
+
+/// Implemented for a handler struct once per event or command it handles,
+/// when the handler is declared on the struct with `handles = [..]` rather
+/// than on an `impl` block with `#[handle]` methods.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not implement `convoy_runtime::Handle<{M}>`",
+    label = "named in `handles = [..]` but not handled",
+    note = "implement `convoy_runtime::Handle<{M}>` for `{Self}`, or put the handler attribute on an `impl` block with `#[handle]` methods"
+)]
+pub trait Handle<M>: Send + Sync {
+    /// Handles one message.
+    fn handle(&self, message: M, ctx: &Context) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// A partition fence: who owns the partition and at which generation.
+///
+/// A handler can condition its own database writes on it (for example store
+/// the generation beside the row and refuse a write with an older one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The owning engine instance.
+    pub owner: String,
+    /// The ownership generation; it increases every time the partition
+    /// changes hands.
+    pub generation: u64,
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.owner, self.generation)
+    }
+}
+
+/// What a handler knows about the message it handles.
+#[derive(Debug)]
+pub struct Context {
+    handler: &'static str,
+    message_id: String,
+    message_type: String,
+    correlation_id: Option<String>,
+    partition_key: Option<String>,
+    fence: Option<Fence>,
+    attempt: u32,
+    policy: Arc<KeyPolicy>,
+    pending: Mutex<PendingEvents>,
+}
+
+impl Context {
+    /// A context for handling `envelope` in `handler`.
+    pub fn new(
+        handler: &'static str,
+        envelope: &Envelope,
+        attempt: u32,
+        policy: Arc<KeyPolicy>,
+    ) -> Self {
+        Context {
+            handler,
+            message_id: envelope.id.clone(),
+            message_type: envelope.type_name.clone(),
+            correlation_id: envelope.correlation_id.clone(),
+            partition_key: envelope.partition_key.clone(),
+            fence: None,
+            attempt,
+            policy,
+            pending: Mutex::new(PendingEvents::default()),
+        }
+    }
+
+    /// Sets the fence of the partition being consumed.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The handler's name.
+    pub fn handler(&self) -> &'static str {
+        self.handler
+    }
+
+    /// The id of the message being handled.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// The wire type name of the message being handled.
+    pub fn message_type(&self) -> &str {
+        &self.message_type
+    }
+
+    /// The correlation id carried by the message, if any.
+    pub fn correlation_id(&self) -> Option<&str> {
+        self.correlation_id.as_deref()
+    }
+
+    /// The partition key of the message (`None` for unpartitioned messages).
+    pub fn partition_key(&self) -> Option<&str> {
+        self.partition_key.as_deref()
+    }
+
+    /// The fence of the partition being consumed, when consumed from a
+    /// partition owned under a lease (the Redis broker).
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
+    }
+
+    /// Which attempt this is, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Raises a follow-up event. It is added to the outbox, with its key
+    /// validated, only if the handler succeeds; the correlation id of the
+    /// message being handled is carried over.
+    pub fn raise<E: crate::message::Event>(&self, event: E) -> Result<(), crate::Error> {
+        self.raise_with_priority(event, Priority::Normal)
+    }
+
+    /// Raises a follow-up event with a priority (see [`Context::raise`]).
+    pub fn raise_with_priority<E: crate::message::Event>(
+        &self,
+        event: E,
+        priority: Priority,
+    ) -> Result<(), crate::Error> {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.push(&event, &self.policy, priority, self.correlation_id.clone())
+    }
+
+    /// Takes the events raised while handling.
+    pub(crate) fn take_raised(&self) -> PendingEvents {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::take(&mut *pending)
+    }
+}
+
+/// Dispatches a command synchronously (helper for generated code).
+#[doc(hidden)]
+pub fn command_type_name<C: Command>() -> &'static str {
+    <C as crate::message::Message>::DESCRIPTOR.type_name
+}
+
+/// The error a handler returns. Any error type converts into it with `?`.
+///
+/// Like `anyhow::Error`, it deliberately does not implement
+/// `std::error::Error` itself so that the blanket conversion is possible.
+pub struct HandlerError {
+    inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl HandlerError {
+    /// A handler error with a message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        HandlerError {
+            inner: message.to_string().into(),
+        }
+    }
+
+    /// The underlying error.
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl<E> From<E> for HandlerError
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    fn from(error: E) -> Self {
+        HandlerError {
+            inner: error.into(),
+        }
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.inner, f)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)?;
+        let mut source = self.inner.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,213 @@
+//! Messages: aggregates (stream categories), events, commands and their
+//! partition keys.
+//!
+//! User types implement these traits through `#[derive(Aggregate)]`,
+//! `#[derive(Event)]` and `#[derive(Command)]`; nothing here is meant to be
+//! implemented by hand, although it can be.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A stream category: the aggregate an event or command is `part_of`.
+///
+/// Derive it with `#[derive(convoy_runtime::Aggregate)]`; the category
+/// defaults to the type name in snake case and can be set with
+/// `#[aggregate(category = "order")]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a convoy aggregate",
+    label = "`part_of` must name an aggregate",
+    note = "add `#[derive(convoy_runtime::Aggregate)]` to `{Self}`"
+)]
+pub trait Aggregate: 'static {
+    /// The stream category of every message that is `part_of` this aggregate.
+    const CATEGORY: &'static str;
+}
+
+/// Whether a message is an event or a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MessageKind {
+    /// Something that happened; goes through the outbox to the broker.
+    Event,
+    /// A request to do something; dispatched synchronously, never published.
+    Command,
+}
+
+impl std::fmt::Display for MessageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MessageKind::Event => "event",
+            MessageKind::Command => "command",
+        })
+    }
+}
+
+/// What the runtime knows about a message type, built at compile time.
+#[derive(Debug)]
+pub struct MessageDescriptor {
+    /// The type name carried on the wire (`OrderPlaced` unless renamed with
+    /// `#[event(name = "...")]`).
+    pub type_name: &'static str,
+    /// The Rust path of the type, for messages (`orders::OrderPlaced`).
+    pub rust_path: &'static str,
+    /// Event or command.
+    pub kind: MessageKind,
+    /// The stream category (the aggregate's).
+    pub category: &'static str,
+    /// The names of the type's fields, in declaration order.
+    pub fields: &'static [&'static str],
+}
+
+impl MessageDescriptor {
+    /// Whether the type declares a direct field with this name.
+    pub fn has_field(&self, name: &str) -> bool {
+        self.fields.contains(&name)
+    }
+}
+
+/// A message type (event or command) known to convoy.
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The aggregate the message is `part_of`.
+    type Aggregate: Aggregate;
+    /// Compile-time description of the type.
+    const DESCRIPTOR: &'static MessageDescriptor;
+
+    /// The partition key carried by the direct field `field`.
+    ///
+    /// Returns `None` when the type has no such field or the field's type is
+    /// not a [`PartitionKey`]; `Some(None)` when the field holds no value
+    /// (`Option::None`), which is the null key.
+    fn partition_key(&self, field: &str) -> Option<Option<String>>;
+}
+
+/// An event: published through the outbox and handled by event handlers.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a convoy event",
+    label = "handled types must be events",
+    note = "add `#[derive(convoy_runtime::Event)]` to `{Self}`; commands belong to `#[command_handler]`"
+)]
+pub trait Event: Message {}
+
+/// A command: dispatched synchronously to its command handler.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a convoy command",
+    label = "handled types must be commands",
+    note = "add `#[derive(convoy_runtime::Command)]` to `{Self}`; events belong to `#[event_handler]`"
+)]
+pub trait Command: Message {}
+
+/// A field type that can serve as a partition key: string-like or
+/// integer-like, or an `Option` of one (where `None` is the null key,
+/// rejected when the message is raised).
+///
+/// Implement it for your own identifier newtypes.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a partition key",
+    label = "this field's type is not string-like or integer-like",
+    note = "partition keys are strings, integers or `Option`s of them; implement `convoy_runtime::PartitionKey` for your own identifier types"
+)]
+pub trait PartitionKey {
+    /// The key as it appears in the stream name, or `None` for the null key.
+    fn to_partition_key(&self) -> Option<String>;
+}
+
+impl PartitionKey for str {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.to_owned())
+    }
+}
+
+impl PartitionKey for String {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+impl PartitionKey for Box<str> {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl PartitionKey for std::sync::Arc<str> {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl PartitionKey for std::borrow::Cow<'_, str> {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl<T: PartitionKey + ?Sized> PartitionKey for &T {
+    fn to_partition_key(&self) -> Option<String> {
+        (**self).to_partition_key()
+    }
+}
+
+impl<T: PartitionKey> PartitionKey for Option<T> {
+    fn to_partition_key(&self) -> Option<String> {
+        self.as_ref().and_then(PartitionKey::to_partition_key)
+    }
+}
+
+macro_rules! integer_keys {
+    ($($t:ty),*) => {$(
+        impl PartitionKey for $t {
+            fn to_partition_key(&self) -> Option<String> {
+                Some(self.to_string())
+            }
+        }
+    )*};
+}
+integer_keys!(
+    i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize
+);
+
+/// Autoref probe used by `#[derive(Event)]` to read any field as a key when
+/// its type is a [`PartitionKey`], and to answer `None` otherwise.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct KeyProbe<'a, T: ?Sized>(pub &'a T);
+
+/// Probe arm taken when the field type is a [`PartitionKey`].
+#[doc(hidden)]
+pub trait ViaPartitionKey {
+    fn probe_key(&self) -> Option<Option<String>>;
+}
+
+impl<T: PartitionKey + ?Sized> ViaPartitionKey for KeyProbe<'_, T> {
+    fn probe_key(&self) -> Option<Option<String>> {
+        Some(self.0.to_partition_key())
+    }
+}
+
+/// Probe arm taken when the field type is not a [`PartitionKey`].
+#[doc(hidden)]
+pub trait ViaFallback {
+    fn probe_key(&self) -> Option<Option<String>>;
+}
+
+impl<T: ?Sized> ViaFallback for &KeyProbe<'_, T> {
+    fn probe_key(&self) -> Option<Option<String>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reads_key_types_and_ignores_others() {
+        let s = String::from("c-1");
+        let n = 42u64;
+        let o: Option<String> = None;
+        let f = 1.5f64;
+        assert_eq!((&KeyProbe(&s)).probe_key(), Some(Some("c-1".into())));
+        assert_eq!((&KeyProbe(&n)).probe_key(), Some(Some("42".into())));
+        assert_eq!((&KeyProbe(&o)).probe_key(), Some(None));
+        assert_eq!((&KeyProbe(&f)).probe_key(), None);
+    }
+}

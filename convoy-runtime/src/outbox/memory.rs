@@ -1,0 +1,109 @@
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::{OutboxRecord, OutboxStatus, OutboxStore};
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::handler::BoxFuture;
+
+/// How many published records the memory outbox keeps for inspection.
+const KEEP_PUBLISHED: usize = 10_000;
+
+/// An in-memory outbox. Records live as long as the process: use it for the
+/// inline broker, tests, and engines whose events can be re-derived.
+#[derive(Debug, Default)]
+pub struct MemoryOutbox {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_seq: u64,
+    records: BTreeMap<u64, OutboxRecord>,
+    published: std::collections::VecDeque<u64>,
+}
+
+impl MemoryOutbox {
+    /// An empty outbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        let mut g = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut g)
+    }
+}
+
+impl OutboxStore for MemoryOutbox {
+    fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+        self.with(|i| {
+            for envelope in envelopes {
+                i.next_seq += 1;
+                let seq = i.next_seq;
+                i.records.insert(
+                    seq,
+                    OutboxRecord {
+                        seq,
+                        envelope,
+                        status: OutboxStatus::Pending,
+                        attempts: 0,
+                    },
+                );
+            }
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        let v = self.with(|i| {
+            i.records
+                .values()
+                .filter(|r| r.status == OutboxStatus::Pending)
+                .take(limit)
+                .cloned()
+                .collect()
+        });
+        Box::pin(async { Ok(v) })
+    }
+
+    fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+        self.with(|i| {
+            for s in seqs {
+                if let Some(r) = i.records.get_mut(s) {
+                    r.status = OutboxStatus::Published;
+                    i.published.push_back(*s);
+                }
+            }
+            while i.published.len() > KEEP_PUBLISHED {
+                if let Some(old) = i.published.pop_front() {
+                    i.records.remove(&old);
+                }
+            }
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+        self.with(|i| {
+            if let Some(r) = i.records.get_mut(&seq) {
+                r.status = OutboxStatus::Abandoned { reason };
+            }
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+        self.with(|i| {
+            if let Some(r) = i.records.get_mut(&seq) {
+                r.attempts += 1;
+            }
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        let v = self.with(|i| i.records.values().cloned().collect());
+        Box::pin(async { Ok(v) })
+    }
+}

@@ -1,0 +1,114 @@
+//! Where a published event goes: the one routing function of the outbox
+//! processor, and the names of every stream and key derived from a category.
+
+use crate::broker::Capabilities;
+use crate::config::PriorityLanesConfig;
+use crate::envelope::Priority;
+
+/// The physical destination of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The stream to append to.
+    pub stream: String,
+    /// The partition key when it was applied (the stream is a partition and
+    /// the key must be added to the category's partition index).
+    pub partition: Option<String>,
+}
+
+/// Routes an event of `category` with an (already validated) `key`.
+///
+/// - partitioned, broker with `STREAM_PARTITIONING`: `{category}:{key}`, or
+///   `{category}:{key}:{backfill}` for a low-priority event with lanes on;
+/// - otherwise (no key, or the broker lacks the capability: the key is
+///   carried on the envelope but not applied): `{category}`, or
+///   `{category}:{backfill}` for a low-priority event with lanes on.
+pub fn route(
+    category: &str,
+    key: Option<&str>,
+    priority: Priority,
+    caps: Capabilities,
+    lanes: &PriorityLanesConfig,
+) -> Route {
+    let backfill = lanes.enabled && priority == Priority::Low;
+    let key = key.filter(|_| caps.contains(Capabilities::STREAM_PARTITIONING));
+    let base = match key {
+        Some(k) => partition_stream(category, k),
+        None => category.to_owned(),
+    };
+    let stream = if backfill {
+        format!("{base}:{}", lanes.backfill_suffix)
+    } else {
+        base
+    };
+    Route {
+        stream,
+        partition: key.map(str::to_owned),
+    }
+}
+
+/// `{category}:{key}`: a key's primary lane.
+pub fn partition_stream(category: &str, key: &str) -> String {
+    format!("{category}:{key}")
+}
+
+/// `{category}:{key}:{suffix}`: a key's backfill lane.
+pub fn backfill_stream(category: &str, key: &str, suffix: &str) -> String {
+    format!("{category}:{key}:{suffix}")
+}
+
+/// `{category}:__partitions__`: the set of a category's live partition keys.
+pub fn partition_index(category: &str) -> String {
+    format!("{category}:__partitions__")
+}
+
+/// `{category}:dlq`: dead letters of ordinary handlers.
+pub fn category_dlq(category: &str) -> String {
+    format!("{category}:dlq")
+}
+
+/// `{category}:{key}:dlq`: where an operator moves a halted partition's head.
+pub fn partition_dlq(category: &str, key: &str) -> String {
+    format!("{category}:{key}:dlq")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lanes(enabled: bool) -> PriorityLanesConfig {
+        PriorityLanesConfig {
+            enabled,
+            backfill_suffix: "backfill".into(),
+        }
+    }
+
+    const P: Capabilities = Capabilities::STREAM_PARTITIONING;
+    const NONE: Capabilities = Capabilities::NONE;
+
+    #[test]
+    fn table() {
+        let r = |key, prio, caps, on| route("order", key, prio, caps, &lanes(on)).stream;
+        assert_eq!(r(Some("c1"), Priority::Normal, P, false), "order:c1");
+        assert_eq!(r(Some("c1"), Priority::Low, P, false), "order:c1");
+        assert_eq!(r(Some("c1"), Priority::Low, P, true), "order:c1:backfill");
+        assert_eq!(r(Some("c1"), Priority::Normal, P, true), "order:c1");
+        assert_eq!(r(Some("c1"), Priority::Normal, NONE, true), "order");
+        assert_eq!(r(Some("c1"), Priority::Low, NONE, true), "order:backfill");
+        assert_eq!(r(None, Priority::Normal, P, true), "order");
+        assert_eq!(r(None, Priority::Low, P, true), "order:backfill");
+        assert_eq!(
+            route("order", Some("c1"), Priority::Normal, P, &lanes(false)).partition.as_deref(),
+            Some("c1")
+        );
+        assert_eq!(route("order", Some("c1"), Priority::Normal, NONE, &lanes(false)).partition, None);
+    }
+
+    #[test]
+    fn custom_suffix() {
+        let l = PriorityLanesConfig {
+            enabled: true,
+            backfill_suffix: "slow".into(),
+        };
+        assert_eq!(route("order", Some("c1"), Priority::Low, P, &l).stream, "order:c1:slow");
+    }
+}

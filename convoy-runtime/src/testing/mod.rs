@@ -1,0 +1,244 @@
+//! Test support: a real `redis-server`, fault injection, a cross-process
+//! recorder of what handlers saw, and the per-key order checker.
+//!
+//! Enabled by the `testing` feature. convoy's own tests use it, and it is
+//! meant to be shipped as a **conformance kit**: the same checks, pointed at
+//! your own Redis and your own handlers, tell you whether per-key ordering
+//! holds in your deployment.
+//!
+//! # The pieces
+//!
+//! - [`RedisServer`] starts a real `redis-server` child process on a free
+//!   `127.0.0.1` port in its own temporary directory (no Redis mocks), and
+//!   injects faults: [`stop`](RedisServer::stop), [`kill`](RedisServer::kill),
+//!   [`restart`](RedisServer::restart) on the same port (append-only data
+//!   survives), [`freeze`](RedisServer::freeze) / [`thaw`](RedisServer::thaw)
+//!   (`SIGSTOP` / `SIGCONT`). Dropping it kills the process and removes the
+//!   directory. If `redis-server` is missing the start fails with an error
+//!   that says how to install it; tests are never skipped silently.
+//! - [`ChildEngine`] wraps an engine running in a separate OS process
+//!   (a binary built by cargo, or the current test binary re-executed with
+//!   [`current_test_command`]) so a crash (`kill -9`) or a stall (`SIGSTOP`
+//!   past the lease, then `SIGCONT`) is real.
+//! - [`Recorder`] records, in Redis, which instance handled which event of
+//!   which key and when. It flags two different events of one key being
+//!   handled at the same time, even when the two handlers run in different
+//!   OS processes. Handlers call [`Recorder::enter`] first and
+//!   [`ActiveGuard::exit`] last.
+//! - [`check_order`] compares what was published per key with what the
+//!   handlers saw: nothing lost, nothing unknown, publication order kept,
+//!   re-runs (at-least-once redelivery) only as in-order replays of a suffix,
+//!   and no more of them than allowed. No Redis needed.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::collections::BTreeMap;
+//!
+//! use convoy_runtime::testing::{Recorder, RedisServer, check_order};
+//!
+//! let server = RedisServer::builder().append_only(true).start()?;
+//! let recorder = Recorder::new(&server.url(), "demo")?;
+//!
+//! // Inside each handler (any process), around the user's code:
+//! let guard = recorder.enter("client-1", "1700000000000-0", "instance-a").await?;
+//! // ... handle the event ...
+//! guard.exit().await?;
+//!
+//! // After the run:
+//! assert!(recorder.violations().await?.is_empty());
+//! let mut published = BTreeMap::new();
+//! published.insert("client-1".to_string(), vec!["1700000000000-0".to_string()]);
+//! let report = check_order(&published, &recorder.seen_all().await?, 0)?;
+//! assert_eq!(report.total_reruns, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Caveats
+//!
+//! - The process helpers block the calling thread while they wait (for a
+//!   server to answer `PING`, for a process to exit). Call them from
+//!   `#[tokio::test(flavor = "multi_thread")]` tests or outside async code.
+//! - Processes are cleaned up on `Drop`. A test process that is itself
+//!   killed with `SIGKILL` leaves its `redis-server` children running.
+
+mod order;
+mod process;
+mod recorder;
+mod server;
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
+pub use process::{ChildEngine, current_test_command, free_port};
+pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder};
+pub use server::{DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder};
+
+/// What went wrong in the test support code.
+///
+/// Each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TestingError {
+    /// `redis-server` is not installed (not on `PATH`).
+    #[error(
+        "redis-server was not found on PATH; install it (for example `apt-get install redis-server`)"
+    )]
+    RedisServerNotFound,
+    /// The binary given to [`RedisServerBuilder::binary`] does not exist.
+    #[error(
+        "redis-server binary `{}` was not found; install redis-server (for example `apt-get install redis-server`) or pass an existing path to `RedisServerBuilder::binary`",
+        path.display()
+    )]
+    BinaryNotFound {
+        /// The path or name that was given.
+        path: PathBuf,
+    },
+    /// A child process could not be started.
+    #[error("failed to start `{program}`; check that it exists and is executable")]
+    Spawn {
+        /// The program that was started.
+        program: String,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// `redis-server` exited before it answered `PING`.
+    #[error(
+        "redis-server on port {port} exited ({status}) before it answered PING; fix the cause shown at the end of its log:\n{log_tail}"
+    )]
+    ServerExited {
+        /// The port it was started on.
+        port: u16,
+        /// How it exited.
+        status: ExitStatus,
+        /// The last lines of its log (and of its stdout/stderr).
+        log_tail: String,
+    },
+    /// `redis-server` is running but did not answer `PING` in time.
+    #[error(
+        "redis-server on port {port} did not answer PING within {waited:?}; raise `RedisServerBuilder::startup_timeout` or fix the cause shown at the end of its log:\n{log_tail}"
+    )]
+    ServerNotReady {
+        /// The port it was started on.
+        port: u16,
+        /// How long the start waited.
+        waited: Duration,
+        /// The last lines of its log (and of its stdout/stderr).
+        log_tail: String,
+    },
+    /// The port was taken by another process while the server was starting.
+    #[error(
+        "port {port} was taken by another process while redis-server was starting; start again (a new port is picked) or free the port before `restart()`"
+    )]
+    PortTaken {
+        /// The port that could not be used.
+        port: u16,
+    },
+    /// The server was stopped or killed and not restarted.
+    #[error("redis-server is not running; call `restart()` to start it again")]
+    ServerNotRunning,
+    /// A temporary directory could not be created.
+    #[error(
+        "failed to create a temporary directory under `{}`; check that it exists and is writable (or set TMPDIR)",
+        dir.display()
+    )]
+    TempDir {
+        /// The parent directory.
+        dir: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// No free port could be found.
+    #[error("failed to find a free port on 127.0.0.1; check that the loopback interface is up")]
+    FreePort {
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// A signal could not be sent.
+    #[error("failed to send {signal} to process {pid}; check that the process still exists")]
+    Signal {
+        /// The signal, for example `SIGSTOP`.
+        signal: &'static str,
+        /// The target process.
+        pid: u32,
+        /// Why it failed.
+        #[source]
+        source: nix::errno::Errno,
+    },
+    /// Waiting for a child process failed.
+    #[error("failed to wait for process {pid}; check that nothing else reaps this child")]
+    Wait {
+        /// The child process.
+        pid: u32,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The child process has already exited, so it cannot be signalled.
+    #[error("process {pid} has already exited ({status}); spawn it again")]
+    ProcessExited {
+        /// The child process.
+        pid: u32,
+        /// How it exited.
+        status: ExitStatus,
+    },
+    /// The path of the running test binary is unknown.
+    #[error(
+        "failed to find the path of the current test binary; run the test through `cargo test`"
+    )]
+    CurrentExe {
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// A Redis command failed.
+    #[error(
+        "redis command failed while {action}; check that the redis-server is running and reachable"
+    )]
+    Redis {
+        /// What was being done.
+        action: &'static str,
+        /// The error from the redis client.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// An instance id passed to [`Recorder::enter`] contains `|`.
+    #[error("instance id `{instance}` contains `|`; pick an instance id without it")]
+    InvalidInstance {
+        /// The rejected instance id.
+        instance: String,
+    },
+    /// Recorder data in Redis does not have the expected shape.
+    #[error(
+        "recorder data `{redis_key}` is malformed ({detail}); use a fresh recorder namespace or delete the `convoy-test:<namespace>:*` keys"
+    )]
+    MalformedRecord {
+        /// The Redis key holding the data.
+        redis_key: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+impl TestingError {
+    /// True when the error means `redis-server` is not installed where it
+    /// was looked for.
+    pub fn is_redis_server_missing(&self) -> bool {
+        matches!(
+            self,
+            Self::RedisServerNotFound | Self::BinaryNotFound { .. }
+        )
+    }
+
+    pub(crate) fn redis(action: &'static str) -> impl FnOnce(redis::RedisError) -> Self {
+        move |source| Self::Redis { action, source }
+    }
+}
