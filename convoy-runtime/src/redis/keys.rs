@@ -1,0 +1,51 @@
+//! Every Redis key convoy uses, derived in one place.
+//!
+//! | key | type | what |
+//! | --- | --- | --- |
+//! | `{category}` | stream | events of a category that carry no partition key |
+//! | `{category}:{backfill}` | stream | their low-priority lane |
+//! | `{category}:{key}` | stream | one partition: a key's events, in publish order |
+//! | `{category}:{key}:{backfill}` | stream | the key's low-priority lane |
+//! | `{category}:__partitions__` | set | the category's live partition keys (discovery index) |
+//! | `{category}:__wake__` | stream | one entry per partitioned publish (`k` = key), capped; wakes owners |
+//! | `{category}:dlq` | stream | dead letters of ordinary handlers |
+//! | `{category}:{key}:dlq` | stream | heads moved aside by an operator |
+//! | `convoy:groups:{category}` | set | consumer groups (handler names) reading the category |
+//! | `convoy:lease:{group}:{category}:{key}` | string, PX | the unit's fence token `{owner}:{generation}` |
+//! | `convoy:unit:{group}:{category}:{key}` | hash | `gen` (durable), `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
+//! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
+//! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
+
+/// `{category}:__wake__`.
+pub fn wake_stream(category: &str) -> String {
+    format!("{category}:__wake__")
+}
+
+/// `convoy:groups:{category}`.
+pub fn groups(category: &str) -> String {
+    format!("convoy:groups:{category}")
+}
+
+/// `convoy:lease:{group}:{category}:{key}`.
+pub fn lease(group: &str, category: &str, key: &str) -> String {
+    format!("convoy:lease:{group}:{category}:{key}")
+}
+
+/// `convoy:unit:{group}:{category}:{key}`.
+pub fn unit(group: &str, category: &str, key: &str) -> String {
+    format!("convoy:unit:{group}:{category}:{key}")
+}
+
+/// `convoy:instances:{group}`.
+pub fn instances(group: &str) -> String {
+    format!("convoy:instances:{group}")
+}
+
+/// `convoy:producer:{id}`.
+pub fn producer(id: &str) -> String {
+    format!("convoy:producer:{id}")
+}
+
+pub use crate::routing::{
+    backfill_stream, category_dlq, partition_dlq, partition_index, partition_stream,
+};

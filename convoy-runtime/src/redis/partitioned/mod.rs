@@ -1,0 +1,461 @@
+//! The partitioned consumer of one handler on one engine instance.
+//!
+//! The [`Coordinator`] discovers units, takes and renews their leases,
+//! shares them fairly with the other live instances, and runs one
+//! [`worker`] per owned unit.
+
+mod worker;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::reply::{int, text};
+use super::scripts::SCRIPTS;
+use super::wake::{self, sleep_or_stop};
+use super::{RedisBroker, keys, now_ms};
+use crate::engine::{ConsumerPlan, Subscription};
+use crate::handler::Fence;
+
+/// Handlers of one subscription running at once on one instance.
+const MAX_IN_FLIGHT: usize = 256;
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Monotonic milliseconds since the first call (keeps running while the
+/// process is stopped, so a stalled owner sees its deadline passed).
+pub(crate) fn mono_ms() -> u64 {
+    EPOCH.elapsed().as_millis() as u64
+}
+
+/// What every worker of one subscription shares.
+pub(crate) struct Shared {
+    pub(crate) broker: Arc<RedisBroker>,
+    pub(crate) plan: Arc<ConsumerPlan>,
+    pub(crate) index: usize,
+    pub(crate) owner: String,
+    pub(crate) permits: Semaphore,
+    pub(crate) exits: mpsc::UnboundedSender<(String, String)>,
+}
+
+impl Shared {
+    pub(crate) fn sub(&self) -> &Subscription {
+        &self.plan.subscriptions[self.index]
+    }
+
+    pub(crate) fn group(&self) -> &'static str {
+        self.sub().name
+    }
+
+    pub(crate) fn category(&self) -> &'static str {
+        self.sub().category
+    }
+
+    pub(crate) fn lease_key(&self, key: &str) -> String {
+        keys::lease(self.group(), self.category(), key)
+    }
+
+    pub(crate) fn unit_key(&self, key: &str) -> String {
+        keys::unit(self.group(), self.category(), key)
+    }
+
+    pub(crate) fn primary(&self, key: &str) -> String {
+        keys::partition_stream(self.category(), key)
+    }
+
+    /// The backfill lane, or `""` when lanes are off.
+    pub(crate) fn backfill(&self, key: &str) -> String {
+        let lanes = &self.plan.config.server.priority_lanes;
+        if lanes.enabled {
+            keys::backfill_stream(self.category(), key, &lanes.backfill_suffix)
+        } else {
+            String::new()
+        }
+    }
+
+    /// Every lane's stream (for reaping, which covers both lanes always).
+    pub(crate) fn backfill_always(&self, key: &str) -> String {
+        let suffix = &self.plan.config.server.priority_lanes.backfill_suffix;
+        keys::backfill_stream(self.category(), key, suffix)
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        self.plan.config.server.partitioning.lease_ttl()
+    }
+
+    /// The local deadline of a lease renewed (or taken) at `sent` ms: the
+    /// TTL minus a safety margin.
+    pub(crate) fn deadline_from(&self, sent: u64) -> u64 {
+        let ttl = self.ttl().as_millis() as u64;
+        let margin = (ttl / 10).max(50).min(ttl / 2);
+        sent + ttl - margin
+    }
+}
+
+/// A running unit worker, as the coordinator sees it.
+pub(crate) struct UnitHandle {
+    pub(crate) token: String,
+    pub(crate) deadline: Arc<AtomicU64>,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) halted: Arc<AtomicBool>,
+    pub(crate) idle: Arc<AtomicBool>,
+    pub(crate) task: JoinHandle<()>,
+}
+
+/// Discovers, leases and shares the units of one handler.
+pub(crate) struct Coordinator {
+    shared: Arc<Shared>,
+    exits: mpsc::UnboundedReceiver<(String, String)>,
+    units: HashMap<String, UnitHandle>,
+    elsewhere: HashSet<String>,
+    live: usize,
+    partitions: usize,
+    warned: bool,
+}
+
+impl Coordinator {
+    pub(crate) fn new(broker: Arc<RedisBroker>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
+        let owner = plan.instance_id.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        Coordinator {
+            shared: Arc::new(Shared {
+                broker,
+                plan,
+                index,
+                owner,
+                permits: Semaphore::new(MAX_IN_FLIGHT),
+                exits: tx,
+            }),
+            exits: rx,
+            units: HashMap::new(),
+            elsewhere: HashSet::new(),
+            live: 1,
+            partitions: 0,
+            warned: false,
+        }
+    }
+
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        let s = self.shared.clone();
+        let group = s.group();
+        let category = s.category();
+        tracing::info!(handler = group, category, owner = %s.owner, "partitioned consumer starting");
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.register().await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(handler = group, error = %e, "cannot register the consumer group; retrying");
+                    if sleep_or_stop(backoff, &shutdown).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        let (wake_tx, mut wake_rx) = mpsc::channel(64);
+        let listener = tokio::spawn(wake::follow(
+            s.broker.clone(),
+            category.to_owned(),
+            wake_tx,
+            shutdown.child_token(),
+        ));
+        let heartbeat = s.plan.config.server.partitioning.heartbeat_interval();
+        let mut tick = tokio::time::interval(heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => self.cycle(&shutdown).await,
+                Some((key, token)) = self.exits.recv() => {
+                    if self.units.get(&key).is_some_and(|u| u.token == token) {
+                        self.units.remove(&key);
+                    }
+                }
+                msg = wake_rx.recv() => match msg {
+                    Some(Some(keys)) => self.on_wake(keys, &shutdown).await,
+                    Some(None) => {
+                        for u in self.units.values() {
+                            u.wake.notify_one();
+                        }
+                    }
+                    None => {}
+                },
+            }
+        }
+        // Graceful shutdown: each worker finishes its event, acks, releases.
+        for u in self.units.values() {
+            u.stop.cancel();
+        }
+        for (_, u) in self.units.drain() {
+            let _ = u.task.await;
+        }
+        let _ = listener.await;
+        tracing::info!(handler = group, category, "partitioned consumer stopped");
+    }
+
+    async fn register(&self) -> Result<(), crate::Error> {
+        let s = &self.shared;
+        let mut conn = s.broker.conn().await?;
+        let _: i64 = redis::cmd("SADD")
+            .arg(keys::groups(s.category()))
+            .arg(s.group())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| crate::Error::redis("failed to register the consumer group", e))?;
+        Ok(())
+    }
+
+    fn prune(&mut self) {
+        self.units.retain(|_, u| !u.task.is_finished());
+    }
+
+    async fn on_wake(&mut self, keys: Vec<String>, shutdown: &CancellationToken) {
+        self.prune();
+        let mut unknown = Vec::new();
+        let mut seen = HashSet::new();
+        for k in keys {
+            if !seen.insert(k.clone()) {
+                continue;
+            }
+            if let Some(u) = self.units.get(&k) {
+                u.wake.notify_one();
+            } else if !self.elsewhere.contains(&k) {
+                unknown.push(k);
+            }
+        }
+        if unknown.is_empty() {
+            return;
+        }
+        let target = fair_share(self.partitions + unknown.len(), self.live);
+        let owned = self.owned();
+        if owned < target {
+            self.acquire(unknown, target - owned, shutdown).await;
+        }
+    }
+
+    fn owned(&self) -> usize {
+        self.units.values().filter(|u| !u.stop.is_cancelled()).count()
+    }
+
+    /// One heartbeat: renew, count live instances, discover, rebalance.
+    async fn cycle(&mut self, shutdown: &CancellationToken) {
+        self.prune();
+        self.renew().await;
+        let s = self.shared.clone();
+        let members = match self.membership().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(handler = s.group(), error = %e, "discovery failed; retrying at the next heartbeat");
+                return;
+            }
+        };
+        self.elsewhere.clear();
+        self.partitions = members.len();
+        let threshold = s.plan.config.server.partitioning.partition_warning_threshold;
+        if members.len() as u64 > threshold && !self.warned {
+            tracing::warn!(
+                category = s.category(),
+                partitions = members.len(),
+                threshold,
+                "the category has more live partitions than partition_warning_threshold; per-key streams are meant for a bounded set of keys"
+            );
+            self.warned = true;
+        }
+        let target = fair_share(members.len(), self.live);
+        let owned = self.owned();
+        if owned < target {
+            let mut candidates: Vec<String> = members
+                .into_iter()
+                .filter(|k| !self.units.contains_key(k))
+                .collect();
+            shuffle(&mut candidates, &s.owner);
+            self.acquire(candidates, target - owned, shutdown).await;
+        } else if owned > target {
+            let mut surplus = owned - target;
+            // Idle units first; a unit moves only after its worker finished
+            // the event in flight and released the lease.
+            for idle_first in [true, false] {
+                for u in self.units.values() {
+                    if surplus == 0 {
+                        break;
+                    }
+                    if !u.stop.is_cancelled() && u.idle.load(Ordering::Relaxed) == idle_first {
+                        u.stop.cancel();
+                        surplus -= 1;
+                    }
+                }
+            }
+            tracing::debug!(handler = s.group(), owned, target, "released surplus units");
+        }
+    }
+
+    async fn renew(&mut self) {
+        let s = self.shared.clone();
+        if self.units.is_empty() {
+            return;
+        }
+        let held: Vec<(&String, &UnitHandle)> = self.units.iter().collect();
+        let mut inv = SCRIPTS.renew.prepare_invoke();
+        inv.arg(s.ttl().as_millis() as u64);
+        for (k, u) in &held {
+            inv.key(s.lease_key(k)).key(s.unit_key(k)).arg(&u.token);
+        }
+        let sent = mono_ms();
+        let r: Result<Vec<i64>, _> = match s.broker.conn().await {
+            Ok(mut c) => inv.invoke_async(&mut c).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match r {
+            Ok(results) => {
+                for ((key, u), res) in held.iter().zip(results) {
+                    match res {
+                        0 => {
+                            tracing::warn!(handler = s.group(), key = %key, token = %u.token, "lease lost; stopping the unit's worker");
+                            u.deadline.store(0, Ordering::SeqCst);
+                            u.stop.cancel();
+                            u.wake.notify_one();
+                        }
+                        n => {
+                            u.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
+                            let halted = n == 2;
+                            let was = u.halted.swap(halted, Ordering::SeqCst);
+                            if was && !halted {
+                                tracing::info!(handler = s.group(), key = %key, "partition un-halted; resuming");
+                                u.wake.notify_one();
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(handler = s.group(), error = %e, "lease renewal failed; workers stop at their local deadlines unless a later renewal succeeds");
+            }
+        }
+    }
+
+    /// Registers this instance as live, counts live instances and reads the
+    /// partition index, in one round trip.
+    async fn membership(&mut self) -> Result<Vec<String>, crate::Error> {
+        let s = &self.shared;
+        let mut conn = s.broker.conn().await?;
+        let now = now_ms();
+        let set = keys::instances(s.group());
+        let (_, _, live, members): (i64, i64, i64, Vec<String>) = redis::pipe()
+            .cmd("ZADD")
+            .arg(&set)
+            .arg(now + s.ttl().as_millis() as u64)
+            .arg(&s.owner)
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&set)
+            .arg("-inf")
+            .arg(now)
+            .cmd("ZCARD")
+            .arg(&set)
+            .cmd("SMEMBERS")
+            .arg(keys::partition_index(s.category()))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| crate::Error::redis("failed to read the partition index", e))?;
+        self.live = live.max(1) as usize;
+        Ok(members)
+    }
+
+    /// Tries to take up to `max` of `candidates`; starts a worker for each
+    /// unit taken.
+    async fn acquire(&mut self, candidates: Vec<String>, max: usize, shutdown: &CancellationToken) {
+        if candidates.is_empty() || max == 0 {
+            return;
+        }
+        let s = self.shared.clone();
+        let mut inv = SCRIPTS.acquire.prepare_invoke();
+        for k in &candidates {
+            inv.key(s.lease_key(k)).key(s.unit_key(k));
+        }
+        inv.arg(&s.owner).arg(s.ttl().as_millis() as u64).arg(max);
+        let sent = mono_ms();
+        let r: Result<Value, _> = match s.broker.conn().await {
+            Ok(mut c) => inv.invoke_async(&mut c).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let results = match r {
+            Ok(Value::Array(items)) => items,
+            Ok(other) => {
+                tracing::warn!(?other, "unexpected reply to acquire");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(handler = s.group(), error = %e, "taking leases failed; retrying at the next heartbeat");
+                return;
+            }
+        };
+        for (key, item) in candidates.into_iter().zip(results) {
+            let Value::Array(fields) = item else { continue };
+            let Some(token) = fields.first().and_then(text) else {
+                self.elsewhere.insert(key);
+                continue;
+            };
+            let Some(generation) = token.rsplit(':').next().and_then(|g| g.parse::<u64>().ok()) else {
+                continue;
+            };
+            let halted = fields.get(1).and_then(text).as_deref() == Some("1");
+            let head = fields.get(2).and_then(text).filter(|h| !h.is_empty());
+            let failures = fields.get(3).and_then(int).unwrap_or(0).max(0) as u32;
+            tracing::info!(handler = s.group(), key = %key, generation, halted, "lease acquired");
+            let handle = worker::spawn(
+                s.clone(),
+                key.clone(),
+                Fence {
+                    owner: s.owner.clone(),
+                    generation,
+                },
+                s.deadline_from(sent),
+                halted,
+                head.map(|h| (h, failures)),
+                shutdown.child_token(),
+            );
+            self.units.insert(key, handle);
+        }
+    }
+}
+
+/// Units each of `live` instances should own out of `partitions`.
+pub(crate) fn fair_share(partitions: usize, live: usize) -> usize {
+    partitions.div_ceil(live.max(1))
+}
+
+/// A cheap deterministic shuffle, different per instance, so instances
+/// competing for free units mostly try different ones first.
+fn shuffle(v: &mut [String], seed: &str) {
+    let mut x: u64 = seed
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+        ^ now_ms();
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let j = (x % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fair_share_rounds_up() {
+        assert_eq!(fair_share(100, 3), 34);
+        assert_eq!(fair_share(100, 1), 100);
+        assert_eq!(fair_share(0, 2), 0);
+        assert_eq!(fair_share(5, 0), 5);
+    }
+}

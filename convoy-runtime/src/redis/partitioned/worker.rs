@@ -1,0 +1,506 @@
+//! One owned unit's worker.
+//!
+//! # Lifecycle
+//!
+//! 1. Reclaim: the previous generations' pending entries (both lanes) are
+//!    moved to this generation's consumer; if that fails, the unit is given
+//!    up, never skipped ahead.
+//! 2. Read this consumer's own pending entries, in id order, until none are
+//!    left; then new entries: primary lane first, backfill lane only when
+//!    the primary lane is empty. Every read is fenced.
+//! 3. Before each event: stop requested? local lease deadline passed?
+//!    halted? Then run the handler; on success, fenced ack; on failure,
+//!    record the failure beside the lease and wait out the back-off (the
+//!    head stays pending and nothing behind it runs); after `max_retries`
+//!    the unit halts.
+//! 4. When empty: sleep until a wake-up, a stop request, or the reap time.
+//! 5. On stop: release the lease (the event in flight was finished first).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::super::reply::{Entry, entries, int};
+use super::super::scripts::SCRIPTS;
+use super::super::{keys, now_ms};
+use super::{Shared, UnitHandle, mono_ms};
+use crate::error::Error;
+use crate::handler::{Fence, HandlerError};
+
+/// Entries read per fenced read from the primary lane.
+const PRIMARY_BATCH: usize = 100;
+/// Entries read per fenced read from the backfill lane (small, so primary
+/// traffic is looked at again soon).
+const BACKFILL_BATCH: usize = 10;
+
+/// Why a worker ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Exit {
+    /// Stop requested (shutdown or rebalancing): release the lease.
+    Release,
+    /// The fence refused us: someone else holds the unit.
+    Lost,
+    /// The local deadline passed without a renewal: stop touching the unit.
+    Expired,
+    /// The unit was reaped.
+    Retired,
+}
+
+struct Worker {
+    s: Arc<Shared>,
+    key: String,
+    fence: Fence,
+    token: String,
+    deadline: Arc<AtomicU64>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+    halted: Arc<AtomicBool>,
+    idle: Arc<AtomicBool>,
+    /// The head entry and its failures so far (from Redis).
+    head: Option<(String, u32)>,
+    primary: String,
+    backfill: String,
+    lease: String,
+    unit: String,
+}
+
+pub(super) fn spawn(
+    s: Arc<Shared>,
+    key: String,
+    fence: Fence,
+    deadline: u64,
+    halted: bool,
+    head: Option<(String, u32)>,
+    stop: CancellationToken,
+) -> UnitHandle {
+    let token = fence.to_string();
+    let w = Worker {
+        primary: s.primary(&key),
+        backfill: s.backfill(&key),
+        lease: s.lease_key(&key),
+        unit: s.unit_key(&key),
+        s,
+        key,
+        fence,
+        token: token.clone(),
+        deadline: Arc::new(AtomicU64::new(deadline)),
+        wake: Arc::new(Notify::new()),
+        stop,
+        halted: Arc::new(AtomicBool::new(halted)),
+        idle: Arc::new(AtomicBool::new(false)),
+        head,
+    };
+    let handle = UnitHandle {
+        token,
+        deadline: w.deadline.clone(),
+        wake: w.wake.clone(),
+        stop: w.stop.clone(),
+        halted: w.halted.clone(),
+        idle: w.idle.clone(),
+        task: tokio::spawn(async move {
+            let exits = w.s.exits.clone();
+            let key = w.key.clone();
+            let token = w.token.clone();
+            w.run().await;
+            let _ = exits.send((key, token));
+        }),
+    };
+    handle
+}
+
+impl Worker {
+    fn group(&self) -> &'static str {
+        self.s.group()
+    }
+
+    fn past_deadline(&self) -> bool {
+        mono_ms() >= self.deadline.load(Ordering::SeqCst)
+    }
+
+    async fn run(mut self) {
+        let exit = match self.reclaim().await {
+            Ok(()) => self.consume().await,
+            Err(exit) => exit,
+        };
+        match exit {
+            Exit::Release | Exit::Expired => self.release().await,
+            Exit::Lost => {
+                tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "fenced out: another owner holds the unit");
+            }
+            Exit::Retired => {
+                tracing::info!(handler = self.group(), key = %self.key, "drained idle partition retired");
+            }
+        }
+    }
+
+    async fn conn(&self) -> Result<redis::aio::ConnectionManager, Error> {
+        self.s.broker.conn().await
+    }
+
+    /// Moves earlier generations' pending entries to this consumer.
+    async fn reclaim(&self) -> Result<(), Exit> {
+        for stream in [&self.primary, &self.backfill] {
+            if stream.is_empty() {
+                continue;
+            }
+            let r: Result<i64, Error> = async {
+                let mut c = self.conn().await?;
+                let mut inv = SCRIPTS.claim.prepare_invoke();
+                inv.key(&self.lease)
+                    .key(stream)
+                    .arg(&self.token)
+                    .arg(self.group());
+                inv.invoke_async(&mut c)
+                    .await
+                    .map_err(|e| Error::redis("failed to reclaim pending entries", e))
+            }
+            .await;
+            match r {
+                Ok(-1) => return Err(Exit::Lost),
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
+                }
+                Err(e) => {
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "reclaim failed; giving the unit up rather than skipping ahead");
+                    return Err(Exit::Release);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn consume(&mut self) -> Exit {
+        let mut pending_mode = true;
+        let mut last_active = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
+        loop {
+            if self.stop.is_cancelled() {
+                return Exit::Release;
+            }
+            if self.past_deadline() {
+                return Exit::Expired;
+            }
+            if self.halted.load(Ordering::SeqCst) {
+                self.idle.store(true, Ordering::Relaxed);
+                tokio::select! {
+                    _ = self.stop.cancelled() => return Exit::Release,
+                    _ = self.wake.notified() => {}
+                }
+                pending_mode = true;
+                continue;
+            }
+            let read = self.read(pending_mode).await;
+            let (lane_stream, batch) = match read {
+                Ok(Some(b)) => {
+                    backoff = Duration::from_millis(20);
+                    b
+                }
+                Ok(None) => {
+                    if pending_mode {
+                        pending_mode = false;
+                        continue;
+                    }
+                    // Empty: sleep until woken, stopped, or time to reap.
+                    self.idle.store(true, Ordering::Relaxed);
+                    let reap_in = reap_idle.saturating_sub(last_active.elapsed());
+                    if reap_in.is_zero() {
+                        match self.reap().await {
+                            Ok(true) => return Exit::Retired,
+                            Ok(false) => last_active = Instant::now(),
+                            Err(exit) => return exit,
+                        }
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return Exit::Release,
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(reap_in) => {}
+                    }
+                    continue;
+                }
+                Err(ReadError::Refused) => return Exit::Lost,
+                Err(ReadError::Failed(e)) => {
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "fenced read failed; retrying");
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return Exit::Release,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            self.idle.store(false, Ordering::Relaxed);
+            for entry in batch {
+                match self.process(&lane_stream, &entry).await {
+                    Step::Done => last_active = Instant::now(),
+                    Step::Halted => {
+                        pending_mode = true;
+                        break;
+                    }
+                    Step::Exit(e) => return e,
+                }
+            }
+            if !pending_mode {
+                continue;
+            }
+        }
+    }
+
+    /// One fenced read: own pending entries (`pending`) or new ones.
+    async fn read(&self, pending: bool) -> Result<Option<(String, Vec<Entry>)>, ReadError> {
+        let mut c = self.conn().await.map_err(ReadError::Failed)?;
+        let mut inv = SCRIPTS.read.prepare_invoke();
+        inv.key(&self.lease)
+            .key(&self.primary)
+            .key(&self.backfill)
+            .arg(&self.token)
+            .arg(self.group())
+            .arg(PRIMARY_BATCH)
+            .arg(BACKFILL_BATCH)
+            .arg(if pending { "0" } else { ">" });
+        let v: Value = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| ReadError::Failed(Error::redis("fenced read failed", e)))?;
+        let Value::Array(items) = v else {
+            return Err(ReadError::Failed(Error::MalformedEntry {
+                stream: self.primary.clone(),
+                entry_id: String::new(),
+                reason: "unexpected reply to the fenced read".into(),
+            }));
+        };
+        match items.first().and_then(int) {
+            Some(-1) => return Err(ReadError::Refused),
+            Some(1) => {}
+            _ => {
+                return Err(ReadError::Failed(Error::MalformedEntry {
+                    stream: self.primary.clone(),
+                    entry_id: String::new(),
+                    reason: "unexpected reply to the fenced read".into(),
+                }));
+            }
+        }
+        let lane = items.get(1).and_then(int).unwrap_or(0);
+        let batch = items.get(2).map(entries).unwrap_or_default();
+        if lane == 0 || batch.is_empty() {
+            return Ok(None);
+        }
+        let stream = if lane == 2 {
+            self.backfill.clone()
+        } else {
+            self.primary.clone()
+        };
+        Ok(Some((stream, batch)))
+    }
+
+    /// Handles one entry to the end: success and ack, halt, or exit.
+    async fn process(&mut self, stream: &str, entry: &Entry) -> Step {
+        let retry = self.s.plan.config.server.retry.clone();
+        loop {
+            if self.stop.is_cancelled() {
+                return Step::Exit(Exit::Release);
+            }
+            if self.past_deadline() {
+                return Step::Exit(Exit::Expired);
+            }
+            if self.halted.load(Ordering::SeqCst) {
+                return Step::Halted;
+            }
+            if entry.fields.is_none() {
+                // Deleted while pending (for example by an operator): nothing to run.
+                return match self.ack(stream, &entry.id).await {
+                    Ok(()) => Step::Done,
+                    Err(exit) => Step::Exit(exit),
+                };
+            }
+            let failures = match &self.head {
+                Some((id, n)) if *id == entry.id => *n,
+                _ => 0,
+            };
+            let attempt = failures + 1;
+            let result = match entry.envelope(stream) {
+                Ok(env) => {
+                    let _permit = self.s.permits.acquire().await;
+                    self.s
+                        .plan
+                        .invoke(self.s.sub(), &env, attempt, Some(self.fence.clone()))
+                        .await
+                }
+                Err(e) => Err(HandlerError::from(e)),
+            };
+            match result {
+                Ok(_) => {
+                    return match self.ack(stream, &entry.id).await {
+                        Ok(()) => {
+                            self.head = None;
+                            Step::Done
+                        }
+                        Err(exit) => Step::Exit(exit),
+                    };
+                }
+                Err(err) => match self.fail(&entry.id, &err).await {
+                    Ok((n, halted)) => {
+                        self.head = Some((entry.id.clone(), n));
+                        if halted {
+                            tracing::error!(
+                                handler = self.group(),
+                                key = %self.key,
+                                entry = %entry.id,
+                                attempts = n,
+                                error = %err,
+                                "partition halted: the head failed after max_retries; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
+                            );
+                            self.halted.store(true, Ordering::SeqCst);
+                            return Step::Halted;
+                        }
+                        let wait = retry.backoff(n);
+                        tracing::warn!(handler = self.group(), key = %self.key, entry = %entry.id, attempt = n, retry_in_ms = wait.as_millis() as u64, error = %err, "handler failed; retrying the head in place");
+                        tokio::select! {
+                            _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    Err(exit) => return Step::Exit(exit),
+                },
+            }
+        }
+    }
+
+    /// Fenced ack, retried while the lease is ours and Redis is unreachable.
+    async fn ack(&self, stream: &str, id: &str) -> Result<(), Exit> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r: Result<i64, Error> = async {
+                let mut c = self.conn().await?;
+                let mut inv = SCRIPTS.ack.prepare_invoke();
+                inv.key(&self.lease)
+                    .key(stream)
+                    .key(&self.unit)
+                    .key(keys::groups(self.s.category()))
+                    .arg(&self.token)
+                    .arg(self.group())
+                    .arg(now_ms())
+                    .arg(id);
+                inv.invoke_async(&mut c)
+                    .await
+                    .map_err(|e| Error::redis("fenced ack failed", e))
+            }
+            .await;
+            match r {
+                Ok(-1) => return Err(Exit::Lost),
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    if self.past_deadline() {
+                        return Err(Exit::Expired);
+                    }
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "ack failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Records a failure of the head beside the lease.
+    async fn fail(&self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
+        let max = self.s.plan.config.server.retry.max_retries;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r: Result<Vec<i64>, Error> = async {
+                let mut c = self.conn().await?;
+                let mut inv = SCRIPTS.fail.prepare_invoke();
+                inv.key(&self.lease)
+                    .key(&self.unit)
+                    .arg(&self.token)
+                    .arg(id)
+                    .arg(err.to_string())
+                    .arg(max)
+                    .arg(now_ms());
+                inv.invoke_async(&mut c)
+                    .await
+                    .map_err(|e| Error::redis("failed to record a failure", e))
+            }
+            .await;
+            match r {
+                Ok(v) if v.first() == Some(&-1) => return Err(Exit::Lost),
+                Ok(v) => {
+                    let n = v.first().copied().unwrap_or(1).max(0) as u32;
+                    return Ok((n, v.get(1) == Some(&1)));
+                }
+                Err(e) => {
+                    if self.past_deadline() {
+                        return Err(Exit::Expired);
+                    }
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "recording a failure failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Tries to retire the drained unit; true when retired.
+    async fn reap(&self) -> Result<bool, Exit> {
+        let idle_ms = self.s.plan.config.server.partitioning.reap_idle_ms;
+        let r: Result<i64, Error> = async {
+            let mut c = self.conn().await?;
+            let mut inv = SCRIPTS.reap.prepare_invoke();
+            inv.key(&self.lease)
+                .key(keys::partition_index(self.s.category()))
+                .key(&self.primary)
+                .key(self.s.backfill_always(&self.key))
+                .key(&self.unit)
+                .arg(&self.token)
+                .arg(&self.key)
+                .arg(idle_ms)
+                .arg(now_ms());
+            inv.invoke_async(&mut c)
+                .await
+                .map_err(|e| Error::redis("reap failed", e))
+        }
+        .await;
+        match r {
+            Ok(-1) => Err(Exit::Lost),
+            Ok(1) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => {
+                tracing::warn!(handler = self.group(), key = %self.key, error = %e, "reap failed; will try again later");
+                Ok(false)
+            }
+        }
+    }
+
+    async fn release(&self) {
+        let r: Result<i64, Error> = async {
+            let mut c = self.conn().await?;
+            let mut inv = SCRIPTS.release.prepare_invoke();
+            inv.key(&self.lease).arg(&self.token);
+            inv.invoke_async(&mut c)
+                .await
+                .map_err(|e| Error::redis("lease release failed", e))
+        }
+        .await;
+        match r {
+            Ok(1) => tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(handler = self.group(), key = %self.key, error = %e, "lease release failed; it expires on its own"),
+        }
+    }
+}
+
+enum ReadError {
+    Refused,
+    Failed(Error),
+}
+
+enum Step {
+    Done,
+    Halted,
+    Exit(Exit),
+}

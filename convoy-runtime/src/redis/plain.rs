@@ -1,0 +1,289 @@
+//! The ordinary consumer: one consumer group per handler on `{category}`
+//! (and its backfill lane), for events that carry no partition key. No
+//! ordering beyond the stream's; retries in place, then `{category}:dlq`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio_util::sync::CancellationToken;
+
+use super::reply::{Entry, first_stream_entries, text};
+use super::scripts::SCRIPTS;
+use super::wake::sleep_or_stop;
+use super::{BLOCK, RedisBroker, keys, now_ms};
+use crate::engine::{ConsumerPlan, Subscription};
+use crate::error::Error;
+use crate::handler::HandlerError;
+
+/// Entries per read.
+const BATCH: usize = 100;
+
+pub(crate) struct PlainConsumer {
+    broker: Arc<RedisBroker>,
+    plan: Arc<ConsumerPlan>,
+    index: usize,
+}
+
+impl PlainConsumer {
+    pub(crate) fn new(broker: Arc<RedisBroker>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
+        PlainConsumer {
+            broker,
+            plan,
+            index,
+        }
+    }
+
+    fn sub(&self) -> &Subscription {
+        &self.plan.subscriptions[self.index]
+    }
+
+    fn streams(&self) -> Vec<String> {
+        let c = self.sub().category;
+        let lanes = &self.plan.config.server.priority_lanes;
+        let mut v = vec![c.to_owned()];
+        if lanes.enabled {
+            v.push(format!("{c}:{}", lanes.backfill_suffix));
+        }
+        v
+    }
+
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        while !shutdown.is_cancelled() {
+            match self.session(&shutdown).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(handler = self.sub().name, error = %e, "consumer lost Redis; reconnecting");
+                    if sleep_or_stop(backoff, &shutdown).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// One connected session; returns Ok on shutdown.
+    async fn session(&self, shutdown: &CancellationToken) -> Result<(), Error> {
+        let mut conn = self.broker.blocking_conn().await?;
+        let group = self.sub().name;
+        let me = self.plan.instance_id.clone();
+        let streams = self.streams();
+        self.ensure_groups(&mut conn, &streams).await?;
+        let heartbeat = self.plan.config.server.partitioning.heartbeat_interval();
+        let mut next_claim = tokio::time::Instant::now();
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            // Entries of consumers that died: take them over after a lease TTL.
+            if tokio::time::Instant::now() >= next_claim {
+                next_claim = tokio::time::Instant::now() + heartbeat;
+                for s in &streams {
+                    let claimed = self.autoclaim(&mut conn, s, &me).await?;
+                    for e in claimed {
+                        if !self.handle(s, &e, shutdown).await? {
+                            return Ok(());
+                        }
+                    }
+                }
+                // Own pending entries (after a reconnect).
+                for s in &streams {
+                    loop {
+                        let v: Value = redis::cmd("XREADGROUP")
+                            .arg("GROUP")
+                            .arg(group)
+                            .arg(&me)
+                            .arg("COUNT")
+                            .arg(BATCH)
+                            .arg("STREAMS")
+                            .arg(s)
+                            .arg("0")
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| Error::redis("read of pending entries failed", e))?;
+                        let batch: Vec<Entry> =
+                            first_stream_entries(&v).into_iter().flat_map(|(_, e)| e).collect();
+                        if batch.is_empty() {
+                            break;
+                        }
+                        for e in &batch {
+                            if !self.handle(s, e, shutdown).await? {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg("GROUP")
+                .arg(group)
+                .arg(&me)
+                .arg("COUNT")
+                .arg(BATCH)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS");
+            for s in &streams {
+                cmd.arg(s);
+            }
+            for _ in &streams {
+                cmd.arg(">");
+            }
+            let read = cmd.query_async::<Value>(&mut conn);
+            let v = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                v = read => v,
+            };
+            let v = match v {
+                Ok(v) => v,
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    self.ensure_groups(&mut conn, &streams).await?;
+                    continue;
+                }
+                Err(e) => return Err(Error::redis("read failed", e)),
+            };
+            let mut by_stream = first_stream_entries(&v);
+            // Primary lane first.
+            by_stream.sort_by_key(|(s, _)| streams.iter().position(|x| x == s).unwrap_or(usize::MAX));
+            for (s, batch) in by_stream {
+                for e in &batch {
+                    if !self.handle(&s, e, shutdown).await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ensure_groups(
+        &self,
+        conn: &mut MultiplexedConnection,
+        streams: &[String],
+    ) -> Result<(), Error> {
+        let group = self.sub().name;
+        let _: i64 = redis::cmd("SADD")
+            .arg(keys::groups(self.sub().category))
+            .arg(group)
+            .query_async(conn)
+            .await
+            .map_err(|e| Error::redis("failed to register the consumer group", e))?;
+        for s in streams {
+            let r: Result<Value, _> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(s)
+                .arg(group)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(conn)
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(Error::redis("failed to create the consumer group", e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn autoclaim(
+        &self,
+        conn: &mut MultiplexedConnection,
+        stream: &str,
+        me: &str,
+    ) -> Result<Vec<Entry>, Error> {
+        let min_idle = self.plan.config.server.partitioning.lease_ttl_ms;
+        let v: Value = redis::cmd("XAUTOCLAIM")
+            .arg(stream)
+            .arg(self.sub().name)
+            .arg(me)
+            .arg(min_idle)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(BATCH)
+            .query_async(conn)
+            .await
+            .map_err(|e| Error::redis("failed to claim entries of dead consumers", e))?;
+        let Value::Array(parts) = v else {
+            return Ok(Vec::new());
+        };
+        let claimed = parts.get(1).map(super::reply::entries).unwrap_or_default();
+        if !claimed.is_empty() {
+            tracing::info!(handler = self.sub().name, stream, claimed = claimed.len(), "claimed entries of a dead consumer");
+        }
+        Ok(claimed)
+    }
+
+    /// Runs one entry with retries; false when shutdown interrupted it (the
+    /// entry stays pending).
+    async fn handle(
+        &self,
+        stream: &str,
+        entry: &Entry,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, Error> {
+        let retry = &self.plan.config.server.retry;
+        let mut attempt = 1;
+        loop {
+            let result = match entry.envelope(stream) {
+                Ok(env) => self.plan.invoke(self.sub(), &env, attempt, None).await,
+                Err(e) => Err(HandlerError::from(e)),
+            };
+            match result {
+                Ok(_) => {
+                    self.ack(stream, &entry.id).await?;
+                    return Ok(true);
+                }
+                Err(e) if attempt > retry.max_retries => {
+                    tracing::error!(handler = self.sub().name, stream, entry = %entry.id, error = %e, "handler failed after retries; entry moved to the dead letter stream");
+                    self.dead_letter(stream, entry, &e.to_string()).await?;
+                    return Ok(true);
+                }
+                Err(e) => {
+                    let wait = retry.backoff(attempt);
+                    tracing::warn!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %e, "handler failed; retrying");
+                    if sleep_or_stop(wait, shutdown).await {
+                        return Ok(false);
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn ack(&self, stream: &str, id: &str) -> Result<(), Error> {
+        let mut c = self.broker.conn().await?;
+        let mut inv = SCRIPTS.plain_ack.prepare_invoke();
+        inv.key(stream)
+            .key(keys::groups(self.sub().category))
+            .arg(self.sub().name)
+            .arg(id);
+        let _: i64 = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("ack failed", e))?;
+        Ok(())
+    }
+
+    async fn dead_letter(&self, stream: &str, entry: &Entry, error: &str) -> Result<(), Error> {
+        let mut c = self.broker.conn().await?;
+        let mut inv = SCRIPTS.dead_letter.prepare_invoke();
+        inv.key(stream)
+            .key(keys::category_dlq(self.sub().category))
+            .arg(self.sub().name)
+            .arg(&entry.id)
+            .arg(error)
+            .arg(now_ms());
+        for f in entry.flat_fields() {
+            inv.arg(f);
+        }
+        let v: Value = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to dead-letter an entry", e))?;
+        tracing::debug!(dlq_id = ?text(&v), "dead letter written");
+        Ok(())
+    }
+}
