@@ -1,28 +1,338 @@
-//! Procedural macros of convoy (stub; being written).
-use proc_macro::TokenStream;
+//! Procedural macros of convoy: `#[derive(Aggregate)]`, `#[derive(Event)]`,
+//! `#[derive(Command)]`, `#[event_handler]` and `#[command_handler]`.
+//!
+//! Depend on `convoy-runtime`, which re-exports every macro here
+//! (`use convoy_runtime::{Aggregate, Event, event_handler};`); the code the
+//! macros generate names `::convoy_runtime`.
+//!
+//! This file declares only the entry points and their documentation; the
+//! derives live in `message/`, the handler attributes in `handler/`
+//! (`attr.rs` parses, `check.rs` validates, `expand.rs` generates).
 
-/// Stub.
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
+
+use proc_macro::TokenStream;
+use syn::{DeriveInput, parse_macro_input};
+
+mod ctxt;
+mod handler;
+mod message;
+mod symbol;
+
+use message::Kind;
+
+/// Makes a type an aggregate: the stream category of the events and
+/// commands that are `part_of` it.
+///
+/// ```
+/// use convoy_runtime::Aggregate;
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// assert_eq!(<Order as Aggregate>::CATEGORY, "order");
+/// ```
+///
+/// ## category
+///
+/// The category defaults to the type name in snake case (`OrderLine` is
+/// `order_line`). Set it with `#[aggregate(category = "...")]`; it becomes
+/// the first segment of stream names (`{category}:{key}`), so it must be
+/// non-empty and contain no `:` or whitespace.
+///
+/// ```
+/// use convoy_runtime::Aggregate;
+///
+/// #[derive(Aggregate)]
+/// #[aggregate(category = "orders")]
+/// pub struct OrderLine;
+///
+/// assert_eq!(<OrderLine as Aggregate>::CATEGORY, "orders");
+/// ```
 #[proc_macro_derive(Aggregate, attributes(aggregate))]
-pub fn derive_aggregate(_input: TokenStream) -> TokenStream {
-    TokenStream::new()
+pub fn derive_aggregate(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    message::derive_aggregate(&input).into()
 }
-/// Stub.
+
+/// Makes a struct an event: a message that goes through the outbox to the
+/// broker and is handled by `#[event_handler]`s.
+///
+/// The struct needs named fields and serde's `Serialize` and `Deserialize`;
+/// it cannot be generic. The derive implements `convoy_runtime::Message`
+/// and `convoy_runtime::Event`, and registers the type with the runtime.
+///
+/// ```
+/// use convoy_runtime::{Aggregate, Event, Message};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderPlaced {
+///     pub order_id: String,
+///     pub client_id: String,
+///     pub total: u64,
+/// }
+///
+/// let placed = OrderPlaced { order_id: "o-1".into(), client_id: "c-1".into(), total: 3 };
+/// assert_eq!(placed.partition_key("client_id"), Some(Some("c-1".to_owned())));
+/// assert_eq!(OrderPlaced::DESCRIPTOR.category, "order");
+/// ```
+///
+/// ## part_of
+///
+/// Required: `part_of = Order` names the aggregate type (a path to a type
+/// with `#[derive(Aggregate)]`) whose category the event belongs to.
+///
+/// ## name
+///
+/// The type name carried on the wire defaults to the struct's name; set it
+/// with `name = "..."`, for example to rename the Rust type without
+/// breaking stored events:
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event, Message};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order, name = "OrderPlaced")]
+/// pub struct OrderPlacedV1 {
+///     pub order_id: String,
+/// }
+///
+/// assert_eq!(OrderPlacedV1::DESCRIPTOR.type_name, "OrderPlaced");
+/// ```
 #[proc_macro_derive(Event, attributes(event))]
-pub fn derive_event(_input: TokenStream) -> TokenStream {
-    TokenStream::new()
+pub fn derive_event(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    message::derive_message(&input, Kind::Event).into()
 }
-/// Stub.
+
+/// Makes a struct a command: a message dispatched synchronously to its one
+/// `#[command_handler]`, never published.
+///
+/// Same rules and options as `#[derive(Event)]`, in `#[command(..)]`.
+///
+/// ```
+/// use convoy_runtime::{Aggregate, Command, Message};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// #[derive(Command, Serialize, Deserialize)]
+/// #[command(part_of = Order)]
+/// pub struct PlaceOrder {
+///     pub client_id: String,
+/// }
+///
+/// assert_eq!(PlaceOrder::DESCRIPTOR.type_name, "PlaceOrder");
+/// ```
+///
+/// ## part_of
+///
+/// Required: the aggregate type the command belongs to.
+///
+/// ## name
+///
+/// The wire type name; defaults to the struct's name.
 #[proc_macro_derive(Command, attributes(command))]
-pub fn derive_command(_input: TokenStream) -> TokenStream {
-    TokenStream::new()
+pub fn derive_command(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    message::derive_message(&input, Kind::Command).into()
 }
-/// Stub.
+
+/// Declares an event handler: implements `convoy_runtime::EventHandler` for
+/// the type and registers it with the runtime.
+///
+/// The usual form goes on an inherent `impl` block. Each method marked
+/// `#[handle]` handles the event type it takes:
+/// `async fn name(&self, event: E) -> Result<(), Err>` or
+/// `async fn name(&self, event: E, ctx: &Context) -> Result<(), Err>`, where
+/// `Err` converts into `convoy_runtime::HandlerError` (any error type, a
+/// `String` or a `&str` does). An `Err` is a processing failure: retried,
+/// then halted for a partitioned handler, dead-lettered otherwise. The
+/// futures must be `Send`, and handlers take `&self`: one handler value
+/// serves many partitions at once, so keep mutable state behind a lock.
+/// Other items of the block are left alone.
+///
+/// ```
+/// use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderPlaced { pub order_id: String, pub client_id: String, pub total: u64 }
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderShipped { pub order_id: String, pub client_id: String }
+///
+/// pub struct ClientLedger;
+///
+/// #[event_handler(part_of = Order, sequential_by = "client_id")]
+/// impl ClientLedger {
+///     #[handle]
+///     async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+///         assert_eq!(ctx.partition_key(), Some(event.client_id.as_str()));
+///         Ok(())
+///     }
+///
+///     #[handle]
+///     async fn shipped(&self, event: OrderShipped) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
+///
+/// The handler's name, also its consumer group, is the module path of the
+/// declaration followed by the type name (`my_crate::ledger::ClientLedger`).
+///
+/// ## part_of
+///
+/// Required: `part_of = Order` names the aggregate (a type with
+/// `#[derive(Aggregate)]`) whose category the handler consumes. Every
+/// handled event must be an event (`#[derive(Event)]`); a type that is not
+/// is a compile error at the type.
+///
+/// ## sequential_by
+///
+/// `sequential_by = "client_id"` partitions the category by that field:
+/// two events with the same `client_id` are never handled at the same time,
+/// and their effects land in publish order, while different keys run in
+/// parallel across every engine process.
+///
+/// The field must be a direct field of every handled event, of a type that
+/// can be a key: strings, integers, `Option`s of them (`None` is rejected
+/// when the event is raised), or a type implementing
+/// `convoy_runtime::PartitionKey`. Both are checked at compile time, with
+/// the error on the `"client_id"` literal, and again by `Domain::init`,
+/// which also requires one key per category across all handlers. The
+/// field must be visible from the module of the handler.
+///
+/// On the inline broker, `sequential_by` is an accepted no-op: events are
+/// handled one at a time, in order, anyway.
+///
+/// ## handles
+///
+/// Only for the second form, on a struct: `handles = [OrderPlaced, ..]`
+/// lists the handled events, and the struct implements
+/// `convoy_runtime::Handle<E>` once for each of them.
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderPlaced { pub order_id: String, pub client_id: String, pub total: u64 }
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderShipped { pub order_id: String, pub client_id: String }
+/// use convoy_runtime::{Context, Handle, HandlerError, event_handler};
+///
+/// #[event_handler(part_of = Order, sequential_by = "client_id", handles = [OrderPlaced, OrderShipped])]
+/// pub struct ClientLedger;
+///
+/// impl Handle<OrderPlaced> for ClientLedger {
+///     async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+///
+/// impl Handle<OrderShipped> for ClientLedger {
+///     async fn handle(&self, event: OrderShipped, ctx: &Context) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[proc_macro_attribute]
-pub fn event_handler(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::expand(Kind::Event, args.into(), item.into()).into()
 }
-/// Stub.
+
+/// Declares a command handler: implements `convoy_runtime::CommandHandler`
+/// for the type and registers it with the runtime.
+///
+/// Same forms and method signatures as `#[event_handler]`, for commands
+/// (`#[derive(Command)]`). Commands are dispatched synchronously to their one
+/// handler and never reach the outbox.
+///
+/// ```
+/// use convoy_runtime::{Aggregate, Command, Context, HandlerError, command_handler};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// #[derive(Command, Serialize, Deserialize)]
+/// #[command(part_of = Order)]
+/// pub struct PlaceOrder { pub order_id: String, pub client_id: String }
+///
+/// pub struct Orders;
+///
+/// #[command_handler(part_of = Order)]
+/// impl Orders {
+///     #[handle]
+///     async fn place(&self, command: PlaceOrder, ctx: &Context) -> Result<(), HandlerError> {
+///         if command.order_id.is_empty() {
+///             return Err("an order needs an id".into());
+///         }
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
+///
+/// ## part_of
+///
+/// Required: the aggregate (a type with `#[derive(Aggregate)]`) the handled
+/// commands belong to. Every handled type must be a command.
+///
+/// ## sequential_by
+///
+/// Accepted and checked like on an event handler: the field must exist on
+/// every handled command and be of a key type (compile time), and
+/// `Domain::init` checks it again, with one key per category. It is inert at
+/// run time: commands are dispatched synchronously and never reach the
+/// outbox, so there is no stream to partition. On the inline broker it is an
+/// accepted no-op as well.
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Command, HandlerError, command_handler};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Command, Serialize, Deserialize)]
+/// # #[command(part_of = Order)]
+/// # pub struct PlaceOrder { pub order_id: String, pub client_id: String }
+/// pub struct Orders;
+///
+/// #[command_handler(part_of = Order, sequential_by = "client_id")]
+/// impl Orders {
+///     #[handle]
+///     async fn place(&self, command: PlaceOrder) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
+///
+/// ## handles
+///
+/// Only on a struct: `handles = [PlaceOrder, ..]` lists the handled
+/// commands, and the struct implements `convoy_runtime::Handle<C>` for each.
 #[proc_macro_attribute]
-pub fn command_handler(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn command_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::expand(Kind::Command, args.into(), item.into()).into()
 }

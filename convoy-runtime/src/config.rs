@@ -315,7 +315,10 @@ mod tests {
     #[test]
     fn heartbeat_follows_ttl() {
         let c = Config::from_toml("[server.partitioning]\nlease_ttl_ms = 5000\n").expect("ok");
-        assert_eq!(c.server.partitioning.heartbeat_interval(), Duration::from_secs(1));
+        assert_eq!(
+            c.server.partitioning.heartbeat_interval(),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
@@ -344,8 +347,10 @@ mod tests {
         .expect_err("too slow")
         .to_string();
         assert!(e.contains("not well under"), "{e}");
-        Config::from_toml("[server.partitioning]\nlease_ttl_ms = 3000\nheartbeat_interval_seconds = 0.5\n")
-            .expect("fine");
+        Config::from_toml(
+            "[server.partitioning]\nlease_ttl_ms = 3000\nheartbeat_interval_seconds = 0.5\n",
+        )
+        .expect("fine");
     }
 
     #[test]

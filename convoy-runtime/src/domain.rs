@@ -75,10 +75,16 @@ impl Domain {
             .get(d.type_name)
             .ok_or_else(|| Error::NoCommandHandler(d.type_name.to_owned()))?;
         let envelope = Envelope::wrap(&command, None, Priority::Normal, None)?;
-        let ctx = Context::new(handler.descriptor().name, &envelope, 1, self.inner.policy.clone());
+        let ctx = Context::new(
+            handler.descriptor().name,
+            &envelope,
+            1,
+            self.inner.policy.clone(),
+        );
         match handler.dispatch(&envelope, &ctx).await {
             Ok(Dispatched::Handled) => {
-                self.append_to_outbox(ctx.take_raised().into_envelopes()).await
+                self.append_to_outbox(ctx.take_raised().into_envelopes())
+                    .await
             }
             Ok(Dispatched::NotHandled) => Err(Error::NoCommandHandler(d.type_name.to_owned())),
             Err(e) => Err(Error::CommandFailed {

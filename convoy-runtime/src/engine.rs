@@ -38,6 +38,12 @@ pub struct Subscription {
     /// The category's partition key field, when the category is partitioned
     /// (then the handler consumes partition streams under leases).
     pub key_field: Option<&'static str>,
+    /// Whether some handled type carries the key field: those events live
+    /// in partition streams.
+    pub reads_partitions: bool,
+    /// Whether some handled type does not carry the key field (or the
+    /// category is not partitioned): those events live in `{category}`.
+    pub reads_base: bool,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -83,11 +89,17 @@ impl ConsumerPlan {
             .iter()
             .map(|h| {
                 let d = h.descriptor();
+                let key_field = registry.key_field(d.category);
+                let keyed = |m: &&crate::message::MessageDescriptor| {
+                    key_field.is_some_and(|f| m.has_field(f))
+                };
                 Subscription {
                     handler: h.clone(),
                     name: d.name,
                     category: d.category,
-                    key_field: registry.key_field(d.category),
+                    key_field,
+                    reads_partitions: d.handles.iter().any(|m| keyed(m)),
+                    reads_base: d.handles.iter().any(|m| !keyed(m)),
                 }
             })
             .collect();
@@ -266,7 +278,9 @@ impl EngineHandle {
                 message: format!("a consumer task panicked: {join}"),
             }),
             Err(_) => {
-                tracing::warn!("graceful shutdown timed out; in-flight events stay pending and are reclaimed by the next owner");
+                tracing::warn!(
+                    "graceful shutdown timed out; in-flight events stay pending and are reclaimed by the next owner"
+                );
                 Ok(())
             }
         }

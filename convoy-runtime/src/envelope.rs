@@ -167,10 +167,9 @@ impl Envelope {
                 fields::CATEGORY => category = Some(text),
                 fields::KEY => key = Some(text),
                 fields::TIME => {
-                    time = Some(
-                        text.parse::<u64>()
-                            .map_err(|_| malformed(format!("field `time` is not a number: {text:?}")))?,
-                    )
+                    time = Some(text.parse::<u64>().map_err(|_| {
+                        malformed(format!("field `time` is not a number: {text:?}"))
+                    })?)
                 }
                 fields::PRIORITY => {
                     priority = match text.as_str() {
@@ -240,9 +239,17 @@ mod tests {
     #[test]
     fn missing_and_bad_fields_are_errors() {
         let e = sample();
-        let f: Vec<_> = e.to_fields().into_iter().filter(|(k, _)| *k != fields::TYPE).collect();
-        let err = Envelope::from_fields("order:c-1", "1-0", f.iter().map(|(k, v)| (*k, v.as_bytes())))
-            .expect_err("missing type");
+        let f: Vec<_> = e
+            .to_fields()
+            .into_iter()
+            .filter(|(k, _)| *k != fields::TYPE)
+            .collect();
+        let err = Envelope::from_fields(
+            "order:c-1",
+            "1-0",
+            f.iter().map(|(k, v)| (*k, v.as_bytes())),
+        )
+        .expect_err("missing type");
         assert!(err.to_string().contains("`type`"), "{err}");
         let bad = [("time", b"x".as_slice())];
         let err = Envelope::from_fields("s", "1-0", bad).expect_err("bad time");

@@ -49,7 +49,9 @@ pub enum Error {
     },
 
     /// A message payload could not be read as its type.
-    #[error("failed to decode message {id} as `{type_name}`; is the producer's type the same version as the consumer's?")]
+    #[error(
+        "failed to decode message {id} as `{type_name}`; is the producer's type the same version as the consumer's?"
+    )]
     Decode {
         /// The message id.
         id: String,
@@ -72,7 +74,9 @@ pub enum Error {
     },
 
     /// A message's type is not registered in this domain.
-    #[error("unknown message type `{type_name}` (message {id}); register the type in this engine's binary or remove the message")]
+    #[error(
+        "unknown message type `{type_name}` (message {id}); register the type in this engine's binary or remove the message"
+    )]
     UnknownType {
         /// The wire type name.
         type_name: String,
@@ -81,7 +85,9 @@ pub enum Error {
     },
 
     /// No command handler handles this command type.
-    #[error("no command handler handles `{0}`; add one with #[command_handler] and pass it to Domain::builder().command_handler(..)")]
+    #[error(
+        "no command handler handles `{0}`; add one with #[command_handler] and pass it to Domain::builder().command_handler(..)"
+    )]
     NoCommandHandler(String),
 
     /// A command handler failed.
@@ -275,14 +281,20 @@ impl fmt::Display for Problem {
                 "`{handler}` handles `{type_name}`, which is not a message of the kind this handler takes"
             ),
             Problem::DuplicateHandler(name) => {
-                write!(f, "two handlers are named `{name}`; handler names must be unique")
+                write!(
+                    f,
+                    "two handlers are named `{name}`; handler names must be unique"
+                )
             }
             Problem::DuplicateTypeName { type_name, paths } => write!(
                 f,
                 "`{}` and `{}` share the wire name `{type_name}`; rename one with #[event(name = \"...\")]",
                 paths.0, paths.1
             ),
-            Problem::DuplicateCommandHandler { type_name, handlers } => write!(
+            Problem::DuplicateCommandHandler {
+                type_name,
+                handlers,
+            } => write!(
                 f,
                 "command `{type_name}` is handled by both `{}` and `{}`; a command has one handler",
                 handlers.0, handlers.1

@@ -104,7 +104,11 @@ pub trait CommandHandler: Send + Sync + 'static {
 )]
 pub trait Handle<M>: Send + Sync {
     /// Handles one message.
-    fn handle(&self, message: M, ctx: &Context) -> impl Future<Output = Result<(), HandlerError>> + Send;
+    fn handle(
+        &self,
+        message: M,
+        ctx: &Context,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
 /// A partition fence: who owns the partition and at which generation.

@@ -113,8 +113,14 @@ mod tests {
         assert_eq!(check_key(Some(""), b), Err(KeyRule::Empty));
         assert_eq!(check_key(Some("a:b"), b), Err(KeyRule::Colon));
         assert_eq!(check_key(Some("dlq"), b), Err(KeyRule::ReservedDlq));
-        assert_eq!(check_key(Some("backfill"), b), Err(KeyRule::ReservedBackfill));
-        assert_eq!(check_key(Some("slow"), "slow"), Err(KeyRule::ReservedBackfill));
+        assert_eq!(
+            check_key(Some("backfill"), b),
+            Err(KeyRule::ReservedBackfill)
+        );
+        assert_eq!(
+            check_key(Some("slow"), "slow"),
+            Err(KeyRule::ReservedBackfill)
+        );
         assert_eq!(check_key(Some("backfill"), "slow"), Ok(()));
         assert_eq!(check_key(Some("__partitions__"), b), Err(KeyRule::Sentinel));
         assert_eq!(check_key(Some("__x__"), b), Err(KeyRule::Sentinel));

@@ -5,7 +5,8 @@
 //! their effects land in publish order, while different keys run in
 //! parallel across any number of engine processes.
 
-#[allow(unused_extern_crates)] // lets generated `::convoy_runtime` paths resolve in this crate's own tests
+#[allow(unused_extern_crates)]
+// lets generated `::convoy_runtime` paths resolve in this crate's own tests
 extern crate self as convoy_runtime;
 
 pub mod broker;
@@ -39,6 +40,8 @@ pub use error::{Error, Problem, Problems};
 pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError};
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
+/// The shutdown token brokers receive (re-exported from `tokio-util`).
+pub use tokio_util::sync::CancellationToken;
 pub use uow::UnitOfWork;
 
 #[doc(inline)]

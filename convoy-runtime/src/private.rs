@@ -32,3 +32,51 @@ pub const fn str_eq(a: &str, b: &str) -> bool {
     }
     true
 }
+
+/// A handled message type as dispatch code sees it: its descriptor and its
+/// decoder.
+///
+/// Generated code builds one per handled type with [`handled_event`] or
+/// [`handled_command`], the only place where it requires the type to be an
+/// event (or a command), so that a type of the wrong kind is reported once,
+/// at the user's type.
+pub struct Handled<M> {
+    /// The message type's descriptor.
+    pub descriptor: &'static MessageDescriptor,
+    /// Decodes the message from an envelope.
+    pub decode: fn(&crate::Envelope) -> ::core::result::Result<M, crate::Error>,
+}
+
+impl<M> ::core::fmt::Debug for Handled<M> {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        f.debug_struct("Handled")
+            .field("descriptor", &self.descriptor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The [`Handled`] of an event type handled by an event handler.
+pub const fn handled_event<M: crate::Event>() -> Handled<M> {
+    Handled {
+        descriptor: <M as crate::Message>::DESCRIPTOR,
+        decode: crate::Envelope::decode::<M>,
+    }
+}
+
+/// The [`Handled`] of a command type handled by a command handler.
+pub const fn handled_command<M: crate::Command>() -> Handled<M> {
+    Handled {
+        descriptor: <M as crate::Message>::DESCRIPTOR,
+        decode: crate::Envelope::decode::<M>,
+    }
+}
+
+/// Stands in for the aggregate of a message whose derive failed to expand
+/// (beside the compile error), so that the mistake is reported once. Never
+/// registered, never constructed.
+#[derive(Debug)]
+pub enum UnknownAggregate {}
+
+impl crate::Aggregate for UnknownAggregate {
+    const CATEGORY: &'static str = "";
+}

@@ -254,10 +254,22 @@ mod tests {
         let err = Registry::build([], [&A, &B], plain).expect_err("must fail");
         let text = err.to_string();
         assert_eq!(err.problems().len(), 4, "{text}");
-        assert!(text.contains("`Shipped` has no field `client_id` (available fields: order_id)"), "{text}");
-        assert!(text.contains("partitioned by `client_id` in `t::A` but by `order_id` in `t::B`"), "{text}");
-        assert!(text.contains("`t::A` declares sequential_by but the broker `plain`"), "{text}");
-        assert!(text.contains("`t::B` declares sequential_by but the broker `plain`"), "{text}");
+        assert!(
+            text.contains("`Shipped` has no field `client_id` (available fields: order_id)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("partitioned by `client_id` in `t::A` but by `order_id` in `t::B`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`t::A` declares sequential_by but the broker `plain`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`t::B` declares sequential_by but the broker `plain`"),
+            "{text}"
+        );
     }
 
     #[test]

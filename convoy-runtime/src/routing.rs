@@ -97,10 +97,15 @@ mod tests {
         assert_eq!(r(None, Priority::Normal, P, true), "order");
         assert_eq!(r(None, Priority::Low, P, true), "order:backfill");
         assert_eq!(
-            route("order", Some("c1"), Priority::Normal, P, &lanes(false)).partition.as_deref(),
+            route("order", Some("c1"), Priority::Normal, P, &lanes(false))
+                .partition
+                .as_deref(),
             Some("c1")
         );
-        assert_eq!(route("order", Some("c1"), Priority::Normal, NONE, &lanes(false)).partition, None);
+        assert_eq!(
+            route("order", Some("c1"), Priority::Normal, NONE, &lanes(false)).partition,
+            None
+        );
     }
 
     #[test]
@@ -109,6 +114,9 @@ mod tests {
             enabled: true,
             backfill_suffix: "slow".into(),
         };
-        assert_eq!(route("order", Some("c1"), Priority::Low, P, &l).stream, "order:c1:slow");
+        assert_eq!(
+            route("order", Some("c1"), Priority::Low, P, &l).stream,
+            "order:c1:slow"
+        );
     }
 }

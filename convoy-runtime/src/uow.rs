@@ -104,7 +104,11 @@ impl UnitOfWork {
 
     /// Raises an event with a priority: low-priority events go to the
     /// backfill lane when `[server.priority_lanes]` is enabled.
-    pub fn raise_with_priority<E: Event>(&mut self, event: E, priority: Priority) -> Result<(), Error> {
+    pub fn raise_with_priority<E: Event>(
+        &mut self,
+        event: E,
+        priority: Priority,
+    ) -> Result<(), Error> {
         let policy = self.domain.key_policy();
         self.pending
             .push(&event, policy, priority, self.correlation_id.clone())

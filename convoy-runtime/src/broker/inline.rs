@@ -66,7 +66,11 @@ impl InlineBroker {
 
     async fn deliver(&self, plan: &ConsumerPlan, envelope: &Envelope) {
         let retry = &plan.config.server.retry;
-        for sub in plan.subscriptions.iter().filter(|s| s.category == envelope.category) {
+        for sub in plan
+            .subscriptions
+            .iter()
+            .filter(|s| s.category == envelope.category)
+        {
             let mut attempt = 1;
             loop {
                 match plan.invoke(sub, envelope, attempt, None).await {
@@ -117,7 +121,10 @@ impl Broker for InlineBroker {
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
         {
-            let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut q = self
+                .queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             q.extend(batch.iter().map(|p| p.envelope.clone()));
         }
         self.wake.notify_one();

@@ -30,7 +30,10 @@ impl MemoryOutbox {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
-        let mut g = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut g)
     }
 }

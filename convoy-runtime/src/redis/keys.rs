@@ -10,7 +10,8 @@
 //! | `{category}:__wake__` | stream | one entry per partitioned publish (`k` = key), capped; wakes owners |
 //! | `{category}:dlq` | stream | dead letters of ordinary handlers |
 //! | `{category}:{key}:dlq` | stream | heads moved aside by an operator |
-//! | `convoy:groups:{category}` | set | consumer groups (handler names) reading the category |
+//! | `convoy:groups:{category}` | set | consumer groups (handler names) reading the category's partitions |
+//! | `convoy:groups:{category}:__base__` | set | consumer groups reading `{category}` itself |
 //! | `convoy:lease:{group}:{category}:{key}` | string, PX | the unit's fence token `{owner}:{generation}` |
 //! | `convoy:unit:{group}:{category}:{key}` | hash | `gen` (durable), `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
@@ -24,6 +25,11 @@ pub fn wake_stream(category: &str) -> String {
 /// `convoy:groups:{category}`.
 pub fn groups(category: &str) -> String {
     format!("convoy:groups:{category}")
+}
+
+/// `convoy:groups:{category}:__base__`.
+pub fn base_groups(category: &str) -> String {
+    format!("convoy:groups:{category}:__base__")
 }
 
 /// `convoy:lease:{group}:{category}:{key}`.

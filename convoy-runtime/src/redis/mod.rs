@@ -73,7 +73,10 @@ impl RedisBroker {
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let client = redis::Client::open(url).map_err(|e| Error::Config {
             file: "<code>".into(),
-            message: format!("[broker] url {:?} is not a usable Redis URL: {e}", redact_url(url)),
+            message: format!(
+                "[broker] url {:?} is not a usable Redis URL: {e}",
+                redact_url(url)
+            ),
         })?;
         Ok(RedisBroker {
             client,
@@ -148,12 +151,14 @@ impl Broker for RedisBroker {
             let mut tasks = tokio::task::JoinSet::new();
             for index in 0..plan.subscriptions.len() {
                 let sub = &plan.subscriptions[index];
-                if sub.key_field.is_some() {
+                if sub.reads_partitions {
                     let c = partitioned::Coordinator::new(self.clone(), plan.clone(), index);
                     tasks.spawn(c.run(shutdown.clone()));
                 }
-                let p = plain::PlainConsumer::new(self.clone(), plan.clone(), index);
-                tasks.spawn(p.run(shutdown.clone()));
+                if sub.reads_base {
+                    let p = plain::PlainConsumer::new(self.clone(), plan.clone(), index);
+                    tasks.spawn(p.run(shutdown.clone()));
+                }
             }
             while let Some(r) = tasks.join_next().await {
                 if let Err(e) = r {

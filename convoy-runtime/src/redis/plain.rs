@@ -104,8 +104,10 @@ impl PlainConsumer {
                             .query_async(&mut conn)
                             .await
                             .map_err(|e| Error::redis("read of pending entries failed", e))?;
-                        let batch: Vec<Entry> =
-                            first_stream_entries(&v).into_iter().flat_map(|(_, e)| e).collect();
+                        let batch: Vec<Entry> = first_stream_entries(&v)
+                            .into_iter()
+                            .flat_map(|(_, e)| e)
+                            .collect();
                         if batch.is_empty() {
                             break;
                         }
@@ -147,7 +149,8 @@ impl PlainConsumer {
             };
             let mut by_stream = first_stream_entries(&v);
             // Primary lane first.
-            by_stream.sort_by_key(|(s, _)| streams.iter().position(|x| x == s).unwrap_or(usize::MAX));
+            by_stream
+                .sort_by_key(|(s, _)| streams.iter().position(|x| x == s).unwrap_or(usize::MAX));
             for (s, batch) in by_stream {
                 for e in &batch {
                     if !self.handle(&s, e, shutdown).await? {
@@ -165,7 +168,7 @@ impl PlainConsumer {
     ) -> Result<(), Error> {
         let group = self.sub().name;
         let _: i64 = redis::cmd("SADD")
-            .arg(keys::groups(self.sub().category))
+            .arg(keys::base_groups(self.sub().category))
             .arg(group)
             .query_async(conn)
             .await
@@ -211,7 +214,12 @@ impl PlainConsumer {
         };
         let claimed = parts.get(1).map(super::reply::entries).unwrap_or_default();
         if !claimed.is_empty() {
-            tracing::info!(handler = self.sub().name, stream, claimed = claimed.len(), "claimed entries of a dead consumer");
+            tracing::info!(
+                handler = self.sub().name,
+                stream,
+                claimed = claimed.len(),
+                "claimed entries of a dead consumer"
+            );
         }
         Ok(claimed)
     }
@@ -257,7 +265,7 @@ impl PlainConsumer {
         let mut c = self.broker.conn().await?;
         let mut inv = SCRIPTS.plain_ack.prepare_invoke();
         inv.key(stream)
-            .key(keys::groups(self.sub().category))
+            .key(keys::base_groups(self.sub().category))
             .arg(self.sub().name)
             .arg(id);
         let _: i64 = inv

@@ -76,7 +76,7 @@ use std::time::Duration;
 
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use process::{ChildEngine, current_test_command, free_port};
-pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder};
+pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
 pub use server::{DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder};
 
 /// What went wrong in the test support code.

@@ -244,6 +244,16 @@ impl Recorder {
     /// A window whose handler never exited (crashed, or still running) has
     /// `end_us == u64::MAX`.
     pub async fn windows(&self, key: &str) -> Result<Vec<(u64, u64, String)>, TestingError> {
+        Ok(self
+            .windows_of(key)
+            .await?
+            .into_iter()
+            .map(|w| (w.start_us, w.end_us, w.event))
+            .collect())
+    }
+
+    /// The processing windows of `key` with the instance that entered each.
+    pub async fn windows_of(&self, key: &str) -> Result<Vec<Window>, TestingError> {
         let redis_key = self.redis_key(&format!("windows:{key}"));
         let mut connection = self.connection().await?;
         let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
@@ -278,15 +288,29 @@ impl Recorder {
     }
 }
 
+/// One processing window: a handler was in `event` for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// When it was entered, µs of the Redis clock.
+    pub start_us: u64,
+    /// When it was left, or `u64::MAX` if never.
+    pub end_us: u64,
+    /// The event id.
+    pub event: String,
+    /// The instance that entered it.
+    pub instance: String,
+}
+
 fn parse_windows(
     redis_key: &str,
     fields: &BTreeMap<String, String>,
-) -> Result<Vec<(u64, u64, String)>, TestingError> {
+) -> Result<Vec<Window>, TestingError> {
     #[derive(Default)]
-    struct Window {
+    struct Partial {
         start: Option<u64>,
         end: Option<u64>,
         event: Option<String>,
+        instance: String,
     }
     let malformed = |detail: String| TestingError::MalformedRecord {
         redis_key: redis_key.to_string(),
@@ -297,7 +321,7 @@ fn parse_windows(
             .parse::<u64>()
             .map_err(|_| malformed(format!("field `{field}` is `{value}`, not a number")))
     };
-    let mut windows: BTreeMap<u64, Window> = BTreeMap::new();
+    let mut windows: BTreeMap<u64, Partial> = BTreeMap::new();
     for (field, value) in fields {
         let (id, part) = field
             .split_once(':')
@@ -307,14 +331,19 @@ fn parse_windows(
             "start" => window.start = Some(number(field, value)?),
             "end" => window.end = Some(number(field, value)?),
             "event" => window.event = Some(value.clone()),
-            "instance" => {}
+            "instance" => window.instance = value.clone(),
             _ => return Err(malformed(format!("unexpected field `{field}`"))),
         }
     }
     windows
         .into_iter()
         .map(|(id, window)| match (window.start, window.event) {
-            (Some(start), Some(event)) => Ok((start, window.end.unwrap_or(u64::MAX), event)),
+            (Some(start), Some(event)) => Ok(Window {
+                start_us: start,
+                end_us: window.end.unwrap_or(u64::MAX),
+                event,
+                instance: window.instance,
+            }),
             _ => Err(malformed(format!("window {id} has no start or no event"))),
         })
         .collect()

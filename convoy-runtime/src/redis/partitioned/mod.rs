@@ -242,7 +242,10 @@ impl Coordinator {
     }
 
     fn owned(&self) -> usize {
-        self.units.values().filter(|u| !u.stop.is_cancelled()).count()
+        self.units
+            .values()
+            .filter(|u| !u.stop.is_cancelled())
+            .count()
     }
 
     /// One heartbeat: renew, count live instances, discover, rebalance.
@@ -259,7 +262,12 @@ impl Coordinator {
         };
         self.elsewhere.clear();
         self.partitions = members.len();
-        let threshold = s.plan.config.server.partitioning.partition_warning_threshold;
+        let threshold = s
+            .plan
+            .config
+            .server
+            .partitioning
+            .partition_warning_threshold;
         if members.len() as u64 > threshold && !self.warned {
             tracing::warn!(
                 category = s.category(),
@@ -402,7 +410,8 @@ impl Coordinator {
                 self.elsewhere.insert(key);
                 continue;
             };
-            let Some(generation) = token.rsplit(':').next().and_then(|g| g.parse::<u64>().ok()) else {
+            let Some(generation) = token.rsplit(':').next().and_then(|g| g.parse::<u64>().ok())
+            else {
                 continue;
             };
             let halted = fields.get(1).and_then(text).as_deref() == Some("1");
@@ -434,10 +443,9 @@ pub(crate) fn fair_share(partitions: usize, live: usize) -> usize {
 /// A cheap deterministic shuffle, different per instance, so instances
 /// competing for free units mostly try different ones first.
 fn shuffle(v: &mut [String], seed: &str) {
-    let mut x: u64 = seed
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-        ^ now_ms();
+    let mut x: u64 = seed.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) ^ now_ms();
     for i in (1..v.len()).rev() {
         x ^= x << 13;
         x ^= x >> 7;

@@ -179,6 +179,8 @@ impl Worker {
         let mut last_active = Instant::now();
         let mut backoff = Duration::from_millis(20);
         let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
+        // Failed reads are retried with back-off up to the poll interval.
+        let max_backoff = self.s.plan.config.server.partitioning.poll_interval();
         loop {
             if self.stop.is_cancelled() {
                 return Exit::Release;
@@ -231,7 +233,7 @@ impl Worker {
                         _ = self.stop.cancelled() => return Exit::Release,
                         _ = tokio::time::sleep(backoff) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff = (backoff * 2).min(max_backoff);
                     continue;
                 }
             };
@@ -487,9 +489,13 @@ impl Worker {
         }
         .await;
         match r {
-            Ok(1) => tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released"),
+            Ok(1) => {
+                tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released")
+            }
             Ok(_) => {}
-            Err(e) => tracing::warn!(handler = self.group(), key = %self.key, error = %e, "lease release failed; it expires on its own"),
+            Err(e) => {
+                tracing::warn!(handler = self.group(), key = %self.key, error = %e, "lease release failed; it expires on its own")
+            }
         }
     }
 }

@@ -1,0 +1,363 @@
+//! Parsing of the handler attributes' arguments,
+//! `#[event_handler(part_of = Order, sequential_by = "client_id", handles = [..])]`,
+//! and of the `#[handle]` method marker.
+//!
+//! Parsing fails fast at the first problem inside the arguments, spanned on
+//! the smallest wrong token.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream, Parser};
+use syn::punctuated::Punctuated;
+use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, token};
+
+use crate::ctxt::Ctxt;
+use crate::message::{Kind, aggregate_path};
+use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, PART_OF, SEQUENTIAL_BY, Symbol};
+
+mod kw {
+    syn::custom_keyword!(part_of);
+    syn::custom_keyword!(sequential_by);
+    syn::custom_keyword!(handles);
+}
+
+/// The arguments of a handler attribute.
+pub(crate) struct Args {
+    /// `part_of = Order`: the aggregate whose messages are handled.
+    pub(crate) part_of: Path,
+    /// `sequential_by = "client_id"`.
+    pub(crate) sequential_by: Option<KeyField>,
+    /// `handles = [OrderPlaced, OrderShipped]` (struct form only).
+    pub(crate) handles: Option<Handles>,
+}
+
+/// The partition key field named by `sequential_by = "..."`.
+pub(crate) struct KeyField {
+    /// The field as an identifier carrying the literal's span, so that
+    /// rustc's errors about the field point at the user's string.
+    pub(crate) ident: Ident,
+    /// The field's name (`type` for `r#type`).
+    pub(crate) name: String,
+    /// The literal as written.
+    pub(crate) lit: LitStr,
+}
+
+/// `handles = [A, B]`.
+pub(crate) struct Handles {
+    /// The `handles` keyword, for errors about the argument as a whole.
+    pub(crate) key: Span,
+    /// The brackets, for errors about the list as a whole.
+    pub(crate) brackets: token::Bracket,
+    /// The handled message types, in order.
+    pub(crate) types: Punctuated<Type, Token![,]>,
+}
+
+impl Args {
+    /// Parses the arguments of `#[event_handler(..)]` (`kind` = event) or
+    /// `#[command_handler(..)]`.
+    pub(crate) fn parse(kind: Kind, tokens: TokenStream) -> syn::Result<Args> {
+        (|input: ParseStream<'_>| parse_args(kind, input)).parse2(tokens)
+    }
+}
+
+fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
+    let mut part_of = None;
+    let mut sequential_by = None;
+    let mut handles = None;
+    while !input.is_empty() {
+        let lookahead = input.lookahead1();
+        if lookahead.peek(kw::part_of) {
+            let key: kw::part_of = input.parse()?;
+            not_yet(&part_of, key.span, PART_OF)?;
+            input.parse::<Token![=]>()?;
+            part_of = Some(aggregate_path(input)?);
+        } else if lookahead.peek(kw::sequential_by) {
+            let key: kw::sequential_by = input.parse()?;
+            not_yet(&sequential_by, key.span, SEQUENTIAL_BY)?;
+            input.parse::<Token![=]>()?;
+            sequential_by = Some(key_field(kind, input)?);
+        } else if lookahead.peek(kw::handles) {
+            let key: kw::handles = input.parse()?;
+            not_yet(&handles, key.span, HANDLES)?;
+            input.parse::<Token![=]>()?;
+            handles = Some(handled_types(key.span, input)?);
+        } else if input.peek(Ident::peek_any) {
+            let unknown = input.call(Ident::parse_any)?;
+            let name = unknown.unraw().to_string();
+            return Err(syn::Error::new(
+                unknown.span(),
+                symbol::unknown_argument(&name, HANDLER_ARGS),
+            ));
+        } else {
+            return Err(lookahead.error());
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    let Some(part_of) = part_of else {
+        let noun = kind.noun();
+        return Err(syn::Error::new(
+            Span::call_site(),
+            format!(
+                "missing `part_of = ...`: name the aggregate whose {noun}s this handler consumes, for example `part_of = Order`"
+            ),
+        ));
+    };
+    Ok(Args {
+        part_of,
+        sequential_by,
+        handles,
+    })
+}
+
+/// Fails at `key` when the argument was already given.
+fn not_yet<T>(slot: &Option<T>, key: Span, name: Symbol) -> syn::Result<()> {
+    match slot {
+        Some(_) => Err(syn::Error::new(
+            key,
+            format!("`{name}` given more than once"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Parses the value of `sequential_by`: a field name in double quotes.
+fn key_field(kind: Kind, input: ParseStream<'_>) -> syn::Result<KeyField> {
+    if !input.peek(LitStr) {
+        let value = rest_of_value(input)?;
+        let handler = match kind {
+            Kind::Event => "an event handler",
+            Kind::Command => "a command handler",
+        };
+        let message = format!(
+            "`sequential_by` on {handler} takes a field name in double quotes, for example `sequential_by = \"client_id\"`"
+        );
+        return Err(if value.is_empty() {
+            input.error(message)
+        } else {
+            syn::Error::new_spanned(value, message)
+        });
+    }
+    let lit: LitStr = input.parse()?;
+    let ident = lit.parse_with(field_ident).map_err(|_| {
+        syn::Error::new(lit.span(), "expected a single field name in double quotes")
+    })?;
+    Ok(KeyField {
+        name: ident.unraw().to_string(),
+        ident,
+        lit,
+    })
+}
+
+/// Parses a field name; a keyword (`"type"`) becomes a raw identifier
+/// (`r#type`), as the field is declared.
+fn field_ident(input: ParseStream<'_>) -> syn::Result<Ident> {
+    let ident = input.call(Ident::parse_any)?;
+    let name = ident.to_string();
+    if name.starts_with("r#") || syn::parse_str::<Ident>(&name).is_ok() {
+        return Ok(ident);
+    }
+    match name.as_str() {
+        "self" | "Self" | "super" | "crate" | "_" => Err(input.error("not a field name")),
+        _ => Ok(Ident::new_raw(&name, ident.span())),
+    }
+}
+
+/// Parses the value of `handles`: message types in brackets.
+fn handled_types(key: Span, input: ParseStream<'_>) -> syn::Result<Handles> {
+    if !input.peek(token::Bracket) {
+        let value = rest_of_value(input)?;
+        let message = "`handles` takes a list of message types in brackets, for example `handles = [OrderPlaced, OrderShipped]`";
+        return Err(if value.is_empty() {
+            input.error(message)
+        } else {
+            syn::Error::new_spanned(value, message)
+        });
+    }
+    let content;
+    let brackets = syn::bracketed!(content in input);
+    let types = content.parse_terminated(Type::parse, Token![,])?;
+    Ok(Handles {
+        key,
+        brackets,
+        types,
+    })
+}
+
+/// The tokens up to the next top-level comma: a value of the wrong shape,
+/// consumed whole so that the error covers all of it.
+fn rest_of_value(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    let mut value = TokenStream::new();
+    while !input.is_empty() && !input.peek(Token![,]) {
+        value.extend([input.parse::<TokenTree>()?]);
+    }
+    Ok(value)
+}
+
+/// Whether `attr` is `#[handle]` (in any form).
+pub(crate) fn is_handle(attr: &Attribute) -> bool {
+    attr.path() == HANDLE
+}
+
+/// Whether `attrs` mark a handler method. A `#[handle]` with arguments or
+/// given twice is reported.
+pub(crate) fn handle_marker(cx: &Ctxt, attrs: &[Attribute]) -> bool {
+    let mut found = false;
+    for attr in attrs.iter().filter(|a| is_handle(a)) {
+        if found {
+            cx.error_spanned_by(attr, "`#[handle]` given more than once");
+        } else if !matches!(attr.meta, Meta::Path(_)) {
+            cx.error_spanned_by(
+                &attr.meta,
+                "`#[handle]` takes no arguments on an event or command handler",
+            );
+        }
+        found = true;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use super::*;
+
+    fn parse(kind: Kind, tokens: TokenStream) -> Result<Args, String> {
+        Args::parse(kind, tokens).map_err(|e| e.to_string())
+    }
+
+    fn error(kind: Kind, tokens: TokenStream) -> String {
+        match parse(kind, tokens) {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn parses_every_argument() {
+        let args = parse(
+            Kind::Event,
+            quote!(
+                part_of = crate::Order,
+                sequential_by = "client_id",
+                handles = [A, b::B],
+            ),
+        )
+        .expect("valid");
+        let part_of = &args.part_of;
+        assert_eq!(quote!(#part_of).to_string(), "crate :: Order");
+        let key = args.sequential_by.expect("key");
+        assert_eq!(key.name, "client_id");
+        assert_eq!(key.ident, "client_id");
+        assert_eq!(key.lit.value(), "client_id");
+        let handles = args.handles.expect("handles");
+        assert_eq!(handles.types.len(), 2);
+    }
+
+    #[test]
+    fn keyword_fields_become_raw_identifiers() {
+        let args =
+            parse(Kind::Event, quote!(part_of = Order, sequential_by = "type")).expect("valid");
+        let key = args.sequential_by.expect("key");
+        assert_eq!(key.ident.to_string(), "r#type");
+        assert_eq!(key.name, "type");
+        let args = parse(
+            Kind::Event,
+            quote!(part_of = Order, sequential_by = "r#type"),
+        )
+        .expect("valid");
+        assert_eq!(args.sequential_by.expect("key").name, "type");
+    }
+
+    #[test]
+    fn suggests_the_nearest_argument() {
+        assert_eq!(
+            error(
+                Kind::Event,
+                quote!(part_of = Order, sequental_by = "client_id")
+            ),
+            "unknown argument `sequental_by`; did you mean `sequential_by`?"
+        );
+        assert_eq!(
+            error(Kind::Event, quote!(part_of = Order, key = "client_id")),
+            "unknown argument `key`; expected `part_of`, `sequential_by` or `handles`"
+        );
+    }
+
+    #[test]
+    fn rejects_duplicates_at_the_second_key() {
+        assert_eq!(
+            error(Kind::Event, quote!(part_of = Order, part_of = Order)),
+            "`part_of` given more than once"
+        );
+    }
+
+    #[test]
+    fn sequential_by_takes_a_quoted_field_name() {
+        let expected = "`sequential_by` on an event handler takes a field name in double quotes, for example `sequential_by = \"client_id\"`";
+        assert_eq!(
+            error(Kind::Event, quote!(part_of = Order, sequential_by = true)),
+            expected
+        );
+        assert_eq!(
+            error(
+                Kind::Event,
+                quote!(part_of = Order, sequential_by = client_id)
+            ),
+            expected
+        );
+        assert_eq!(
+            error(Kind::Event, quote!(part_of = Order, sequential_by = 1)),
+            expected
+        );
+        assert_eq!(
+            error(
+                Kind::Event,
+                quote!(part_of = Order, sequential_by = a::b, handles = [A])
+            ),
+            expected
+        );
+        assert!(
+            error(Kind::Command, quote!(part_of = Order, sequential_by = true))
+                .contains("on a command handler")
+        );
+        for bad in ["client id", "a.b", "0", "", "self", "\"x\""] {
+            assert_eq!(
+                error(Kind::Event, quote!(part_of = Order, sequential_by = #bad)),
+                "expected a single field name in double quotes",
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn part_of_is_required_and_a_type() {
+        assert_eq!(
+            error(Kind::Event, quote!(sequential_by = "client_id")),
+            "missing `part_of = ...`: name the aggregate whose events this handler consumes, for example `part_of = Order`"
+        );
+        assert_eq!(
+            error(Kind::Command, quote!(part_of = "order")),
+            "`part_of` takes the aggregate type, not a string: for example `part_of = Order`"
+        );
+    }
+
+    #[test]
+    fn handles_takes_a_bracketed_list() {
+        assert_eq!(
+            error(Kind::Event, quote!(part_of = Order, handles = A)),
+            "`handles` takes a list of message types in brackets, for example `handles = [OrderPlaced, OrderShipped]`"
+        );
+    }
+
+    #[test]
+    fn non_identifier_arguments_list_the_valid_ones() {
+        assert_eq!(
+            error(Kind::Event, quote!("order")),
+            "expected one of: `part_of`, `sequential_by`, `handles`"
+        );
+    }
+}

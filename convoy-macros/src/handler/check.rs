@@ -1,0 +1,611 @@
+//! Validation of a handler declaration, and the never-run code that makes
+//! rustc check what the macro cannot see.
+//!
+//! [`validate`] looks at the parsed arguments together with the item
+//! (methods, types, the form of the declaration) and builds the model that
+//! `expand` turns into code; every independent problem is reported. The
+//! facts that only the type checker knows (does `OrderShipped` have a
+//! `client_id` field, and is it a key type?) become [`field_checks`]: functions
+//! that are compiled but never called, spanned at the user's tokens so that
+//! rustc's errors point there.
+
+use std::collections::BTreeMap;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{
+    FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
+    ReceiverKind, ReturnType, Safety, Type,
+};
+
+use super::attr::{self, Args, KeyField};
+use crate::ctxt::Ctxt;
+use crate::message::Kind;
+
+/// A validated handler declaration.
+pub(crate) struct Handler<'a> {
+    /// Event or command handler.
+    pub(crate) kind: Kind,
+    /// The handler type as written (`ClientLedger`, `ledger::ClientLedger`).
+    pub(crate) self_ty: TokenStream,
+    /// The handler type's name (`ClientLedger`).
+    pub(crate) name: String,
+    /// `part_of = ...`.
+    pub(crate) part_of: &'a Path,
+    /// `sequential_by = "..."`.
+    pub(crate) sequential_by: Option<&'a KeyField>,
+    /// The handled message types, in declaration order.
+    pub(crate) handled: Vec<Handled<'a>>,
+}
+
+/// One handled message type and how it reaches the user's code.
+pub(crate) struct Handled<'a> {
+    /// The message type as written.
+    pub(crate) ty: &'a Type,
+    /// How dispatch calls the user's code.
+    pub(crate) call: Call<'a>,
+}
+
+/// How dispatch calls the user's code for one message type.
+pub(crate) enum Call<'a> {
+    /// A `#[handle]` method of the impl block.
+    Method {
+        /// The method's name.
+        ident: &'a Ident,
+        /// Whether the method takes `ctx: &Context`.
+        with_ctx: bool,
+        /// The declared return type (errors about it point there).
+        output: &'a Type,
+    },
+    /// `<Self as Handle<T>>::handle` (the struct form).
+    HandleTrait,
+}
+
+/// Checks the declaration; `None` when `args` failed to parse or an error
+/// was reported in `cx`.
+pub(crate) fn validate<'a>(
+    cx: &Ctxt,
+    kind: Kind,
+    args: Option<&'a Args>,
+    item: &'a Item,
+) -> Option<Handler<'a>> {
+    let macro_name = macro_name(kind);
+    let (self_ty, name, handled) = match item {
+        Item::Impl(imp) => impl_form(cx, kind, args, imp)?,
+        Item::Struct(st) => struct_form(cx, kind, args, st)?,
+        other => {
+            cx.error_at(
+                item_keyword_span(other),
+                format!(
+                    "`#[{macro_name}]` goes on an `impl` block with `#[handle]` methods, or on a struct with `handles = [..]`"
+                ),
+            );
+            return None;
+        }
+    };
+    reject_duplicates(cx, &name, &handled);
+    let args = args?;
+    if cx.has_errors() {
+        return None;
+    }
+    Some(Handler {
+        kind,
+        self_ty,
+        name,
+        part_of: &args.part_of,
+        sequential_by: args.sequential_by.as_ref(),
+        handled,
+    })
+}
+
+/// `event_handler` or `command_handler`.
+pub(crate) fn macro_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Event => "event_handler",
+        Kind::Command => "command_handler",
+    }
+}
+
+type Form<'a> = (TokenStream, String, Vec<Handled<'a>>);
+
+/// `#[event_handler(..)] impl ClientLedger { #[handle] async fn .. }`.
+fn impl_form<'a>(
+    cx: &Ctxt,
+    kind: Kind,
+    args: Option<&'a Args>,
+    imp: &'a ItemImpl,
+) -> Option<Form<'a>> {
+    let macro_name = macro_name(kind);
+    if let Some((trait_path, _)) = &imp.trait_ {
+        cx.error_spanned_by(
+            trait_path,
+            format!(
+                "`#[{macro_name}]` goes on an inherent impl block (`impl ClientLedger {{ .. }}`), not on a trait impl"
+            ),
+        );
+    }
+    if let Some(unsafety) = &imp.unsafety {
+        cx.error_spanned_by(unsafety, "a handler impl block cannot be `unsafe`");
+    }
+    reject_generics(cx, &imp.generics, "convoy handlers cannot be generic");
+    let name = self_type_name(cx, &imp.self_ty);
+    if let Some(handles) = args.and_then(|a| a.handles.as_ref()) {
+        cx.error_at(
+            handles.key,
+            "`handles = [..]` is for a handler declared on a struct; on an impl block, mark the handler methods with `#[handle]`",
+        );
+    }
+
+    let mut handled = Vec::new();
+    let mut marked = 0;
+    for impl_item in &imp.items {
+        match impl_item {
+            ImplItem::Fn(method) => {
+                if attr::handle_marker(cx, &method.attrs) {
+                    marked += 1;
+                    if let Some(h) = handler_method(cx, kind, method) {
+                        handled.push(h);
+                    }
+                }
+            }
+            ImplItem::Const(c) => reject_marker(cx, &c.attrs),
+            ImplItem::Type(t) => reject_marker(cx, &t.attrs),
+            ImplItem::Macro(m) => reject_marker(cx, &m.attrs),
+            _ => {}
+        }
+    }
+    if marked == 0 {
+        cx.error_spanned_by(
+            &imp.self_ty,
+            format!(
+                "`#[{macro_name}]` on an impl block needs at least one `#[handle]` method, for example `#[handle] async fn placed(&self, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
+                noun = kind.noun()
+            ),
+        );
+    }
+    Some((imp.self_ty.to_token_stream(), name?, handled))
+}
+
+/// `#[event_handler(.., handles = [A, B])] struct ClientLedger { .. }`.
+fn struct_form<'a>(
+    cx: &Ctxt,
+    kind: Kind,
+    args: Option<&'a Args>,
+    st: &'a ItemStruct,
+) -> Option<Form<'a>> {
+    reject_generics(cx, &st.generics, "convoy handlers cannot be generic");
+    let args = args?;
+    let Some(handles) = &args.handles else {
+        cx.error_at(
+            st.ident.span(),
+            format!(
+                "a handler declared on a struct needs `handles = [..]` naming the {noun}s it handles (with a `convoy_runtime::Handle<..>` impl for each); or put `#[{macro_name}]` on an `impl` block with `#[handle]` methods",
+                noun = kind.noun(),
+                macro_name = macro_name(kind),
+            ),
+        );
+        return None;
+    };
+    if handles.types.is_empty() {
+        cx.error_at(
+            handles.brackets.span.join(),
+            format!("`handles = []` names no {}s to handle", kind.noun()),
+        );
+    }
+    let handled = handles
+        .types
+        .iter()
+        .map(|ty| Handled {
+            ty,
+            call: Call::HandleTrait,
+        })
+        .collect();
+    Some((
+        st.ident.to_token_stream(),
+        st.ident.unraw().to_string(),
+        handled,
+    ))
+}
+
+/// The name of an impl block's self type, which must be a plain path.
+fn self_type_name(cx: &Ctxt, ty: &Type) -> Option<String> {
+    if let Type::Path(path) = ty {
+        if path.qself.is_none() {
+            let last = path.path.segments.last()?;
+            if let PathArguments::None = last.arguments {
+                return Some(last.ident.unraw().to_string());
+            }
+            cx.error_spanned_by(&last.arguments, "convoy handlers cannot be generic");
+            return None;
+        }
+    }
+    cx.error_spanned_by(
+        ty,
+        "a handler is a named struct type, for example `impl ClientLedger { .. }`",
+    );
+    None
+}
+
+/// Reports generic parameters or a where clause.
+fn reject_generics(cx: &Ctxt, generics: &Generics, message: &str) {
+    if !generics.params.is_empty() {
+        cx.error_spanned_by(generics, message);
+    } else if let Some(where_clause) = &generics.where_clause {
+        cx.error_spanned_by(where_clause, message);
+    }
+}
+
+/// Reports `#[handle]` on something that is not a method.
+fn reject_marker(cx: &Ctxt, attrs: &[syn::Attribute]) {
+    for marker in attrs.iter().filter(|a| attr::is_handle(a)) {
+        cx.error_spanned_by(marker, "`#[handle]` goes on an async method");
+    }
+}
+
+/// Checks a `#[handle]` method:
+/// `async fn name(&self, message: T [, ctx: &Context]) -> Result<(), E>`.
+fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<Handled<'a>> {
+    let sig = &method.sig;
+    let noun = kind.noun();
+    let shape = format!(
+        "`async fn {}(&self, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
+        sig.ident
+    );
+    let mut ok = true;
+    let mut fail = |span: Span, message: String| {
+        cx.error_at(span, message);
+        ok = false;
+    };
+
+    if let Some(constness) = &sig.constness {
+        fail(
+            constness.span,
+            "`#[handle]` methods cannot be `const`".to_owned(),
+        );
+    }
+    if sig.asyncness.is_none() {
+        fail(
+            sig.fn_token.span,
+            format!("`#[handle]` methods must be `async`: {shape}"),
+        );
+    }
+    if let Safety::Unsafe(unsafety) = &sig.safety {
+        fail(
+            unsafety.span,
+            "`#[handle]` methods cannot be `unsafe`".to_owned(),
+        );
+    }
+    if let Some(abi) = &sig.abi {
+        fail(
+            abi.extern_token.span,
+            "`#[handle]` methods cannot have an ABI".to_owned(),
+        );
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        fail(
+            sig.generics.span(),
+            "`#[handle]` methods cannot be generic: each handles one concrete type".to_owned(),
+        );
+    }
+    if let Some(variadic) = &sig.variadic {
+        fail(
+            variadic.span(),
+            "`#[handle]` methods cannot be variadic".to_owned(),
+        );
+    }
+
+    let mut inputs = sig.inputs.iter();
+    match inputs.next() {
+        Some(FnArg::Receiver(receiver)) => match &receiver.kind {
+            ReceiverKind::Reference(_, _, None) if receiver.mutability.is_none() => {}
+            ReceiverKind::Reference(_, _, Some(_)) => fail(
+                receiver.span(),
+                "`#[handle]` methods take `&self`, not `&mut self`: a handler runs for many partitions at once, so keep mutable state behind a lock".to_owned(),
+            ),
+            _ => fail(receiver.span(), format!("`#[handle]` methods take `&self`: {shape}")),
+        },
+        _ => fail(
+            sig.paren_token.span.join(),
+            format!("`#[handle]` methods take `&self` first: {shape}"),
+        ),
+    }
+
+    let message_ty = match inputs.next() {
+        Some(FnArg::Typed(arg)) => match &*arg.ty {
+            Type::Reference(r) => {
+                fail(
+                    r.and_token.span,
+                    format!("the {noun} is passed by value: remove the `&`"),
+                );
+                None
+            }
+            Type::ImplTrait(_) | Type::Infer(_) => {
+                fail(arg.ty.span(), format!("name the {noun} type here: {shape}"));
+                None
+            }
+            ty => Some(ty),
+        },
+        Some(other) => {
+            fail(
+                other.span(),
+                format!("expected the {noun} argument: {shape}"),
+            );
+            None
+        }
+        None => {
+            fail(
+                sig.paren_token.span.join(),
+                format!("missing the {noun} argument: {shape}"),
+            );
+            None
+        }
+    };
+
+    let with_ctx = match inputs.next() {
+        None => false,
+        Some(FnArg::Typed(arg)) => {
+            match &*arg.ty {
+                Type::Reference(r) if r.mutability.is_none() => {}
+                other => fail(
+                    other.span(),
+                    "the argument after the message is the handler context, taken by shared reference: `ctx: &Context`".to_owned(),
+                ),
+            }
+            true
+        }
+        Some(other) => {
+            fail(
+                other.span(),
+                "the argument after the message is the handler context: `ctx: &Context`".to_owned(),
+            );
+            true
+        }
+    };
+    if let Some(extra) = inputs.next() {
+        fail(extra.span(), format!("too many arguments: {shape}"));
+    }
+
+    let output = match &sig.output {
+        ReturnType::Type(_, ty) if !matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
+            Some(&**ty)
+        }
+        ReturnType::Type(_, ty) => {
+            fail(
+                ty.span(),
+                "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`".to_owned(),
+            );
+            None
+        }
+        ReturnType::Default => {
+            fail(
+                sig.paren_token.span.close(),
+                "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`: add `-> Result<(), HandlerError>`".to_owned(),
+            );
+            None
+        }
+    };
+
+    if !ok {
+        return None;
+    }
+    Some(Handled {
+        ty: message_ty?,
+        call: Call::Method {
+            ident: &sig.ident,
+            with_ctx,
+            output: output?,
+        },
+    })
+}
+
+/// Reports a message type handled twice, at the second occurrence.
+fn reject_duplicates(cx: &Ctxt, handler: &str, handled: &[Handled<'_>]) {
+    let mut seen = BTreeMap::new();
+    for h in handled {
+        let key = h.ty.to_token_stream().to_string();
+        if seen.insert(key.clone(), ()).is_some() {
+            let written = key.replace(' ', "");
+            cx.error_spanned_by(
+                h.ty,
+                format!(
+                    "`{written}` is handled twice by `{handler}`; each message type is handled once per handler"
+                ),
+            );
+        }
+    }
+}
+
+/// The span of the keyword that starts an item, for "wrong kind of item".
+fn item_keyword_span(item: &Item) -> Span {
+    match item {
+        Item::Enum(i) => i.enum_token.span,
+        Item::Fn(i) => i.sig.fn_token.span,
+        Item::Trait(i) => i.trait_token.span,
+        Item::Union(i) => i.union_token.span,
+        Item::Mod(i) => i.mod_token.span,
+        Item::Type(i) => i.type_token.span,
+        Item::Const(i) => i.const_token.span,
+        Item::Static(i) => i.static_token.span,
+        _ => Span::call_site(),
+    }
+}
+
+/// Never-run functions asserting, for each handled type, that the
+/// `sequential_by` field exists and is a key type. Spanned at the user's
+/// `"field"` literal: a missing field is rustc's E0609 "no field `client_id`
+/// on type `&OrderShipped`" (with the available fields), a field of another
+/// type is "`f64` cannot be a partition key".
+pub(crate) fn field_checks(handler: &Handler<'_>) -> TokenStream {
+    let Some(key) = handler.sequential_by else {
+        return TokenStream::new();
+    };
+    let span = key.lit.span();
+    let field = &key.ident;
+    let checks = handler.handled.iter().enumerate().map(|(i, h)| {
+        let check = format_ident!("__convoy_check_key_{}", i);
+        let ty = h.ty;
+        quote_spanned! {span=>
+            #[doc(hidden)]
+            #[allow(dead_code, non_snake_case, clippy::all)]
+            fn #check(__e: &#ty) {
+                __convoy_assert_key(&__e.#field)
+            }
+        }
+    });
+    quote_spanned! {span=>
+        #[doc(hidden)]
+        #[allow(dead_code, clippy::all)]
+        fn __convoy_assert_key<K: ?::core::marker::Sized + ::convoy_runtime::PartitionKey>(_: &K) {}
+        #(#checks)*
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::parse_quote;
+
+    use super::*;
+    use crate::message::Kind;
+
+    fn errors(kind: Kind, args: TokenStream, item: Item) -> Vec<String> {
+        let cx = Ctxt::new();
+        let args = cx.ok(Args::parse(kind, args));
+        let handler = validate(&cx, kind, args.as_ref(), &item);
+        match cx.check() {
+            Ok(()) => {
+                assert!(handler.is_some());
+                Vec::new()
+            }
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn valid_impl_block() {
+        let item: Item = parse_quote! {
+            impl ClientLedger {
+                #[handle]
+                async fn placed(&self, e: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> { Ok(()) }
+                #[handle]
+                async fn shipped(&self, e: OrderShipped) -> Result<(), HandlerError> { Ok(()) }
+                fn helper(&self) {}
+            }
+        };
+        let cx = Ctxt::new();
+        let args = Args::parse(
+            Kind::Event,
+            quote!(part_of = Order, sequential_by = "client_id"),
+        )
+        .expect("args");
+        let handler = validate(&cx, Kind::Event, Some(&args), &item).expect("valid");
+        cx.check().expect("no errors");
+        assert_eq!(handler.name, "ClientLedger");
+        assert_eq!(handler.handled.len(), 2);
+        assert!(matches!(
+            handler.handled[0].call,
+            Call::Method { with_ctx: true, .. }
+        ));
+        assert!(matches!(
+            handler.handled[1].call,
+            Call::Method {
+                with_ctx: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn every_bad_method_is_reported() {
+        let item: Item = parse_quote! {
+            impl ClientLedger {
+                #[handle]
+                fn placed(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+                #[handle]
+                async fn shipped(&mut self, e: &OrderShipped) -> Result<(), HandlerError> { Ok(()) }
+                #[handle]
+                async fn paid(&self, e: OrderPaid, ctx: &Context, extra: u8) {}
+            }
+        };
+        let errors = errors(Kind::Event, quote!(part_of = Order), item);
+        assert_eq!(errors.len(), 5, "{errors:#?}");
+        assert!(
+            errors[0].starts_with("`#[handle]` methods must be `async`"),
+            "{errors:#?}"
+        );
+        assert!(errors[1].contains("not `&mut self`"), "{errors:#?}");
+        assert_eq!(errors[2], "the event is passed by value: remove the `&`");
+        assert!(errors[3].starts_with("too many arguments"), "{errors:#?}");
+        assert!(
+            errors[4].starts_with("`#[handle]` methods return `Result<(), E>`"),
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
+    fn duplicates_and_forms() {
+        let item: Item = parse_quote! {
+            impl ClientLedger {
+                #[handle] async fn a(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+                #[handle] async fn b(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+            }
+        };
+        assert_eq!(
+            errors(Kind::Event, quote!(part_of = Order), item),
+            [
+                "`OrderPlaced` is handled twice by `ClientLedger`; each message type is handled once per handler"
+            ]
+        );
+
+        let item: Item = parse_quote!(impl ClientLedger {});
+        let e = errors(Kind::Command, quote!(part_of = Order, handles = [A]), item);
+        assert_eq!(e.len(), 2, "{e:#?}");
+        assert!(e[0].starts_with("`handles = [..]` is for a handler declared on a struct"));
+        assert!(e[1].starts_with(
+            "`#[command_handler]` on an impl block needs at least one `#[handle]` method"
+        ));
+
+        let item: Item = parse_quote!(
+            struct ClientLedger;
+        );
+        let e = errors(Kind::Event, quote!(part_of = Order), item);
+        assert!(
+            e[0].starts_with("a handler declared on a struct needs `handles = [..]`"),
+            "{e:#?}"
+        );
+
+        let item: Item = parse_quote!(
+            struct ClientLedger;
+        );
+        assert_eq!(
+            errors(
+                Kind::Event,
+                quote!(part_of = Order, handles = [A, B, A]),
+                item
+            ),
+            [
+                "`A` is handled twice by `ClientLedger`; each message type is handled once per handler"
+            ]
+        );
+
+        let item: Item = parse_quote!(
+            struct ClientLedger<T>(T);
+        );
+        assert_eq!(
+            errors(Kind::Event, quote!(part_of = Order, handles = [A]), item),
+            ["convoy handlers cannot be generic"]
+        );
+
+        let item: Item = parse_quote!(
+            enum ClientLedger {}
+        );
+        assert_eq!(
+            errors(Kind::Event, quote!(part_of = Order), item),
+            [
+                "`#[event_handler]` goes on an `impl` block with `#[handle]` methods, or on a struct with `handles = [..]`"
+            ]
+        );
+    }
+}

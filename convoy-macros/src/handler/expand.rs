@@ -1,0 +1,319 @@
+//! Code generation for `#[event_handler]` and `#[command_handler]`. Only
+//! ever sees a validated [`Handler`].
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::{Item, PathArguments, Type};
+
+use super::check::{self, Call, Handler};
+use crate::message::Kind;
+
+/// The handler trait impl, its descriptor and registration, and the
+/// compile-time checks, all inside one `const _: () = { .. };`.
+pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
+    let self_ty = &handler.self_ty;
+    let name = &handler.name;
+    let handler_kind = handler_kind(handler.kind);
+    let handler_trait = handler_trait(handler.kind);
+    let resolve = match handler.kind {
+        Kind::Event => quote!(handled_event),
+        Kind::Command => quote!(handled_command),
+    };
+
+    // `<Order as Aggregate>::CATEGORY`, spanned across the user's path so a
+    // type that is not an aggregate is reported there.
+    let part_of = handler.part_of;
+    let (first, last) = span_range(part_of);
+    let category_head = quote_spanned!(first=> <);
+    let category_tail = quote_spanned!(last=> as ::convoy_runtime::Aggregate>::CATEGORY);
+    let category = quote!(#category_head #part_of #category_tail);
+
+    let sequential_by = match handler.sequential_by {
+        Some(key) => {
+            let name = &key.name;
+            quote!(::core::option::Option::Some(#name))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    let consts: Vec<_> = (0..handler.handled.len())
+        .map(|i| format_ident!("__CONVOY_MESSAGE_{}", i))
+        .collect();
+
+    // One `Handled<T>` per message type: the only place that requires
+    // `T: Event` (or `Command`), spanned across the user's type so a type of
+    // the wrong kind is reported there, once.
+    let resolved = handler.handled.iter().zip(&consts).map(|(h, c)| {
+        let ty = h.ty;
+        let (first, last) = span_range(ty);
+        let head = quote_spanned!(first=> ::convoy_runtime::__private::#resolve::<);
+        let tail = quote_spanned!(last=> >());
+        quote! {
+            const #c: ::convoy_runtime::__private::Handled<#ty> = #head #ty #tail;
+        }
+    });
+
+    let branches = handler.handled.iter().zip(&consts).map(|(h, c)| {
+        let ty = h.ty;
+        let call = match &h.call {
+            Call::Method {
+                ident,
+                with_ctx,
+                output,
+            } => {
+                // Spanned at the declared return type: an error type that
+                // does not convert into `HandlerError` is reported there.
+                let into = quote_spanned!(span_range(*output).0=> ::convoy_runtime::__private::into_handler_result);
+                let ctx = with_ctx.then(|| quote!(, __convoy_ctx));
+                quote!(#into(Self::#ident(self, __message #ctx).await))
+            }
+            Call::HandleTrait => {
+                // Spanned at the entry of `handles = [..]`: a missing
+                // `Handle<T>` impl is reported there.
+                let (first, last) = span_range(ty);
+                let head = quote_spanned!(first=> <Self as ::convoy_runtime::Handle<);
+                let tail = quote_spanned!(last=> >>::handle);
+                quote! {
+                    ::convoy_runtime::__private::into_handler_result(
+                        #head #ty #tail(self, __message, __convoy_ctx).await
+                    )
+                }
+            }
+        };
+        quote! {
+            if __convoy_envelope.type_name == #c.descriptor.type_name {
+                let __message: #ty = (#c.decode)(__convoy_envelope)?;
+                return #call;
+            }
+        }
+    });
+
+    let checks = check::field_checks(handler);
+
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_upper_case_globals, non_snake_case, unused_qualifications, clippy::all)]
+        const _: () = {
+            #(#resolved)*
+
+            static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::HandlerDescriptor =
+                ::convoy_runtime::__private::HandlerDescriptor {
+                    name: ::core::concat!(::core::module_path!(), "::", #name),
+                    kind: #handler_kind,
+                    category: #category,
+                    sequential_by: #sequential_by,
+                    handles: &[#(#consts.descriptor),*],
+                };
+
+            ::convoy_runtime::__private::inventory::submit! {
+                ::convoy_runtime::__private::HandlerRegistration(&__CONVOY_DESCRIPTOR)
+            }
+
+            #[automatically_derived]
+            impl #handler_trait for #self_ty {
+                fn descriptor(&self) -> &'static ::convoy_runtime::__private::HandlerDescriptor {
+                    &__CONVOY_DESCRIPTOR
+                }
+
+                fn dispatch<'__convoy>(
+                    &'__convoy self,
+                    __convoy_envelope: &'__convoy ::convoy_runtime::Envelope,
+                    __convoy_ctx: &'__convoy ::convoy_runtime::Context,
+                ) -> ::convoy_runtime::__private::BoxFuture<
+                    '__convoy,
+                    ::core::result::Result<
+                        ::convoy_runtime::__private::Dispatched,
+                        ::convoy_runtime::HandlerError,
+                    >,
+                > {
+                    ::std::boxed::Box::pin(async move {
+                        #(#branches)*
+                        ::core::result::Result::Ok(::convoy_runtime::__private::Dispatched::NotHandled)
+                    })
+                }
+            }
+
+            #checks
+        };
+    }
+}
+
+/// A stub handler impl emitted beside the errors of an invalid declaration,
+/// so that registering the handler (`.handler(ClientLedger { .. })`) is not
+/// reported as well. Nothing when the handler type cannot be named.
+pub(crate) fn fallback(kind: Kind, item: &Item) -> TokenStream {
+    let self_ty = match item {
+        Item::Impl(imp) if imp.trait_.is_none() && imp.generics.params.is_empty() => {
+            match &*imp.self_ty {
+                Type::Path(p)
+                    if p.qself.is_none()
+                        && p.path
+                            .segments
+                            .iter()
+                            .all(|s| matches!(s.arguments, PathArguments::None)) =>
+                {
+                    p.to_token_stream()
+                }
+                _ => return TokenStream::new(),
+            }
+        }
+        Item::Struct(st) if st.generics.params.is_empty() => st.ident.to_token_stream(),
+        _ => return TokenStream::new(),
+    };
+    let handler_trait = handler_trait(kind);
+    quote! {
+        impl #handler_trait for #self_ty {
+            fn descriptor(&self) -> &'static ::convoy_runtime::__private::HandlerDescriptor {
+                ::core::unreachable!()
+            }
+
+            fn dispatch<'__convoy>(
+                &'__convoy self,
+                _: &'__convoy ::convoy_runtime::Envelope,
+                _: &'__convoy ::convoy_runtime::Context,
+            ) -> ::convoy_runtime::__private::BoxFuture<
+                '__convoy,
+                ::core::result::Result<
+                    ::convoy_runtime::__private::Dispatched,
+                    ::convoy_runtime::HandlerError,
+                >,
+            > {
+                ::core::unreachable!()
+            }
+        }
+    }
+}
+
+/// `HandlerKind::Event` / `HandlerKind::Command`.
+fn handler_kind(kind: Kind) -> TokenStream {
+    match kind {
+        Kind::Event => quote!(::convoy_runtime::__private::HandlerKind::Event),
+        Kind::Command => quote!(::convoy_runtime::__private::HandlerKind::Command),
+    }
+}
+
+/// `EventHandler` / `CommandHandler`.
+fn handler_trait(kind: Kind) -> TokenStream {
+    match kind {
+        Kind::Event => quote!(::convoy_runtime::EventHandler),
+        Kind::Command => quote!(::convoy_runtime::CommandHandler),
+    }
+}
+
+/// The spans of the first and last token of `tokens`. Generated tokens
+/// placed before a user's type get the first span and those after it the
+/// last, so that rustc, which joins spans itself, underlines exactly the
+/// user's tokens (stable proc macros cannot join spans).
+fn span_range(tokens: impl ToTokens) -> (Span, Span) {
+    let mut spans = tokens.into_token_stream().into_iter().map(|t| t.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    let last = spans.last().unwrap_or(first);
+    (first, last)
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    use crate::handler::expand as expand_handler;
+    use crate::message::Kind;
+
+    fn expanded(
+        kind: Kind,
+        args: proc_macro2::TokenStream,
+        item: proc_macro2::TokenStream,
+    ) -> String {
+        expand_handler(kind, args, item).to_string()
+    }
+
+    #[test]
+    fn impl_block_expansion() {
+        let out = expanded(
+            Kind::Event,
+            quote!(part_of = Order, sequential_by = "client_id"),
+            quote! {
+                impl ClientLedger {
+                    #[handle]
+                    async fn placed(&self, e: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> { Ok(()) }
+                    #[handle]
+                    async fn shipped(&self, e: OrderShipped) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+        );
+        assert!(!out.contains("# [handle]"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
+        assert!(
+            out.contains("impl :: convoy_runtime :: EventHandler for ClientLedger"),
+            "{out}"
+        );
+        assert!(
+            out.contains("kind : :: convoy_runtime :: __private :: HandlerKind :: Event"),
+            "{out}"
+        );
+        assert!(
+            out.contains("sequential_by : :: core :: option :: Option :: Some (\"client_id\")"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Self :: placed (self , __message , __convoy_ctx) . await"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Self :: shipped (self , __message) . await"),
+            "{out}"
+        );
+        assert!(out.contains("fn __convoy_check_key_1 (__e : & OrderShipped) { __convoy_assert_key (& __e . client_id) }"), "{out}");
+        assert!(out.contains("inventory :: submit !"), "{out}");
+    }
+
+    #[test]
+    fn struct_expansion_dispatches_through_handle() {
+        let out = expanded(
+            Kind::Command,
+            quote!(part_of = Order, handles = [PlaceOrder]),
+            quote!(
+                struct Orders {
+                    db: Db,
+                }
+            ),
+        );
+        assert!(
+            out.contains("impl :: convoy_runtime :: CommandHandler for Orders"),
+            "{out}"
+        );
+        assert!(out.contains("< Self as :: convoy_runtime :: Handle < PlaceOrder >> :: handle (self , __message , __convoy_ctx) . await"), "{out}");
+        assert!(
+            out.contains("sequential_by : :: core :: option :: Option :: None"),
+            "{out}"
+        );
+        assert!(!out.contains("__convoy_check_key"), "{out}");
+    }
+
+    #[test]
+    fn errors_keep_the_item_and_stub_the_impl() {
+        let out = expanded(
+            Kind::Event,
+            quote!(part_of = Order, sequential_by = true),
+            quote! {
+                impl ClientLedger {
+                    #[handle]
+                    async fn placed(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+        );
+        assert!(out.contains("impl ClientLedger { async fn placed"), "{out}");
+        assert!(out.contains("compile_error !"), "{out}");
+        assert!(out.contains("unreachable !"), "{out}");
+        assert!(!out.contains("submit"), "{out}");
+    }
+
+    #[test]
+    fn unparsable_items_are_returned_with_the_error() {
+        let out = expanded(
+            Kind::Event,
+            quote!(part_of = Order),
+            quote!(impl ClientLedger for),
+        );
+        assert!(out.contains("compile_error !"), "{out}");
+    }
+}

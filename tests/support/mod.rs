@@ -1,0 +1,243 @@
+//! Shared test domain for the Redis integration tests: a `ledger` category
+//! partitioned by `client_id`, a handler that records what it saw through
+//! the testing kit's [`Recorder`], and helpers to publish and wait.
+#![allow(dead_code, missing_docs, unreachable_pub)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use convoy_runtime::testing::Recorder;
+use convoy_runtime::{
+    Aggregate, Config, Context, Domain, Event, HandlerError, Priority, event_handler,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+#[aggregate(category = "ledger")]
+pub struct Ledger;
+
+/// One posting for a client; `seq` counts per client from 0.
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Ledger)]
+pub struct Posted {
+    pub client_id: String,
+    pub seq: u64,
+    /// The handler fails on this event every time.
+    pub poison: bool,
+}
+
+impl Posted {
+    pub fn new(client: &str, seq: u64) -> Self {
+        Posted {
+            client_id: client.to_owned(),
+            seq,
+            poison: false,
+        }
+    }
+
+    pub fn id(&self) -> String {
+        format!("{}#{}", self.client_id, self.seq)
+    }
+}
+
+/// A ledger event without the key field: goes to the base `ledger` stream.
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Ledger)]
+pub struct Audited {
+    pub note: String,
+}
+
+/// Records every event it handles, with its instance id, in Redis.
+pub struct Recording {
+    pub recorder: Recorder,
+    pub instance: String,
+    pub work: Duration,
+    /// Keys whose events take `slow_work` instead (to hold a key in flight).
+    pub slow_keys: HashSet<String>,
+    pub slow_work: Duration,
+    /// Also records into a per-instance namespace (to tell instances apart).
+    pub per_instance: Option<Recorder>,
+}
+
+impl Recording {
+    pub fn new(recorder: Recorder, instance: &str, work: Duration) -> Self {
+        Recording {
+            recorder,
+            instance: instance.to_owned(),
+            work,
+            slow_keys: HashSet::new(),
+            slow_work: work,
+            per_instance: None,
+        }
+    }
+}
+
+#[event_handler(part_of = Ledger, sequential_by = "client_id")]
+impl Recording {
+    #[handle]
+    async fn posted(&self, e: Posted, ctx: &Context) -> Result<(), HandlerError> {
+        if e.poison {
+            return Err(HandlerError::msg(format!("poison event {}", e.id())));
+        }
+        assert_eq!(ctx.partition_key(), Some(e.client_id.as_str()));
+        let guard = self
+            .recorder
+            .enter(&e.client_id, &e.id(), &self.instance)
+            .await?;
+        let mine = match &self.per_instance {
+            Some(r) => {
+                let generation = ctx.fence().map(|f| f.generation).unwrap_or(0);
+                let label = format!("{}@{generation}", self.instance);
+                Some(r.enter(&e.client_id, &e.id(), &label).await?)
+            }
+            None => None,
+        };
+        let work = if self.slow_keys.contains(&e.client_id) {
+            self.slow_work
+        } else {
+            self.work
+        };
+        tokio::time::sleep(work).await;
+        guard.exit().await?;
+        if let Some(m) = mine {
+            m.exit().await?;
+        }
+        Ok(())
+    }
+}
+
+/// An ordinary (unpartitioned) handler on the same category, for events
+/// that carry no key.
+pub struct AuditLog {
+    pub recorder: Recorder,
+    pub instance: String,
+}
+
+#[event_handler(part_of = Ledger)]
+impl AuditLog {
+    #[handle]
+    async fn audited(&self, e: Audited) -> Result<(), HandlerError> {
+        let guard = self
+            .recorder
+            .enter("audit", &e.note, &self.instance)
+            .await?;
+        guard.exit().await?;
+        Ok(())
+    }
+}
+
+/// Fast timings for tests.
+pub fn test_config(url: &str) -> Config {
+    let mut c = Config::default();
+    c.broker.url = url.to_owned();
+    c.server.partitioning.lease_ttl_ms = 2000;
+    c.server.partitioning.heartbeat_interval_seconds = Some(0.3);
+    c.server.retry.max_retries = 2;
+    c.server.retry.initial_backoff_ms = 20;
+    c.server.retry.max_backoff_ms = 100;
+    c
+}
+
+pub fn domain(config: Config, instance: &str, handler: Recording) -> Domain {
+    let audit = AuditLog {
+        recorder: handler.recorder.clone(),
+        instance: instance.to_owned(),
+    };
+    Domain::builder()
+        .config(config)
+        .instance_id(instance)
+        .handler(handler)
+        .handler(audit)
+        .init()
+        .expect("domain init")
+}
+
+/// A domain that only publishes (no handlers of its own run).
+pub fn publisher(config: Config, instance: &str) -> Domain {
+    Domain::builder()
+        .config(config)
+        .instance_id(instance)
+        .init()
+        .expect("publisher init")
+}
+
+/// Interleaved events: `per_key` events for each of `keys` keys, round robin.
+pub fn interleaved(keys: usize, per_key: u64) -> Vec<Posted> {
+    let mut v = Vec::new();
+    for seq in 0..per_key {
+        for k in 0..keys {
+            v.push(Posted::new(&format!("c{k}"), seq));
+        }
+    }
+    v
+}
+
+/// What was published, per key, as the recorder's ids.
+pub fn published(events: &[Posted]) -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in events {
+        m.entry(e.client_id.clone()).or_default().push(e.id());
+    }
+    m
+}
+
+/// Raises and commits events, then publishes the outbox.
+pub async fn publish(domain: &Domain, events: &[Posted], priority: Priority) {
+    let mut uow = domain.unit_of_work();
+    for e in events {
+        uow.raise_with_priority(e.clone(), priority).expect("raise");
+    }
+    uow.commit().await.expect("commit");
+    publish_outbox(domain).await;
+}
+
+/// Publishes everything in the outbox now.
+pub async fn publish_outbox(domain: &Domain) {
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        domain.outbox().clone(),
+        domain.broker().clone(),
+        domain.config().server.priority_lanes.clone(),
+        domain.instance_id().to_owned(),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    processor.drain().await.expect("publish");
+}
+
+/// Waits until `f` returns true, polling; panics with `what` on timeout.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether every published id was seen.
+pub async fn all_seen(recorder: &Recorder, published: &BTreeMap<String, Vec<String>>) -> bool {
+    let Ok(seen) = recorder.seen_all().await else {
+        return false;
+    };
+    published.iter().all(|(k, ids)| {
+        let s = seen.get(k);
+        ids.iter().all(|id| s.is_some_and(|s| s.contains(id)))
+    })
+}
+
+/// Total number of seen events across keys (0 while Redis is unreachable).
+pub async fn seen_count(recorder: &Recorder) -> usize {
+    match recorder.seen_all().await {
+        Ok(seen) => seen.values().map(Vec::len).sum(),
+        Err(_) => 0,
+    }
+}

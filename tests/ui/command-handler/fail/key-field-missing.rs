@@ -1,0 +1,36 @@
+// `sequential_by` on a command handler is checked too: the field must exist.
+use convoy_runtime::{Aggregate, Command, Context, HandlerError, command_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Command, Serialize, Deserialize)]
+#[command(part_of = Order)]
+pub struct PlaceOrder {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+#[derive(Command, Serialize, Deserialize)]
+#[command(part_of = Order)]
+pub struct CancelOrder {
+    pub order_id: String,
+}
+
+pub struct Orders;
+
+#[command_handler(part_of = Order, sequential_by = "client_id")]
+impl Orders {
+    #[handle]
+    async fn place(&self, command: PlaceOrder, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    #[handle]
+    async fn cancel(&self, command: CancelOrder, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+fn main() {}

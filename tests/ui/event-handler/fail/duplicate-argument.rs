@@ -1,0 +1,25 @@
+// An argument given twice.
+use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+pub struct ClientLedger;
+
+#[event_handler(part_of = Order, sequential_by = "client_id", part_of = Order)]
+impl ClientLedger {
+    #[handle]
+    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+fn main() {}

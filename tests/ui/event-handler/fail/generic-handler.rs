@@ -1,0 +1,27 @@
+// Handlers cannot be generic.
+use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+pub struct ClientLedger<Db> {
+    db: Db,
+}
+
+#[event_handler(part_of = Order, sequential_by = "client_id")]
+impl<Db: Send + Sync + 'static> ClientLedger<Db> {
+    #[handle]
+    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,28 @@
+// A `#[handle]` method taking `&mut self`.
+use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+pub struct ClientLedger {
+    seen: u64,
+}
+
+#[event_handler(part_of = Order, sequential_by = "client_id")]
+impl ClientLedger {
+    #[handle]
+    async fn placed(&mut self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+        self.seen += 1;
+        Ok(())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,37 @@
+// One of the handled events has no `client_id` field.
+use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderShipped {
+    pub order_id: String,
+    pub carrier: String,
+}
+
+pub struct ClientLedger;
+
+#[event_handler(part_of = Order, sequential_by = "client_id")]
+impl ClientLedger {
+    #[handle]
+    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    #[handle]
+    async fn shipped(&self, event: OrderShipped, ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,18 @@
+// A handler declared on a struct must list what it handles.
+use convoy_runtime::{Aggregate, Event, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+#[event_handler(part_of = Order, sequential_by = "client_id")]
+pub struct ClientLedger;
+
+fn main() {}
