@@ -1,0 +1,219 @@
+//! The Redis broker's plumbing: URLs with credentials, broker choice from
+//! configuration, several consumer groups on one partitioned category, and
+//! the ordinary consumer's retries and dead letters.
+
+mod support;
+
+use std::time::Duration;
+
+use convoy_runtime::testing::{Recorder, RedisServer, check_order};
+use convoy_runtime::{
+    Aggregate, Config, Context, Domain, Event, HandlerError, Priority, event_handler,
+};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A second partitioned handler on the same category and key.
+struct Mirror {
+    recorder: Recorder,
+}
+
+#[event_handler(part_of = Ledger, sequential_by = "client_id")]
+impl Mirror {
+    #[handle]
+    async fn posted(&self, e: Posted, ctx: &Context) -> Result<(), HandlerError> {
+        assert!(ctx.fence().is_some(), "partitioned handlers run under a fence");
+        let g = self.recorder.enter(&e.client_id, &e.id(), "mirror").await?;
+        g.exit().await?;
+        Ok(())
+    }
+}
+
+#[derive(Aggregate)]
+struct Mail;
+
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Mail)]
+struct Sent {
+    to: String,
+    fail: bool,
+}
+
+struct Mailer {
+    recorder: Recorder,
+}
+
+#[event_handler(part_of = Mail)]
+impl Mailer {
+    #[handle]
+    async fn sent(&self, e: Sent, ctx: &Context) -> Result<(), HandlerError> {
+        let g = self
+            .recorder
+            .enter("mail", &format!("{}@{}", e.to, ctx.attempt()), "m")
+            .await?;
+        g.exit().await?;
+        if e.fail {
+            return Err(HandlerError::msg(format!("cannot send to {}", e.to)));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_in_the_url_work_and_a_wrong_one_is_a_clear_error() {
+    let server = RedisServer::start().expect("redis");
+    let mut admin = server.connection().await.expect("conn");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">s3cret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .expect("acl");
+    let url = format!("redis://app:s3cret@127.0.0.1:{}/", server.port());
+    let rec = Recorder::new(&server.url(), "auth").expect("recorder");
+    let engine = domain(test_config(&url), "e0", Recording::new(rec.clone(), "e0", Duration::ZERO))
+        .engine()
+        .spawn();
+    let p = publisher(test_config(&url), "p");
+    let events = interleaved(2, 3);
+    publish(&p, &events, Priority::Normal).await;
+    let expected = published(&events);
+    wait_until(WAIT, "handled through an authenticated connection", || {
+        all_seen(&rec, &expected)
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+
+    let bad = format!("redis://app:wrong@127.0.0.1:{}/", server.port());
+    let p = publisher(test_config(&bad), "p2");
+    let mut uow = p.unit_of_work();
+    uow.raise(Posted::new("c0", 99)).expect("raise");
+    uow.commit().await.expect("commit");
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        "p2".into(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let err = processor.drain().await.expect_err("wrong password");
+    let text = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
+    assert!(text.contains("cannot connect to redis://app:***@127.0.0.1"), "{text}");
+    assert!(!text.contains("wrong"), "the password is not printed: {text}");
+    assert_eq!(p.outbox().pending(10).await.expect("pending").len(), 1, "the record waits");
+}
+
+#[test]
+fn the_broker_is_chosen_in_configuration() {
+    let config = Config::from_toml("[broker]\nurl = \"redis://127.0.0.1:1/\"\n").expect("config");
+    let d = Domain::builder().config(config).init().expect("init");
+    assert_eq!(d.broker().name(), "redis");
+    let d = Domain::builder().init().expect("init");
+    assert_eq!(d.broker().name(), "inline");
+    let err = Config::from_toml("[broker]\nurl = \"redis://[::1\"\n")
+        .and_then(|c| Domain::builder().config(c).init().map(|_| ()))
+        .expect_err("bad url");
+    assert!(err.to_string().contains("is not a usable Redis URL"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_partitioned_handlers_each_see_every_event_and_streams_drain() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let rec = Recorder::new(&url, "one").expect("recorder");
+    let mirror = Recorder::new(&url, "two").expect("recorder");
+    let d = Domain::builder()
+        .config(test_config(&url))
+        .instance_id("e0")
+        .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
+        .handler(Mirror {
+            recorder: mirror.clone(),
+        })
+        .init()
+        .expect("init");
+    let engine = d.engine().spawn();
+    let events = interleaved(3, 20);
+    let expected = published(&events);
+    publish(&publisher(test_config(&url), "p"), &events, Priority::Normal).await;
+    wait_until(WAIT, "both handlers saw everything", || async {
+        all_seen(&rec, &expected).await && all_seen(&mirror, &expected).await
+    })
+    .await;
+    check_order(&expected, &rec.seen_all().await.expect("seen"), 0).expect("first handler order");
+    check_order(&expected, &mirror.seen_all().await.expect("seen"), 0).expect("second handler order");
+    let c = server.connection().await.expect("conn");
+    wait_until(WAIT, "entries both groups consumed are removed", || {
+        let mut c = c.clone();
+        async move {
+            let mut total = 0usize;
+            for k in 0..3 {
+                total += c.xlen::<_, usize>(format!("ledger:c{k}")).await.unwrap_or(1);
+            }
+            total == 0
+        }
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_handler_retries_then_dead_letters() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let rec = Recorder::new(&url, "mail").expect("recorder");
+    let d = Domain::builder()
+        .config(test_config(&url))
+        .instance_id("e0")
+        .handler(Mailer {
+            recorder: rec.clone(),
+        })
+        .init()
+        .expect("init");
+    let engine = d.engine().spawn();
+    let mut uow = d.unit_of_work();
+    uow.raise(Sent {
+        to: "a".into(),
+        fail: false,
+    })
+    .expect("raise");
+    uow.raise(Sent {
+        to: "b".into(),
+        fail: true,
+    })
+    .expect("raise");
+    uow.raise(Sent {
+        to: "c".into(),
+        fail: false,
+    })
+    .expect("raise");
+    uow.commit().await.expect("commit");
+    let mut c = server.connection().await.expect("conn");
+    wait_until(WAIT, "the failing event is dead-lettered", || {
+        let mut c = c.clone();
+        async move { c.xlen::<_, usize>("mail:dlq").await.unwrap_or(0) == 1 }
+    })
+    .await;
+    wait_until(WAIT, "the others are handled", || async {
+        let seen = rec.seen("mail").await.unwrap_or_default();
+        seen.contains(&"a@1".to_owned()) && seen.contains(&"c@1".to_owned())
+    })
+    .await;
+    let seen = rec.seen("mail").await.expect("seen");
+    let attempts: Vec<&String> = seen.iter().filter(|s| s.starts_with("b@")).collect();
+    assert_eq!(attempts, ["b@1", "b@2", "b@3"], "1 attempt + max_retries (2)");
+    let dead: redis::streams::StreamRangeReply = c.xrange_all("mail:dlq").await.expect("range");
+    let entry = &dead.ids[0];
+    let error: String = entry.get("dlq_error").expect("error field");
+    assert_eq!(error, "cannot send to b");
+    let ty: String = entry.get("type").expect("type field");
+    assert_eq!(ty, "Sent");
+    engine.shutdown().await.expect("shutdown");
+}
