@@ -405,10 +405,13 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let windows = parse_windows("k", &fields).unwrap();
-        assert_eq!(
-            windows,
-            vec![(10, 20, "a".to_string()), (15, u64::MAX, "b".to_string())]
-        );
+        let w = |start_us, end_us, event: &str, instance: &str| Window {
+            start_us,
+            end_us,
+            event: event.to_string(),
+            instance: instance.to_string(),
+        };
+        assert_eq!(windows, vec![w(10, 20, "a", "x"), w(15, u64::MAX, "b", "y")]);
     }
 
     #[test]
