@@ -217,3 +217,62 @@ async fn ordinary_handler_retries_then_dead_letters() {
     assert_eq!(ty, "Sent");
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_urls_work() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("convoy_runtime=warn")
+        .with_test_writer()
+        .try_init();
+    let dir = std::env::temp_dir().join(format!("convoy-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A private CA and a server certificate it signed.
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed to make test certificates (apt-get install openssl)");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("ext");
+    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=convoy-test-ca", "-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "key.pem", "-out", "server.csr"]);
+    openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-out", "cert.pem", "-extfile", "ext.cnf"]);
+    let tls_port = convoy_runtime::testing::free_port().expect("port");
+    let cert = dir.join("cert.pem");
+    let server = RedisServer::builder()
+        .arg("--tls-port")
+        .arg(tls_port.to_string())
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(dir.join("key.pem"))
+        .arg("--tls-ca-cert-file")
+        .arg(dir.join("ca.pem"))
+        .arg("--tls-auth-clients")
+        .arg("no")
+        .start()
+        .expect("redis-server with TLS");
+    let mut config = test_config(&format!("rediss://127.0.0.1:{tls_port}/"));
+    config.broker.tls_ca_file = Some(dir.join("ca.pem").display().to_string());
+    let rec = Recorder::new(&server.url(), "tls").expect("recorder");
+    let d = Domain::builder()
+        .config(config)
+        .instance_id("tls")
+        .handler(Recording::new(rec.clone(), "tls", Duration::ZERO))
+        .init()
+        .expect("init");
+    let engine = d.engine().spawn();
+    let events = interleaved(2, 2);
+    let mut uow = d.unit_of_work();
+    for e in &events {
+        uow.raise(e.clone()).expect("raise");
+    }
+    uow.commit().await.expect("commit");
+    let expected = published(&events);
+    wait_until(WAIT, "handled over TLS", || all_seen(&rec, &expected)).await;
+    engine.shutdown().await.expect("shutdown");
+    std::fs::remove_dir_all(&dir).ok();
+}

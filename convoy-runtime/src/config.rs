@@ -3,6 +3,7 @@
 //! ```toml
 //! [broker]
 //! url = "inline"                   # or "redis://127.0.0.1:6379/0", "rediss://user:pass@host/0"
+//! # tls_ca_file = "ca.pem"         # rediss:// with a private CA
 //!
 //! [server.partitioning]
 //! lease_ttl_ms = 15000
@@ -47,12 +48,16 @@ pub struct Config {
 pub struct BrokerConfig {
     /// `inline`, or a `redis://` / `rediss://` URL.
     pub url: String,
+    /// For `rediss://`: a PEM file with the CA that signed the server's
+    /// certificate, when it is not in the system trust store.
+    pub tls_ca_file: Option<String>,
 }
 
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             url: "inline".to_owned(),
+            tls_ca_file: None,
         }
     }
 }
@@ -61,6 +66,7 @@ impl std::fmt::Debug for BrokerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BrokerConfig")
             .field("url", &redact_url(&self.url))
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }

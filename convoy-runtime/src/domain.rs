@@ -316,7 +316,17 @@ fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
     if url == "inline" {
         return Ok(Arc::new(InlineBroker::new()));
     }
-    let broker: Arc<dyn Broker> = Arc::new(crate::redis::RedisBroker::from_url(url)?);
+    let broker = match &config.broker.tls_ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| Error::Config {
+                file: "<code>".into(),
+                message: format!("[broker] tls_ca_file {path:?} cannot be read: {e}"),
+            })?;
+            crate::redis::RedisBroker::from_url_with_ca(url, pem)?
+        }
+        None => crate::redis::RedisBroker::from_url(url)?,
+    };
+    let broker: Arc<dyn Broker> = Arc::new(broker);
     Ok(broker)
 }
 

@@ -152,6 +152,19 @@ impl Error {
     }
 }
 
+/// Renders an error with its chain of causes (`outer: cause: root`), for
+/// logs.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 /// The list of problems found by `Domain::init`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problems(pub Vec<Problem>);

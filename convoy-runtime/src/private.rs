@@ -80,3 +80,10 @@ pub enum UnknownAggregate {}
 impl crate::Aggregate for UnknownAggregate {
     const CATEGORY: &'static str = "";
 }
+
+/// The category of a message type's aggregate. Generated descriptors use it
+/// rather than naming the aggregate again, so that a `part_of` type that is
+/// not an aggregate is reported once (at `type Aggregate = ..`).
+pub const fn category_of<M: crate::Message>() -> &'static str {
+    <<M as crate::Message>::Aggregate as crate::Aggregate>::CATEGORY
+}

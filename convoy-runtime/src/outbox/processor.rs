@@ -142,7 +142,7 @@ impl OutboxProcessor {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "outbox publish failed; records stay pending");
+                    tracing::warn!(error = %crate::error::chain(&e), retry_in_ms = backoff.as_millis() as u64, "outbox publish failed; records stay pending");
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}

@@ -86,6 +86,28 @@ impl RedisBroker {
         })
     }
 
+    /// A broker for a `rediss://` URL whose server certificate is signed by
+    /// the CA in `ca_pem` (PEM) rather than one in the system trust store.
+    pub fn from_url_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, Error> {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca_pem),
+        };
+        let client = redis::Client::build_with_tls(url, certs).map_err(|e| Error::Config {
+            file: "<code>".into(),
+            message: format!(
+                "[broker] url {:?} with a CA certificate is not usable: {e}",
+                redact_url(url)
+            ),
+        })?;
+        Ok(RedisBroker {
+            client,
+            url: url.to_owned(),
+            response_timeout: Duration::from_secs(5),
+            conn: OnceCell::new(),
+        })
+    }
+
     /// How long one command may take before it fails (default 5 s).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
@@ -162,7 +184,7 @@ impl Broker for RedisBroker {
             }
             while let Some(r) = tasks.join_next().await {
                 if let Err(e) = r {
-                    tracing::error!(error = %e, "a consumer task failed");
+                    tracing::error!(error = %crate::error::chain(&e), "a consumer task failed");
                 }
             }
             Ok(())

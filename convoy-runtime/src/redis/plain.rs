@@ -55,7 +55,7 @@ impl PlainConsumer {
             match self.session(&shutdown).await {
                 Ok(()) => return,
                 Err(e) => {
-                    tracing::warn!(handler = self.sub().name, error = %e, "consumer lost Redis; reconnecting");
+                    tracing::warn!(handler = self.sub().name, error = %crate::error::chain(&e), "consumer lost Redis; reconnecting");
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }

@@ -29,7 +29,7 @@ pub(crate) async fn follow(
         let mut conn = match broker.blocking_conn().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "wake-up listener cannot connect; retrying");
+                tracing::warn!(error = %crate::error::chain(&e), "wake-up listener cannot connect; retrying");
                 if sleep_or_stop(backoff, &shutdown).await {
                     return;
                 }
@@ -61,7 +61,7 @@ pub(crate) async fn follow(
                 }
                 Ok(_) => last = Some("0-0".to_owned()),
                 Err(e) => {
-                    tracing::warn!(error = %e, "wake-up listener read failed; retrying");
+                    tracing::warn!(error = %crate::error::chain(&e), "wake-up listener read failed; retrying");
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }
@@ -107,7 +107,7 @@ pub(crate) async fn follow(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
+                    tracing::warn!(error = %crate::error::chain(&e), "wake-up listener lost its connection; reconnecting");
                     break;
                 }
             }

@@ -152,7 +152,7 @@ impl Coordinator {
             match self.register().await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(handler = group, error = %e, "cannot register the consumer group; retrying");
+                    tracing::warn!(handler = group, error = %crate::error::chain(&e), "cannot register the consumer group; retrying");
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }
@@ -256,7 +256,7 @@ impl Coordinator {
         let members = match self.membership().await {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(handler = s.group(), error = %e, "discovery failed; retrying at the next heartbeat");
+                tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "discovery failed; retrying at the next heartbeat");
                 return;
             }
         };
@@ -318,8 +318,11 @@ impl Coordinator {
         }
         let sent = mono_ms();
         let r: Result<Vec<i64>, _> = match s.broker.conn().await {
-            Ok(mut c) => inv.invoke_async(&mut c).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(mut c) => inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| crate::error::chain(&e)),
+            Err(e) => Err(crate::error::chain(&e)),
         };
         match r {
             Ok(results) => {
@@ -390,8 +393,11 @@ impl Coordinator {
         inv.arg(&s.owner).arg(s.ttl().as_millis() as u64).arg(max);
         let sent = mono_ms();
         let r: Result<Value, _> = match s.broker.conn().await {
-            Ok(mut c) => inv.invoke_async(&mut c).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(mut c) => inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| crate::error::chain(&e)),
+            Err(e) => Err(crate::error::chain(&e)),
         };
         let results = match r {
             Ok(Value::Array(items)) => items,

@@ -166,7 +166,7 @@ impl Worker {
                     tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
                 }
                 Err(e) => {
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "reclaim failed; giving the unit up rather than skipping ahead");
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
                     return Err(Exit::Release);
                 }
             }
@@ -228,7 +228,7 @@ impl Worker {
                 }
                 Err(ReadError::Refused) => return Exit::Lost,
                 Err(ReadError::Failed(e)) => {
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "fenced read failed; retrying");
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "fenced read failed; retrying");
                     tokio::select! {
                         _ = self.stop.cancelled() => return Exit::Release,
                         _ = tokio::time::sleep(backoff) => {}
@@ -401,7 +401,7 @@ impl Worker {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "ack failed; retrying");
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "ack failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
@@ -439,7 +439,7 @@ impl Worker {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "recording a failure failed; retrying");
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "recording a failure failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
@@ -472,7 +472,7 @@ impl Worker {
             Ok(1) => Ok(true),
             Ok(_) => Ok(false),
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %e, "reap failed; will try again later");
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; will try again later");
                 Ok(false)
             }
         }
@@ -494,7 +494,7 @@ impl Worker {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %e, "lease release failed; it expires on its own")
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; it expires on its own")
             }
         }
     }
