@@ -12,7 +12,8 @@
 //! | `{category}:{key}:dlq` | stream | heads moved aside by an operator |
 //! | `convoy:groups:{category}` | set | consumer groups (handler names) reading the category's partitions |
 //! | `convoy:groups:{category}:__base__` | set | consumer groups reading `{category}` itself |
-//! | `convoy:lease:{group}:{category}:{key}` | string, PX | the unit's fence token `{owner}:{generation}` |
+//! | `convoy:lease:{group}:{category}:{key}` | string | the unit's fence token `{owner}:{generation}`, valid while the owner is alive |
+//! | `convoy:alive:{group}:{owner}` | string, PX | an instance's liveness: one key renewed per heartbeat for all its units |
 //! | `convoy:unit:{group}:{category}:{key}` | hash | `gen` (durable), `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
 //! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
@@ -35,6 +36,11 @@ pub fn base_groups(category: &str) -> String {
 /// `convoy:lease:{group}:{category}:{key}`.
 pub fn lease(group: &str, category: &str, key: &str) -> String {
     format!("convoy:lease:{group}:{category}:{key}")
+}
+
+/// `convoy:alive:{group}:{owner}` (acquire.lua builds the same name).
+pub fn alive(group: &str, owner: &str) -> String {
+    format!("convoy:alive:{group}:{owner}")
 }
 
 /// `convoy:unit:{group}:{category}:{key}`.

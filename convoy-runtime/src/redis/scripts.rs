@@ -8,7 +8,6 @@ use redis::Script;
 pub(crate) struct Scripts {
     pub(crate) publish: Script,
     pub(crate) acquire: Script,
-    pub(crate) renew: Script,
     pub(crate) release: Script,
     pub(crate) read: Script,
     pub(crate) ack: Script,
@@ -22,7 +21,6 @@ pub(crate) struct Scripts {
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     publish: Script::new(include_str!("lua/publish.lua")),
     acquire: Script::new(include_str!("lua/acquire.lua")),
-    renew: Script::new(include_str!("lua/renew.lua")),
     release: Script::new(include_str!("lua/release.lua")),
     read: Script::new(include_str!("lua/read.lua")),
     ack: Script::new(include_str!("lua/ack.lua")),
@@ -36,10 +34,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     //! The fence, script by script, against a real `redis-server`: once
-    //! another owner takes a unit at a newer generation, every operation of
-    //! the old token is refused.
+    //! another owner takes a unit at a newer generation, or the owner's
+    //! liveness lapsed, every operation of the old token is refused.
 
     use redis::Value;
+    use redis::aio::MultiplexedConnection;
 
     use super::SCRIPTS;
     use crate::testing::RedisServer;
@@ -47,15 +46,25 @@ mod tests {
     const LEASE: &str = "convoy:lease:g:cat:k";
     const UNIT: &str = "convoy:unit:g:cat:k";
     const STREAM: &str = "cat:k";
+    const ALIVE_A: &str = "convoy:alive:g:a";
+    const ALIVE_B: &str = "convoy:alive:g:b";
 
-    async fn acquire(c: &mut redis::aio::MultiplexedConnection, owner: &str) -> Option<String> {
+    async fn cmd(c: &mut MultiplexedConnection, args: &[&str]) {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let _: Value = cmd.query_async(c).await.expect("command");
+    }
+
+    async fn acquire(c: &mut MultiplexedConnection, owner: &str) -> Option<String> {
         let v: Value = SCRIPTS
             .acquire
             .key(LEASE)
             .key(UNIT)
             .arg(owner)
-            .arg(60_000)
             .arg(1)
+            .arg("g")
             .invoke_async(c)
             .await
             .expect("acquire");
@@ -64,46 +73,50 @@ mod tests {
         first.first().and_then(super::super::reply::text)
     }
 
-    #[tokio::test]
-    async fn a_stale_token_is_refused_everywhere() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut c = server.connection().await.expect("connection");
-        let _: String = redis::cmd("XADD")
-            .arg(STREAM)
-            .arg("*")
-            .arg("f")
-            .arg("v")
-            .query_async(&mut c)
-            .await
-            .expect("xadd");
-        let old = acquire(&mut c, "a").await.expect("a takes the unit");
-        assert_eq!(old, "a:1");
-        assert_eq!(acquire(&mut c, "b").await, None, "held by a");
-        // a's lease lapses (simulated) and b takes over at generation 2.
-        let _: i64 = redis::cmd("DEL").arg(LEASE).query_async(&mut c).await.expect("del");
-        let new = acquire(&mut c, "b").await.expect("b takes the unit");
-        assert_eq!(new, "b:2");
-
-        let read: Vec<Value> = SCRIPTS
+    async fn read(c: &mut MultiplexedConnection, token: &str, alive: &str) -> Vec<Value> {
+        SCRIPTS
             .read
             .key(LEASE)
             .key(STREAM)
             .key("")
-            .arg(&old)
+            .key(alive)
+            .arg(token)
             .arg("g")
             .arg(10)
             .arg(10)
             .arg(">")
-            .invoke_async(&mut c)
+            .invoke_async(c)
             .await
-            .expect("read");
-        assert_eq!(read, vec![Value::Int(-1)], "stale read refused");
+            .expect("read")
+    }
+
+    #[tokio::test]
+    async fn a_stale_token_is_refused_everywhere() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut c = server.connection().await.expect("connection");
+        cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+        cmd(&mut c, &["SET", ALIVE_A, "1"]).await;
+        cmd(&mut c, &["SET", ALIVE_B, "1"]).await;
+        let old = acquire(&mut c, "a").await.expect("a takes the unit");
+        assert_eq!(old, "a:1");
+        assert_eq!(acquire(&mut c, "b").await, None, "held by a live owner");
+        // a's liveness lapses: its token is refused even before anyone else
+        // takes the unit.
+        cmd(&mut c, &["DEL", ALIVE_A]).await;
+        assert_eq!(read(&mut c, &old, ALIVE_A).await, vec![Value::Int(-1)]);
+        // b takes over at generation 2; a comes back to life, still stale.
+        let new = acquire(&mut c, "b").await.expect("b takes the unit");
+        assert_eq!(new, "b:2");
+        cmd(&mut c, &["SET", ALIVE_A, "1"]).await;
+
+        assert_eq!(read(&mut c, &old, ALIVE_A).await, vec![Value::Int(-1)], "stale read refused");
         let ack: i64 = SCRIPTS
             .ack
             .key(LEASE)
             .key(STREAM)
             .key(UNIT)
             .key("convoy:groups:cat")
+            .key(ALIVE_A)
             .arg(&old)
             .arg("g")
             .arg(1)
@@ -116,6 +129,7 @@ mod tests {
             .fail
             .key(LEASE)
             .key(UNIT)
+            .key(ALIVE_A)
             .arg(&old)
             .arg("0-1")
             .arg("err")
@@ -129,6 +143,7 @@ mod tests {
             .claim
             .key(LEASE)
             .key(STREAM)
+            .key(ALIVE_A)
             .arg(&old)
             .arg("g")
             .invoke_async(&mut c)
@@ -142,6 +157,7 @@ mod tests {
             .key(STREAM)
             .key("cat:k:backfill")
             .key(UNIT)
+            .key(ALIVE_A)
             .arg(&old)
             .arg("k")
             .arg(0)
@@ -150,16 +166,6 @@ mod tests {
             .await
             .expect("reap");
         assert_eq!(reap, -1);
-        let renew: Vec<i64> = SCRIPTS
-            .renew
-            .key(LEASE)
-            .key(UNIT)
-            .arg(60_000)
-            .arg(&old)
-            .invoke_async(&mut c)
-            .await
-            .expect("renew");
-        assert_eq!(renew, vec![0], "stale renew refused");
         let release: i64 = SCRIPTS
             .release
             .key(LEASE)
@@ -168,24 +174,12 @@ mod tests {
             .await
             .expect("release");
         assert_eq!(release, 0, "a stale release leaves the new lease alone");
+        assert_eq!(acquire(&mut c, "a").await, None, "b is alive and holds it");
 
         // The current token works: it reads the entry, under its own name.
-        let read: Vec<Value> = SCRIPTS
-            .read
-            .key(LEASE)
-            .key(STREAM)
-            .key("")
-            .arg(&new)
-            .arg("g")
-            .arg(10)
-            .arg(10)
-            .arg(">")
-            .invoke_async(&mut c)
-            .await
-            .expect("read");
-        assert_eq!(read.first(), Some(&Value::Int(1)));
-        let entries = super::super::reply::entries(&read[2]);
-        assert_eq!(entries.len(), 1);
+        let r = read(&mut c, &new, ALIVE_B).await;
+        assert_eq!(r.first(), Some(&Value::Int(1)));
+        assert_eq!(super::super::reply::entries(&r[2]).len(), 1);
         // The generation counter survives a release and keeps growing.
         let released: i64 = SCRIPTS
             .release
@@ -195,6 +189,6 @@ mod tests {
             .await
             .expect("release");
         assert_eq!(released, 1);
-        assert_eq!(acquire(&mut c, "c").await.as_deref(), Some("c:3"));
+        assert_eq!(acquire(&mut c, "a").await.as_deref(), Some("a:3"));
     }
 }

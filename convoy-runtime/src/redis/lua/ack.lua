@@ -5,12 +5,12 @@
 -- reaped).
 --
 -- KEYS[1] lease, KEYS[2] stream, KEYS[3] unit state hash, KEYS[4] the
--- category's set of registered groups
+-- category's set of registered groups, KEYS[5] the owner's liveness key
 -- ARGV[1] fence token, ARGV[2] group, ARGV[3] now (ms), ARGV[4..] entry ids
 --
 -- Returns -1 when the lease is not held with this token, else the number
 -- of entries acknowledged.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return -1
 end
 local ids = {}

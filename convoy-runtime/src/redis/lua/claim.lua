@@ -2,12 +2,12 @@
 -- by earlier generations, to this generation's consumer, then deletes the
 -- old consumers that have nothing pending.
 --
--- KEYS[1] lease, KEYS[2] stream
+-- KEYS[1] lease, KEYS[2] stream, KEYS[3] the owner's liveness key
 -- ARGV[1] fence token (the consumer name), ARGV[2] group
 --
 -- Returns -1 when the lease is not held with this token, else the number of
 -- entries claimed.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return -1
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then

@@ -3,13 +3,14 @@
 -- hash stays, so fences remain monotonic if the key comes back.
 --
 -- KEYS[1] lease, KEYS[2] partition index, KEYS[3] primary stream,
--- KEYS[4] backfill stream, KEYS[5] unit state hash
+-- KEYS[4] backfill stream, KEYS[5] unit state hash, KEYS[6] the owner's
+-- liveness key
 -- ARGV[1] fence token, ARGV[2] partition key, ARGV[3] idle time (ms),
 -- ARGV[4] now (ms)
 --
 -- Returns -1 when the lease is not held with this token, 0 when the unit is
 -- not empty or not idle long enough, 1 when retired.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return -1
 end
 if redis.call('XLEN', KEYS[3]) > 0 or redis.call('XLEN', KEYS[4]) > 0 then

@@ -42,6 +42,12 @@ pub(crate) struct Shared {
     pub(crate) owner: String,
     pub(crate) permits: Semaphore,
     pub(crate) exits: mpsc::UnboundedSender<(String, String)>,
+    /// This instance's liveness key for the group.
+    pub(crate) alive: String,
+    /// The local lease deadline (monotonic ms) shared by every unit: the
+    /// time the last successful liveness renewal was sent, plus the TTL,
+    /// minus a margin. No worker starts an event past it.
+    pub(crate) deadline: AtomicU64,
 }
 
 impl Shared {
@@ -101,10 +107,8 @@ impl Shared {
 /// A running unit worker, as the coordinator sees it.
 pub(crate) struct UnitHandle {
     pub(crate) token: String,
-    pub(crate) deadline: Arc<AtomicU64>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) stop: CancellationToken,
-    pub(crate) halted: Arc<AtomicBool>,
     pub(crate) idle: Arc<AtomicBool>,
     pub(crate) task: JoinHandle<()>,
 }
@@ -124,6 +128,7 @@ impl Coordinator {
     pub(crate) fn new(broker: Arc<RedisBroker>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
         let owner = plan.instance_id.clone();
         let (tx, rx) = mpsc::unbounded_channel();
+        let alive = keys::alive(plan.subscriptions[index].name, &owner);
         Coordinator {
             shared: Arc::new(Shared {
                 broker,
@@ -132,6 +137,8 @@ impl Coordinator {
                 owner,
                 permits: Semaphore::new(MAX_IN_FLIGHT),
                 exits: tx,
+                alive,
+                deadline: AtomicU64::new(0),
             }),
             exits: rx,
             units: HashMap::new(),
@@ -201,15 +208,25 @@ impl Coordinator {
         tracing::info!(handler = group, category, "partitioned consumer stopped");
     }
 
+    /// Registers the group for the category and declares this instance
+    /// alive.
     async fn register(&self) -> Result<(), crate::Error> {
         let s = &self.shared;
         let mut conn = s.broker.conn().await?;
-        let _: i64 = redis::cmd("SADD")
+        let sent = mono_ms();
+        let _: ((), i64) = redis::pipe()
+            .cmd("SET")
+            .arg(&s.alive)
+            .arg(1)
+            .arg("PX")
+            .arg(s.ttl().as_millis() as u64)
+            .cmd("SADD")
             .arg(keys::groups(s.category()))
             .arg(s.group())
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("failed to register the consumer group", e))?;
+        s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         Ok(())
     }
 
@@ -248,18 +265,22 @@ impl Coordinator {
             .count()
     }
 
-    /// One heartbeat: renew, count live instances, discover, rebalance.
+    /// One heartbeat: renew liveness, count live instances, discover,
+    /// rebalance.
     async fn cycle(&mut self, shutdown: &CancellationToken) {
         self.prune();
-        self.renew().await;
         let s = self.shared.clone();
-        let members = match self.membership().await {
+        let (renewed, members) = match self.heartbeat().await {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "discovery failed; retrying at the next heartbeat");
+                tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "heartbeat failed; workers stop at the local lease deadline unless a later one succeeds");
                 return;
             }
         };
+        if !renewed {
+            self.lapsed().await;
+            return;
+        }
         self.elsewhere.clear();
         self.partitions = members.len();
         let threshold = s
@@ -285,7 +306,13 @@ impl Coordinator {
                 .filter(|k| !self.units.contains_key(k))
                 .collect();
             shuffle(&mut candidates, &s.owner);
-            self.acquire(candidates, target - owned, shutdown).await;
+            // Try a sample bounded by the deficit: in a steady state the
+            // deficit is at most one unit (rounding), so this stays cheap
+            // however many partitions there are; after a crash, free units
+            // are everywhere and a sample finds them.
+            let deficit = target - owned;
+            candidates.truncate((deficit * 2).max(16));
+            self.acquire(candidates, deficit, shutdown).await;
         } else if owned > target {
             let mut surplus = owned - target;
             // Idle units first; a unit moves only after its worker finished
@@ -305,61 +332,23 @@ impl Coordinator {
         }
     }
 
-    async fn renew(&mut self) {
+    /// Renews this instance's liveness (which keeps every lease it holds),
+    /// registers it as live, counts live instances and reads the partition
+    /// index: one round trip whatever the number of partitions. Returns
+    /// whether the liveness key was still there to renew.
+    async fn heartbeat(&mut self) -> Result<(bool, Vec<String>), crate::Error> {
         let s = self.shared.clone();
-        if self.units.is_empty() {
-            return;
-        }
-        let held: Vec<(&String, &UnitHandle)> = self.units.iter().collect();
-        let mut inv = SCRIPTS.renew.prepare_invoke();
-        inv.arg(s.ttl().as_millis() as u64);
-        for (k, u) in &held {
-            inv.key(s.lease_key(k)).key(s.unit_key(k)).arg(&u.token);
-        }
-        let sent = mono_ms();
-        let r: Result<Vec<i64>, _> = match s.broker.conn().await {
-            Ok(mut c) => inv
-                .invoke_async(&mut c)
-                .await
-                .map_err(|e| crate::error::chain(&e)),
-            Err(e) => Err(crate::error::chain(&e)),
-        };
-        match r {
-            Ok(results) => {
-                for ((key, u), res) in held.iter().zip(results) {
-                    match res {
-                        0 => {
-                            tracing::warn!(handler = s.group(), key = %key, token = %u.token, "lease lost; stopping the unit's worker");
-                            u.deadline.store(0, Ordering::SeqCst);
-                            u.stop.cancel();
-                            u.wake.notify_one();
-                        }
-                        n => {
-                            u.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
-                            let halted = n == 2;
-                            let was = u.halted.swap(halted, Ordering::SeqCst);
-                            if was && !halted {
-                                tracing::info!(handler = s.group(), key = %key, "partition un-halted; resuming");
-                                u.wake.notify_one();
-                            }
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(handler = s.group(), error = %e, "lease renewal failed; workers stop at their local deadlines unless a later renewal succeeds");
-            }
-        }
-    }
-
-    /// Registers this instance as live, counts live instances and reads the
-    /// partition index, in one round trip.
-    async fn membership(&mut self) -> Result<Vec<String>, crate::Error> {
-        let s = &self.shared;
         let mut conn = s.broker.conn().await?;
         let now = now_ms();
+        let sent = mono_ms();
         let set = keys::instances(s.group());
-        let (_, _, live, members): (i64, i64, i64, Vec<String>) = redis::pipe()
+        let (renewed, _, _, live, members): (Option<String>, i64, i64, i64, Vec<String>) = redis::pipe()
+            .cmd("SET")
+            .arg(&s.alive)
+            .arg(1)
+            .arg("XX")
+            .arg("PX")
+            .arg(s.ttl().as_millis() as u64)
             .cmd("ZADD")
             .arg(&set)
             .arg(now + s.ttl().as_millis() as u64)
@@ -374,9 +363,32 @@ impl Coordinator {
             .arg(keys::partition_index(s.category()))
             .query_async(&mut conn)
             .await
-            .map_err(|e| crate::Error::redis("failed to read the partition index", e))?;
+            .map_err(|e| crate::Error::redis("heartbeat failed", e))?;
         self.live = live.max(1) as usize;
-        Ok(members)
+        if renewed.is_some() {
+            s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
+        }
+        Ok((renewed.is_some(), members))
+    }
+
+    /// The liveness key expired before it was renewed (this instance was
+    /// stalled or cut off past the TTL): other instances may own its units
+    /// now. Stop every worker before its next event, wait for them, declare
+    /// this instance alive again and start over.
+    async fn lapsed(&mut self) {
+        let s = self.shared.clone();
+        tracing::warn!(handler = s.group(), owner = %s.owner, "liveness lapsed: this instance was stalled or cut off past lease_ttl_ms; giving up every unit and starting over");
+        s.deadline.store(0, Ordering::SeqCst);
+        for u in self.units.values() {
+            u.stop.cancel();
+            u.wake.notify_one();
+        }
+        for (_, u) in self.units.drain() {
+            let _ = u.task.await;
+        }
+        if let Err(e) = self.register().await {
+            tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
+        }
     }
 
     /// Tries to take up to `max` of `candidates`; starts a worker for each
@@ -390,8 +402,7 @@ impl Coordinator {
         for k in &candidates {
             inv.key(s.lease_key(k)).key(s.unit_key(k));
         }
-        inv.arg(&s.owner).arg(s.ttl().as_millis() as u64).arg(max);
-        let sent = mono_ms();
+        inv.arg(&s.owner).arg(max).arg(s.group());
         let r: Result<Value, _> = match s.broker.conn().await {
             Ok(mut c) => inv
                 .invoke_async(&mut c)
@@ -431,7 +442,6 @@ impl Coordinator {
                     owner: s.owner.clone(),
                     generation,
                 },
-                s.deadline_from(sent),
                 halted,
                 head.map(|h| (h, failures)),
                 shutdown.child_token(),

@@ -17,7 +17,7 @@
 //! 5. On stop: release the lease (the event in flight was finished first).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -55,10 +55,9 @@ struct Worker {
     key: String,
     fence: Fence,
     token: String,
-    deadline: Arc<AtomicU64>,
     wake: Arc<Notify>,
     stop: CancellationToken,
-    halted: Arc<AtomicBool>,
+    halted: AtomicBool,
     idle: Arc<AtomicBool>,
     /// The head entry and its failures so far (from Redis).
     head: Option<(String, u32)>,
@@ -72,7 +71,6 @@ pub(super) fn spawn(
     s: Arc<Shared>,
     key: String,
     fence: Fence,
-    deadline: u64,
     halted: bool,
     head: Option<(String, u32)>,
     stop: CancellationToken,
@@ -87,19 +85,16 @@ pub(super) fn spawn(
         key,
         fence,
         token: token.clone(),
-        deadline: Arc::new(AtomicU64::new(deadline)),
         wake: Arc::new(Notify::new()),
         stop,
-        halted: Arc::new(AtomicBool::new(halted)),
+        halted: AtomicBool::new(halted),
         idle: Arc::new(AtomicBool::new(false)),
         head,
     };
     let handle = UnitHandle {
         token,
-        deadline: w.deadline.clone(),
         wake: w.wake.clone(),
         stop: w.stop.clone(),
-        halted: w.halted.clone(),
         idle: w.idle.clone(),
         task: tokio::spawn(async move {
             let exits = w.s.exits.clone();
@@ -118,7 +113,7 @@ impl Worker {
     }
 
     fn past_deadline(&self) -> bool {
-        mono_ms() >= self.deadline.load(Ordering::SeqCst)
+        mono_ms() >= self.s.deadline.load(Ordering::SeqCst)
     }
 
     async fn run(mut self) {
@@ -152,6 +147,7 @@ impl Worker {
                 let mut inv = SCRIPTS.claim.prepare_invoke();
                 inv.key(&self.lease)
                     .key(stream)
+                    .key(&self.s.alive)
                     .arg(&self.token)
                     .arg(self.group());
                 inv.invoke_async(&mut c)
@@ -193,6 +189,13 @@ impl Worker {
                 tokio::select! {
                     _ = self.stop.cancelled() => return Exit::Release,
                     _ = self.wake.notified() => {}
+                }
+                // An operator un-halts by skipping or dead-lettering the head,
+                // which also wakes the unit.
+                if !self.still_halted().await {
+                    tracing::info!(handler = self.group(), key = %self.key, "partition un-halted; resuming");
+                    self.halted.store(false, Ordering::SeqCst);
+                    self.head = None;
                 }
                 pending_mode = true;
                 continue;
@@ -261,6 +264,7 @@ impl Worker {
         inv.key(&self.lease)
             .key(&self.primary)
             .key(&self.backfill)
+            .key(&self.s.alive)
             .arg(&self.token)
             .arg(self.group())
             .arg(PRIMARY_BATCH)
@@ -385,6 +389,7 @@ impl Worker {
                     .key(stream)
                     .key(&self.unit)
                     .key(keys::groups(self.s.category()))
+                    .key(&self.s.alive)
                     .arg(&self.token)
                     .arg(self.group())
                     .arg(now_ms())
@@ -419,6 +424,7 @@ impl Worker {
                 let mut inv = SCRIPTS.fail.prepare_invoke();
                 inv.key(&self.lease)
                     .key(&self.unit)
+                    .key(&self.s.alive)
                     .arg(&self.token)
                     .arg(id)
                     .arg(err.to_string())
@@ -458,6 +464,7 @@ impl Worker {
                 .key(&self.primary)
                 .key(self.s.backfill_always(&self.key))
                 .key(&self.unit)
+                .key(&self.s.alive)
                 .arg(&self.token)
                 .arg(&self.key)
                 .arg(idle_ms)
@@ -476,6 +483,21 @@ impl Worker {
                 Ok(false)
             }
         }
+    }
+
+    /// Whether the unit is still marked halted in Redis (true when unsure).
+    async fn still_halted(&self) -> bool {
+        let r: Result<Option<String>, Error> = async {
+            let mut c = self.conn().await?;
+            redis::cmd("HGET")
+                .arg(&self.unit)
+                .arg("halted")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| Error::redis("failed to read the halt flag", e))
+        }
+        .await;
+        !matches!(r, Ok(None))
     }
 
     async fn release(&self) {
