@@ -24,8 +24,17 @@ fn recorder(url: &str, ns: &str) -> Recorder {
 }
 
 fn start(url: &str, rec: &Recorder, instance: &str, work: Duration) -> EngineHandle {
+    start_with(test_config(url), rec, instance, work)
+}
+
+fn start_with(
+    config: convoy_runtime::Config,
+    rec: &Recorder,
+    instance: &str,
+    work: Duration,
+) -> EngineHandle {
     domain(
-        test_config(url),
+        config,
         instance,
         Recording::new(rec.clone(), instance, work),
     )
@@ -62,12 +71,21 @@ async fn owners(server: &RedisServer, keys: usize) -> BTreeMap<String, usize> {
     count
 }
 
-async fn ordering_with_engines(n: usize) {
+async fn ordering_with_engines(n: usize, max_unacked: usize) {
     let server = server();
     let url = server.url();
     let rec = recorder(&url, "order");
+    let mut config = test_config(&url);
+    config.server.partitioning.max_unacked = max_unacked;
     let engines: Vec<EngineHandle> = (0..n)
-        .map(|i| start(&url, &rec, &format!("e{i}"), Duration::from_millis(3)))
+        .map(|i| {
+            start_with(
+                config.clone(),
+                &rec,
+                &format!("e{i}"),
+                Duration::from_millis(3),
+            )
+        })
         .collect();
     let events = interleaved(12, 25);
     let publisher = publisher(test_config(&url), "publisher");
@@ -111,12 +129,17 @@ async fn ordering_with_engines(n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_key_order_no_overlap_and_parallelism_with_two_engines() {
-    ordering_with_engines(2).await;
+    ordering_with_engines(2, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_order_with_batched_acks() {
+    ordering_with_engines(2, 50).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_key_order_no_overlap_and_parallelism_with_three_engines() {
-    ordering_with_engines(3).await;
+    ordering_with_engines(3, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

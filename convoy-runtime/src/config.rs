@@ -11,6 +11,7 @@
 //! poll_interval_seconds = 0.25
 //! reap_idle_ms = 3600000
 //! partition_warning_threshold = 10000
+//! max_unacked = 1                  # events handled per fenced ack
 //!
 //! [server.priority_lanes]
 //! enabled = false
@@ -111,6 +112,12 @@ pub struct PartitioningConfig {
     pub reap_idle_ms: u64,
     /// Warn when a category has more live partitions than this.
     pub partition_warning_threshold: u64,
+    /// How many handled events a partition worker may hold before it
+    /// acknowledges them in one fenced call. `1` (the default) acknowledges
+    /// each event before the next starts, so after a crash at most the one
+    /// event in flight runs again; a larger value trades that bound (up to
+    /// this many events may run again) for far fewer Redis round trips.
+    pub max_unacked: usize,
 }
 
 impl Default for PartitioningConfig {
@@ -121,6 +128,7 @@ impl Default for PartitioningConfig {
             poll_interval_seconds: 0.25,
             reap_idle_ms: 3_600_000,
             partition_warning_threshold: 10_000,
+            max_unacked: 1,
         }
     }
 }
@@ -265,6 +273,12 @@ impl Config {
                     p.lease_ttl_ms
                 ));
             }
+        }
+        if p.max_unacked == 0 || p.max_unacked > 10_000 {
+            return err(format!(
+                "[server.partitioning] max_unacked = {} must be between 1 and 10000",
+                p.max_unacked
+            ));
         }
         if !p.poll_interval_seconds.is_finite() || p.poll_interval_seconds <= 0.0 {
             return err(format!(

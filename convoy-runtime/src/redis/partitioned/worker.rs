@@ -61,6 +61,11 @@ struct Worker {
     idle: Arc<AtomicBool>,
     /// The head entry and its failures so far (from Redis).
     head: Option<(String, u32)>,
+    /// Entries handled but not yet acknowledged, and their stream.
+    unacked: Vec<String>,
+    unacked_stream: String,
+    /// Acknowledge once this many entries are handled (1: after each).
+    max_unacked: usize,
     primary: String,
     backfill: String,
     lease: String,
@@ -76,7 +81,8 @@ pub(super) fn spawn(
     stop: CancellationToken,
 ) -> UnitHandle {
     let token = fence.to_string();
-    let w = Worker {
+    let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
+    let mut w = Worker {
         primary: s.primary(&key),
         backfill: s.backfill(&key),
         lease: s.lease_key(&key),
@@ -90,7 +96,11 @@ pub(super) fn spawn(
         halted: AtomicBool::new(halted),
         idle: Arc::new(AtomicBool::new(false)),
         head,
+        unacked: Vec::new(),
+        unacked_stream: String::new(),
+        max_unacked: 1,
     };
+    w.max_unacked = max_unacked;
     let handle = UnitHandle {
         token,
         wake: w.wake.clone(),
@@ -122,7 +132,12 @@ impl Worker {
             Err(exit) => exit,
         };
         match exit {
-            Exit::Release | Exit::Expired => self.release().await,
+            Exit::Release | Exit::Expired => {
+                // Handled entries are acknowledged (fenced) before leaving.
+                if self.flush().await.is_ok() {
+                    self.release().await;
+                }
+            }
             Exit::Lost => {
                 tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "fenced out: another owner holds the unit");
             }
@@ -199,6 +214,9 @@ impl Worker {
                 }
                 pending_mode = true;
                 continue;
+            }
+            if let Err(exit) = self.flush().await {
+                return exit;
             }
             let read = self.read(pending_mode).await;
             let (lane_stream, batch) = match read {
@@ -320,7 +338,7 @@ impl Worker {
             }
             if entry.fields.is_none() {
                 // Deleted while pending (for example by an operator): nothing to run.
-                return match self.ack(stream, &entry.id).await {
+                return match self.done(stream, &entry.id).await {
                     Ok(()) => Step::Done,
                     Err(exit) => Step::Exit(exit),
                 };
@@ -342,7 +360,7 @@ impl Worker {
             };
             match result {
                 Ok(_) => {
-                    return match self.ack(stream, &entry.id).await {
+                    return match self.done(stream, &entry.id).await {
                         Ok(()) => {
                             self.head = None;
                             Step::Done
@@ -350,7 +368,7 @@ impl Worker {
                         Err(exit) => Step::Exit(exit),
                     };
                 }
-                Err(err) => match self.fail(&entry.id, &err).await {
+                Err(err) => match self.flush_then_fail(&entry.id, &err).await {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
                         if halted {
@@ -378,8 +396,36 @@ impl Worker {
         }
     }
 
+    /// Records a handled entry; acknowledges once `max_unacked` are waiting.
+    async fn done(&mut self, stream: &str, id: &str) -> Result<(), Exit> {
+        if self.unacked_stream != stream {
+            self.flush().await?;
+            self.unacked_stream = stream.to_owned();
+        }
+        self.unacked.push(id.to_owned());
+        if self.unacked.len() >= self.max_unacked {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Acknowledges every handled entry not yet acknowledged.
+    async fn flush(&mut self) -> Result<(), Exit> {
+        if self.unacked.is_empty() {
+            return Ok(());
+        }
+        self.ack(&self.unacked_stream, &self.unacked).await?;
+        self.unacked.clear();
+        Ok(())
+    }
+
+    async fn flush_then_fail(&mut self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
+        self.flush().await?;
+        self.fail(id, err).await
+    }
+
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&self, stream: &str, id: &str) -> Result<(), Exit> {
+    async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), Exit> {
         let mut backoff = Duration::from_millis(20);
         loop {
             let r: Result<i64, Error> = async {
@@ -393,7 +439,7 @@ impl Worker {
                     .arg(&self.token)
                     .arg(self.group())
                     .arg(now_ms())
-                    .arg(id);
+                    .arg(ids);
                 inv.invoke_async(&mut c)
                     .await
                     .map_err(|e| Error::redis("fenced ack failed", e))
