@@ -25,7 +25,10 @@ struct Mirror {
 impl Mirror {
     #[handle]
     async fn posted(&self, e: Posted, ctx: &Context) -> Result<(), HandlerError> {
-        assert!(ctx.fence().is_some(), "partitioned handlers run under a fence");
+        assert!(
+            ctx.fence().is_some(),
+            "partitioned handlers run under a fence"
+        );
         let g = self.recorder.enter(&e.client_id, &e.id(), "mirror").await?;
         g.exit().await?;
         Ok(())
@@ -79,9 +82,13 @@ async fn passwords_in_the_url_work_and_a_wrong_one_is_a_clear_error() {
         .expect("acl");
     let url = format!("redis://app:s3cret@127.0.0.1:{}/", server.port());
     let rec = Recorder::new(&server.url(), "auth").expect("recorder");
-    let engine = domain(test_config(&url), "e0", Recording::new(rec.clone(), "e0", Duration::ZERO))
-        .engine()
-        .spawn();
+    let engine = domain(
+        test_config(&url),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
     let p = publisher(test_config(&url), "p");
     let events = interleaved(2, 3);
     publish(&p, &events, Priority::Normal).await;
@@ -105,10 +112,25 @@ async fn passwords_in_the_url_work_and_a_wrong_one_is_a_clear_error() {
         std::sync::Arc::new(tokio::sync::Notify::new()),
     );
     let err = processor.drain().await.expect_err("wrong password");
-    let text = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
-    assert!(text.contains("cannot connect to redis://app:***@127.0.0.1"), "{text}");
-    assert!(!text.contains("wrong"), "the password is not printed: {text}");
-    assert_eq!(p.outbox().pending(10).await.expect("pending").len(), 1, "the record waits");
+    let text = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    );
+    assert!(
+        text.contains("cannot connect to redis://app:***@127.0.0.1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("wrong"),
+        "the password is not printed: {text}"
+    );
+    assert_eq!(
+        p.outbox().pending(10).await.expect("pending").len(),
+        1,
+        "the record waits"
+    );
 }
 
 #[test]
@@ -121,7 +143,10 @@ fn the_broker_is_chosen_in_configuration() {
     let err = Config::from_toml("[broker]\nurl = \"redis://[::1\"\n")
         .and_then(|c| Domain::builder().config(c).init().map(|_| ()))
         .expect_err("bad url");
-    assert!(err.to_string().contains("is not a usable Redis URL"), "{err}");
+    assert!(
+        err.to_string().contains("is not a usable Redis URL"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,20 +167,29 @@ async fn two_partitioned_handlers_each_see_every_event_and_streams_drain() {
     let engine = d.engine().spawn();
     let events = interleaved(3, 20);
     let expected = published(&events);
-    publish(&publisher(test_config(&url), "p"), &events, Priority::Normal).await;
+    publish(
+        &publisher(test_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
     wait_until(WAIT, "both handlers saw everything", || async {
         all_seen(&rec, &expected).await && all_seen(&mirror, &expected).await
     })
     .await;
     check_order(&expected, &rec.seen_all().await.expect("seen"), 0).expect("first handler order");
-    check_order(&expected, &mirror.seen_all().await.expect("seen"), 0).expect("second handler order");
+    check_order(&expected, &mirror.seen_all().await.expect("seen"), 0)
+        .expect("second handler order");
     let c = server.connection().await.expect("conn");
     wait_until(WAIT, "entries both groups consumed are removed", || {
         let mut c = c.clone();
         async move {
             let mut total = 0usize;
             for k in 0..3 {
-                total += c.xlen::<_, usize>(format!("ledger:c{k}")).await.unwrap_or(1);
+                total += c
+                    .xlen::<_, usize>(format!("ledger:c{k}"))
+                    .await
+                    .unwrap_or(1);
             }
             total == 0
         }
@@ -208,7 +242,11 @@ async fn ordinary_handler_retries_then_dead_letters() {
     .await;
     let seen = rec.seen("mail").await.expect("seen");
     let attempts: Vec<&String> = seen.iter().filter(|s| s.starts_with("b@")).collect();
-    assert_eq!(attempts, ["b@1", "b@2", "b@3"], "1 attempt + max_retries (2)");
+    assert_eq!(
+        attempts,
+        ["b@1", "b@2", "b@3"],
+        "1 attempt + max_retries (2)"
+    );
     let dead: redis::streams::StreamRangeReply = c.xrange_all("mail:dlq").await.expect("range");
     let entry = &dead.ids[0];
     let error: String = entry.get("dlq_error").expect("error field");
@@ -233,13 +271,60 @@ async fn rediss_urls_work() {
             .current_dir(&dir)
             .stderr(std::process::Stdio::null())
             .status()
-            .expect("openssl must be installed to make test certificates (apt-get install openssl)");
+            .expect(
+                "openssl must be installed to make test certificates (apt-get install openssl)",
+            );
         assert!(status.success(), "openssl {args:?} failed");
     };
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("ext");
-    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=convoy-test-ca", "-keyout", "ca.key", "-out", "ca.pem"]);
-    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "key.pem", "-out", "server.csr"]);
-    openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-out", "cert.pem", "-extfile", "ext.cnf"]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=convoy-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-out",
+        "cert.pem",
+        "-extfile",
+        "ext.cnf",
+    ]);
     let tls_port = convoy_runtime::testing::free_port().expect("port");
     let cert = dir.join("cert.pem");
     let server = RedisServer::builder()
