@@ -147,7 +147,17 @@ impl ConsumerPlan {
             if let Some(f) = fence {
                 ctx = ctx.with_fence(f);
             }
-            let out = sub.handler.dispatch(envelope, &ctx).await?;
+            let started = std::time::Instant::now();
+            let out = match sub.handler.dispatch(envelope, &ctx).await {
+                Ok(out) => out,
+                Err(e) => {
+                    crate::metrics::failed(sub.name, started.elapsed());
+                    return Err(e);
+                }
+            };
+            if out == Dispatched::Handled {
+                crate::metrics::handled(sub.name, started.elapsed());
+            }
             let raised = ctx.take_raised().into_envelopes();
             if !raised.is_empty() {
                 self.outbox.append(raised).await?;

@@ -18,6 +18,7 @@ mod error;
 pub mod handler;
 pub mod key;
 pub mod message;
+pub mod metrics;
 pub mod outbox;
 pub mod redis;
 pub mod registry;

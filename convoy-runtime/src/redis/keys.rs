@@ -16,6 +16,8 @@
 //! | `convoy:alive:{group}:{owner}` | string, PX | an instance's liveness: one key renewed per heartbeat for all its units |
 //! | `convoy:unit:{group}:{category}:{key}` | hash | `gen` (durable), `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
+//! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
+//! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
 //! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
 
 /// `{category}:__wake__`.
@@ -51,6 +53,16 @@ pub fn unit(group: &str, category: &str, key: &str) -> String {
 /// `convoy:instances:{group}`.
 pub fn instances(group: &str) -> String {
     format!("convoy:instances:{group}")
+}
+
+/// `convoy:published:{category}`.
+pub fn published(category: &str) -> String {
+    format!("convoy:published:{category}")
+}
+
+/// `convoy:acked:{group}:{category}`.
+pub fn acked(group: &str, category: &str) -> String {
+    format!("convoy:acked:{group}:{category}")
 }
 
 /// `convoy:producer:{id}`.

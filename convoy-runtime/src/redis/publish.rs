@@ -32,7 +32,8 @@ pub(super) async fn publish(
         let category = &p.envelope.category;
         inv.key(&p.stream)
             .key(keys::partition_index(category))
-            .key(keys::wake_stream(category));
+            .key(keys::wake_stream(category))
+            .key(keys::published(category));
         let fields = p.envelope.to_fields();
         inv.arg(p.seq)
             .arg(p.partition.as_deref().unwrap_or(""))

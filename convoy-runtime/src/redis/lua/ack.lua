@@ -5,7 +5,8 @@
 -- reaped).
 --
 -- KEYS[1] lease, KEYS[2] stream, KEYS[3] unit state hash, KEYS[4] the
--- category's set of registered groups, KEYS[5] the owner's liveness key
+-- category's set of registered groups, KEYS[5] the group's acknowledged
+-- count (for lag), KEYS[6] the owner's liveness key
 -- ARGV[1] fence token, ARGV[2] group, ARGV[3] now (ms), ARGV[4..] entry ids
 --
 -- Returns -1 when the lease is not held with this token, else the number
@@ -20,6 +21,7 @@ end
 local n = redis.call('XACK', KEYS[2], ARGV[2], unpack(ids))
 redis.call('HDEL', KEYS[3], 'head', 'attempts')
 redis.call('HSET', KEYS[3], 'active', ARGV[3])
+redis.call('INCRBY', KEYS[5], n)
 
 local groups = redis.call('SMEMBERS', KEYS[4])
 if #groups <= 1 then

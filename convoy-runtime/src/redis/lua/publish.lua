@@ -1,8 +1,9 @@
 -- Publishes a batch of outbox records, in order, atomically per record.
 --
 -- KEYS[1]          the producer's high-water mark (last published outbox seq)
--- KEYS[3i-1..3i+1] record i: its stream, its category's partition index,
---                  its category's wake stream
+-- KEYS[4i-2..4i+1] record i: its stream, its category's partition index,
+--                  its category's wake stream, its category's count of
+--                  partitioned publishes (for lag)
 -- ARGV[1]          producer mark TTL (ms)
 -- ARGV[2]          wake stream approximate max length
 -- then per record: seq, partition key ('' when unpartitioned), field count,
@@ -25,15 +26,17 @@ while a <= #ARGV do
     fields[j] = ARGV[a + 2 + j]
   end
   a = a + 3 + n
-  local stream = KEYS[3 * i + 2]
-  local index = KEYS[3 * i + 3]
-  local wake = KEYS[3 * i + 4]
+  local stream = KEYS[4 * i + 2]
+  local index = KEYS[4 * i + 3]
+  local wake = KEYS[4 * i + 4]
+  local published = KEYS[4 * i + 5]
   i = i + 1
   if seq > mark then
     redis.call('XADD', stream, '*', unpack(fields))
     if key ~= '' then
       redis.call('SADD', index, key)
       redis.call('XADD', wake, 'MAXLEN', '~', ARGV[2], '*', 'k', key)
+      redis.call('INCR', published)
     end
     mark = seq
     redis.call('SET', KEYS[1], seq, 'PX', ARGV[1])

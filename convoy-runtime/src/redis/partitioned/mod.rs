@@ -289,7 +289,12 @@ impl Coordinator {
             .server
             .partitioning
             .partition_warning_threshold;
-        if members.len() as u64 > threshold && !self.warned {
+        let over = members.len() as u64 > threshold;
+        crate::metrics::partitions(s.category(), members.len(), over);
+        if !over {
+            self.warned = false;
+        }
+        if over && !self.warned {
             tracing::warn!(
                 category = s.category(),
                 partitions = members.len(),
@@ -330,6 +335,7 @@ impl Coordinator {
             }
             tracing::debug!(handler = s.group(), owned, target, "released surplus units");
         }
+        crate::metrics::owned(s.group(), self.owned());
     }
 
     /// Renews this instance's liveness (which keeps every lease it holds),
@@ -342,7 +348,16 @@ impl Coordinator {
         let now = now_ms();
         let sent = mono_ms();
         let set = keys::instances(s.group());
-        let (renewed, _, _, live, members): (Option<String>, i64, i64, i64, Vec<String>) = redis::pipe()
+        #[allow(clippy::type_complexity)]
+        let (renewed, _, _, live, members, published, acked): (
+            Option<String>,
+            i64,
+            i64,
+            i64,
+            Vec<String>,
+            Option<i64>,
+            Option<i64>,
+        ) = redis::pipe()
             .cmd("SET")
             .arg(&s.alive)
             .arg(1)
@@ -361,10 +376,19 @@ impl Coordinator {
             .arg(&set)
             .cmd("SMEMBERS")
             .arg(keys::partition_index(s.category()))
+            .cmd("GET")
+            .arg(keys::published(s.category()))
+            .cmd("GET")
+            .arg(keys::acked(s.group(), s.category()))
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("heartbeat failed", e))?;
         self.live = live.max(1) as usize;
+        crate::metrics::lag(
+            s.group(),
+            s.category(),
+            published.unwrap_or(0) - acked.unwrap_or(0),
+        );
         if renewed.is_some() {
             s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         }
@@ -383,9 +407,11 @@ impl Coordinator {
             u.stop.cancel();
             u.wake.notify_one();
         }
+        crate::metrics::lost(s.group(), self.units.len());
         for (_, u) in self.units.drain() {
             let _ = u.task.await;
         }
+        crate::metrics::owned(s.group(), 0);
         if let Err(e) = self.register().await {
             tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
         }
@@ -435,6 +461,7 @@ impl Coordinator {
             let head = fields.get(2).and_then(text).filter(|h| !h.is_empty());
             let failures = fields.get(3).and_then(int).unwrap_or(0).max(0) as u32;
             tracing::info!(handler = s.group(), key = %key, generation, halted, "lease acquired");
+            crate::metrics::acquired(s.group(), 1);
             let handle = worker::spawn(
                 s.clone(),
                 key.clone(),

@@ -139,6 +139,7 @@ impl Worker {
                 }
             }
             Exit::Lost => {
+                crate::metrics::lost(self.group(), 1);
                 tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "fenced out: another owner holds the unit");
             }
             Exit::Retired => {
@@ -174,6 +175,7 @@ impl Worker {
                 Ok(-1) => return Err(Exit::Lost),
                 Ok(0) => {}
                 Ok(n) => {
+                    crate::metrics::reclaimed(self.group(), n.max(0) as u64);
                     tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
                 }
                 Err(e) => {
@@ -381,6 +383,7 @@ impl Worker {
                                 "partition halted: the head failed after max_retries; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
                             );
                             self.halted.store(true, Ordering::SeqCst);
+                            crate::metrics::halted(self.group());
                             return Step::Halted;
                         }
                         let wait = retry.backoff(n);
@@ -435,6 +438,7 @@ impl Worker {
                     .key(stream)
                     .key(&self.unit)
                     .key(keys::groups(self.s.category()))
+                    .key(keys::acked(self.group(), self.s.category()))
                     .key(&self.s.alive)
                     .arg(&self.token)
                     .arg(self.group())

@@ -1,0 +1,99 @@
+//! Metrics, through the [`metrics`] facade: install any recorder (for
+//! example the Prometheus one with [`install_prometheus`], feature
+//! `prometheus`) and convoy's figures appear there.
+//!
+//! | name | kind | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `convoy_events_handled_total` | counter | `handler` | events a handler finished successfully |
+//! | `convoy_events_failed_total` | counter | `handler` | failed attempts (each retry counts) |
+//! | `convoy_handle_seconds` | histogram | `handler` | time spent in the handler per attempt |
+//! | `convoy_partitions_owned` | gauge | `handler` | partitions this instance owns |
+//! | `convoy_partitions` | gauge | `category` | live partitions in the category's index |
+//! | `convoy_partitions_halted_total` | counter | `handler` | partitions halted on a poison event |
+//! | `convoy_lease_acquired_total` | counter | `handler` | leases taken |
+//! | `convoy_lease_lost_total` | counter | `handler` | units given up because the fence refused this instance or its liveness lapsed |
+//! | `convoy_reclaimed_entries_total` | counter | `handler` | pending entries of earlier owners reclaimed on takeover |
+//! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions and not yet acknowledged by the handler |
+//! | `convoy_partition_warning` | gauge | `category` | 1 while the category has more live partitions than `partition_warning_threshold` |
+
+use std::time::Duration;
+
+/// Counter: events handled.
+pub const EVENTS_HANDLED: &str = "convoy_events_handled_total";
+/// Counter: failed attempts.
+pub const EVENTS_FAILED: &str = "convoy_events_failed_total";
+/// Histogram: handler time in seconds.
+pub const HANDLE_SECONDS: &str = "convoy_handle_seconds";
+/// Gauge: partitions owned by this instance.
+pub const PARTITIONS_OWNED: &str = "convoy_partitions_owned";
+/// Gauge: live partitions of a category.
+pub const PARTITIONS: &str = "convoy_partitions";
+/// Counter: partitions halted.
+pub const PARTITIONS_HALTED: &str = "convoy_partitions_halted_total";
+/// Counter: leases acquired.
+pub const LEASE_ACQUIRED: &str = "convoy_lease_acquired_total";
+/// Counter: leases lost.
+pub const LEASE_LOST: &str = "convoy_lease_lost_total";
+/// Counter: reclaimed entries.
+pub const RECLAIMED: &str = "convoy_reclaimed_entries_total";
+/// Gauge: lag per handler and category.
+pub const LAG: &str = "convoy_lag";
+/// Gauge: 1 while a category is over the partition warning threshold.
+pub const PARTITION_WARNING: &str = "convoy_partition_warning";
+
+pub(crate) fn handled(handler: &'static str, took: Duration) {
+    ::metrics::counter!(EVENTS_HANDLED, "handler" => handler).increment(1);
+    ::metrics::histogram!(HANDLE_SECONDS, "handler" => handler).record(took.as_secs_f64());
+}
+
+pub(crate) fn failed(handler: &'static str, took: Duration) {
+    ::metrics::counter!(EVENTS_FAILED, "handler" => handler).increment(1);
+    ::metrics::histogram!(HANDLE_SECONDS, "handler" => handler).record(took.as_secs_f64());
+}
+
+pub(crate) fn owned(handler: &'static str, n: usize) {
+    ::metrics::gauge!(PARTITIONS_OWNED, "handler" => handler).set(n as f64);
+}
+
+pub(crate) fn partitions(category: &'static str, n: usize, over_threshold: bool) {
+    ::metrics::gauge!(PARTITIONS, "category" => category).set(n as f64);
+    ::metrics::gauge!(PARTITION_WARNING, "category" => category).set(if over_threshold {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub(crate) fn halted(handler: &'static str) {
+    ::metrics::counter!(PARTITIONS_HALTED, "handler" => handler).increment(1);
+}
+
+pub(crate) fn acquired(handler: &'static str, n: usize) {
+    ::metrics::counter!(LEASE_ACQUIRED, "handler" => handler).increment(n as u64);
+}
+
+pub(crate) fn lost(handler: &'static str, n: usize) {
+    ::metrics::counter!(LEASE_LOST, "handler" => handler).increment(n as u64);
+}
+
+pub(crate) fn reclaimed(handler: &'static str, n: u64) {
+    ::metrics::counter!(RECLAIMED, "handler" => handler).increment(n);
+}
+
+pub(crate) fn lag(handler: &'static str, category: &'static str, n: i64) {
+    ::metrics::gauge!(LAG, "handler" => handler, "category" => category).set(n.max(0) as f64);
+}
+
+/// Serves every metric in the Prometheus text format at
+/// `http://{addr}/metrics`. Call it once, inside the tokio runtime, before
+/// the engine starts.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<(), crate::Error> {
+    ::metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| crate::Error::Config {
+            file: "<code>".into(),
+            message: format!("cannot serve Prometheus metrics on {addr}: {e}"),
+        })
+}
