@@ -411,7 +411,10 @@ mod tests {
             event: event.to_string(),
             instance: instance.to_string(),
         };
-        assert_eq!(windows, vec![w(10, 20, "a", "x"), w(15, u64::MAX, "b", "y")]);
+        assert_eq!(
+            windows,
+            vec![w(10, 20, "a", "x"), w(15, u64::MAX, "b", "y")]
+        );
     }
 
     #[test]
