@@ -98,7 +98,7 @@ impl ConsumerPlan {
                     name: d.name,
                     category: d.category,
                     key_field,
-                    reads_partitions: d.handles.iter().any(|m| keyed(m)),
+                    reads_partitions: d.handles.iter().any(keyed),
                     reads_base: d.handles.iter().any(|m| !keyed(m)),
                 }
             })

@@ -118,25 +118,24 @@ impl Registry {
                         type_category: m.category.to_owned(),
                     });
                 }
-                if let Some(field) = h.sequential_by {
-                    if !m.has_field(field) {
-                        problems.push(Problem::MissingKeyField {
-                            handler: h.name.to_owned(),
-                            type_name: m.type_name.to_owned(),
-                            field: field.to_owned(),
-                            available: m.fields.iter().map(|f| (*f).to_owned()).collect(),
-                        });
-                    }
+                if let Some(field) = h.sequential_by
+                    && !m.has_field(field)
+                {
+                    problems.push(Problem::MissingKeyField {
+                        handler: h.name.to_owned(),
+                        type_name: m.type_name.to_owned(),
+                        field: field.to_owned(),
+                        available: m.fields.iter().map(|f| (*f).to_owned()).collect(),
+                    });
                 }
-                if h.kind == HandlerKind::Command {
-                    if let Some(prev) = command_owner.insert(m.type_name, h.name) {
-                        if prev != h.name {
-                            problems.push(Problem::DuplicateCommandHandler {
-                                type_name: m.type_name.to_owned(),
-                                handlers: (prev.to_owned(), h.name.to_owned()),
-                            });
-                        }
-                    }
+                if h.kind == HandlerKind::Command
+                    && let Some(prev) = command_owner.insert(m.type_name, h.name)
+                    && prev != h.name
+                {
+                    problems.push(Problem::DuplicateCommandHandler {
+                        type_name: m.type_name.to_owned(),
+                        handlers: (prev.to_owned(), h.name.to_owned()),
+                    });
                 }
             }
             if let Some(field) = h.sequential_by {

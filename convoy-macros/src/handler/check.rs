@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
-use syn::spanned::Spanned;
 use syn::{
     FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
     ReceiverKind, ReturnType, Safety, Type,
@@ -129,8 +128,9 @@ fn impl_form<'a>(
     if let Some(unsafety) = &imp.unsafety {
         cx.error_spanned_by(unsafety, "a handler impl block cannot be `unsafe`");
     }
+    let generic = !imp.generics.params.is_empty();
     reject_generics(cx, &imp.generics, "convoy handlers cannot be generic");
-    let name = self_type_name(cx, &imp.self_ty);
+    let name = self_type_name(cx, &imp.self_ty, !generic);
     if let Some(handles) = args.and_then(|a| a.handles.as_ref()) {
         cx.error_at(
             handles.key,
@@ -142,12 +142,10 @@ fn impl_form<'a>(
     let mut marked = 0;
     for impl_item in &imp.items {
         match impl_item {
-            ImplItem::Fn(method) => {
-                if attr::handle_marker(cx, &method.attrs) {
-                    marked += 1;
-                    if let Some(h) = handler_method(cx, kind, method) {
-                        handled.push(h);
-                    }
+            ImplItem::Fn(method) if attr::handle_marker(cx, &method.attrs) => {
+                marked += 1;
+                if let Some(h) = handler_method(cx, kind, method) {
+                    handled.push(h);
                 }
             }
             ImplItem::Const(c) => reject_marker(cx, &c.attrs),
@@ -210,16 +208,20 @@ fn struct_form<'a>(
 }
 
 /// The name of an impl block's self type, which must be a plain path.
-fn self_type_name(cx: &Ctxt, ty: &Type) -> Option<String> {
-    if let Type::Path(path) = ty {
-        if path.qself.is_none() {
-            let last = path.path.segments.last()?;
-            if let PathArguments::None = last.arguments {
-                return Some(last.ident.unraw().to_string());
-            }
-            cx.error_spanned_by(&last.arguments, "convoy handlers cannot be generic");
-            return None;
+/// Generic arguments are reported when `report_arguments` (not when the
+/// impl's own generics were already reported).
+fn self_type_name(cx: &Ctxt, ty: &Type, report_arguments: bool) -> Option<String> {
+    if let Type::Path(path) = ty
+        && path.qself.is_none()
+    {
+        let last = path.path.segments.last()?;
+        if let PathArguments::None = last.arguments {
+            return Some(last.ident.unraw().to_string());
         }
+        if report_arguments {
+            cx.error_spanned_by(&last.arguments, "convoy handlers cannot be generic");
+        }
+        return None;
     }
     cx.error_spanned_by(
         ty,
@@ -244,6 +246,26 @@ fn reject_marker(cx: &Ctxt, attrs: &[syn::Attribute]) {
     }
 }
 
+/// Records the problems of one method, remembering whether there were any.
+struct Problems<'c> {
+    cx: &'c Ctxt,
+    found: bool,
+}
+
+impl Problems<'_> {
+    /// A problem with `tokens` (spanned across all of them).
+    fn on(&mut self, tokens: impl ToTokens, message: impl std::fmt::Display) {
+        self.cx.error_spanned_by(tokens, message);
+        self.found = true;
+    }
+
+    /// A problem at `span`.
+    fn at(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.cx.error_at(span, message);
+        self.found = true;
+    }
+}
+
 /// Checks a `#[handle]` method:
 /// `async fn name(&self, message: T [, ctx: &Context]) -> Result<(), E>`.
 fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<Handled<'a>> {
@@ -253,60 +275,50 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
         "`async fn {}(&self, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
         sig.ident
     );
-    let mut ok = true;
-    let mut fail = |span: Span, message: String| {
-        cx.error_at(span, message);
-        ok = false;
-    };
+    let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
+    let mut problems = Problems { cx, found: false };
 
     if let Some(constness) = &sig.constness {
-        fail(
-            constness.span,
-            "`#[handle]` methods cannot be `const`".to_owned(),
-        );
+        problems.on(constness, "`#[handle]` methods cannot be `const`");
     }
     if sig.asyncness.is_none() {
-        fail(
-            sig.fn_token.span,
+        problems.on(
+            sig.fn_token,
             format!("`#[handle]` methods must be `async`: {shape}"),
         );
     }
     if let Safety::Unsafe(unsafety) = &sig.safety {
-        fail(
-            unsafety.span,
-            "`#[handle]` methods cannot be `unsafe`".to_owned(),
-        );
+        problems.on(unsafety, "`#[handle]` methods cannot be `unsafe`");
     }
     if let Some(abi) = &sig.abi {
-        fail(
-            abi.extern_token.span,
-            "`#[handle]` methods cannot have an ABI".to_owned(),
-        );
+        problems.on(abi, "`#[handle]` methods cannot have an ABI");
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        fail(
-            sig.generics.span(),
-            "`#[handle]` methods cannot be generic: each handles one concrete type".to_owned(),
+    if !sig.generics.params.is_empty() {
+        problems.on(
+            &sig.generics,
+            "`#[handle]` methods cannot be generic: each handles one concrete type",
+        );
+    } else if let Some(where_clause) = &sig.generics.where_clause {
+        problems.on(
+            where_clause,
+            "`#[handle]` methods cannot be generic: each handles one concrete type",
         );
     }
     if let Some(variadic) = &sig.variadic {
-        fail(
-            variadic.span(),
-            "`#[handle]` methods cannot be variadic".to_owned(),
-        );
+        problems.on(variadic, "`#[handle]` methods cannot be variadic");
     }
 
     let mut inputs = sig.inputs.iter();
     match inputs.next() {
         Some(FnArg::Receiver(receiver)) => match &receiver.kind {
             ReceiverKind::Reference(_, _, None) if receiver.mutability.is_none() => {}
-            ReceiverKind::Reference(_, _, Some(_)) => fail(
-                receiver.span(),
-                "`#[handle]` methods take `&self`, not `&mut self`: a handler runs for many partitions at once, so keep mutable state behind a lock".to_owned(),
+            ReceiverKind::Reference(_, _, Some(_)) => problems.on(
+                receiver,
+                "`#[handle]` methods take `&self`, not `&mut self`: a handler runs for many partitions at once, so keep mutable state behind a lock",
             ),
-            _ => fail(receiver.span(), format!("`#[handle]` methods take `&self`: {shape}")),
+            _ => problems.on(receiver, format!("`#[handle]` methods take `&self`: {shape}")),
         },
-        _ => fail(
+        _ => problems.at(
             sig.paren_token.span.join(),
             format!("`#[handle]` methods take `&self` first: {shape}"),
         ),
@@ -315,27 +327,24 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
     let message_ty = match inputs.next() {
         Some(FnArg::Typed(arg)) => match &*arg.ty {
             Type::Reference(r) => {
-                fail(
-                    r.and_token.span,
+                problems.on(
+                    r.and_token,
                     format!("the {noun} is passed by value: remove the `&`"),
                 );
                 None
             }
             Type::ImplTrait(_) | Type::Infer(_) => {
-                fail(arg.ty.span(), format!("name the {noun} type here: {shape}"));
+                problems.on(&arg.ty, format!("name the {noun} type here: {shape}"));
                 None
             }
             ty => Some(ty),
         },
         Some(other) => {
-            fail(
-                other.span(),
-                format!("expected the {noun} argument: {shape}"),
-            );
+            problems.on(other, format!("expected the {noun} argument: {shape}"));
             None
         }
         None => {
-            fail(
+            problems.at(
                 sig.paren_token.span.join(),
                 format!("missing the {noun} argument: {shape}"),
             );
@@ -348,46 +357,42 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
         Some(FnArg::Typed(arg)) => {
             match &*arg.ty {
                 Type::Reference(r) if r.mutability.is_none() => {}
-                other => fail(
-                    other.span(),
-                    "the argument after the message is the handler context, taken by shared reference: `ctx: &Context`".to_owned(),
+                other => problems.on(
+                    other,
+                    "the argument after the message is the handler context, taken by shared reference: `ctx: &Context`",
                 ),
             }
             true
         }
         Some(other) => {
-            fail(
-                other.span(),
-                "the argument after the message is the handler context: `ctx: &Context`".to_owned(),
+            problems.on(
+                other,
+                "the argument after the message is the handler context: `ctx: &Context`",
             );
             true
         }
     };
-    if let Some(extra) = inputs.next() {
-        fail(extra.span(), format!("too many arguments: {shape}"));
+    let extra: TokenStream = inputs.map(ToTokens::to_token_stream).collect();
+    if !extra.is_empty() {
+        problems.on(&extra, format!("too many arguments: {shape}"));
     }
 
     let output = match &sig.output {
-        ReturnType::Type(_, ty) if !matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
-            Some(&**ty)
-        }
-        ReturnType::Type(_, ty) => {
-            fail(
-                ty.span(),
-                "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`".to_owned(),
-            );
+        ReturnType::Type(_, ty) if matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
+            problems.on(ty, returns);
             None
         }
+        ReturnType::Type(_, ty) => Some(&**ty),
         ReturnType::Default => {
-            fail(
+            problems.at(
                 sig.paren_token.span.close(),
-                "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`: add `-> Result<(), HandlerError>`".to_owned(),
+                format!("{returns}: add `-> Result<(), HandlerError>`"),
             );
             None
         }
     };
 
-    if !ok {
+    if problems.found {
         return None;
     }
     Some(Handled {
@@ -449,8 +454,8 @@ pub(crate) fn field_checks(handler: &Handler<'_>) -> TokenStream {
         quote_spanned! {span=>
             #[doc(hidden)]
             #[allow(dead_code, non_snake_case, clippy::all)]
-            fn #check(__e: &#ty) {
-                __convoy_assert_key(&__e.#field)
+            fn #check(__convoy_event: &#ty) {
+                __convoy_assert_key(&__convoy_event.#field)
             }
         }
     });

@@ -57,33 +57,55 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         let ty = h.ty;
         let call = match &h.call {
             Call::Method {
-                ident,
-                with_ctx,
-                output,
+                ident, with_ctx, ..
             } => {
-                // Spanned at the declared return type: an error type that
-                // does not convert into `HandlerError` is reported there.
-                let into = quote_spanned!(span_range(*output).0=> ::convoy_runtime::__private::into_handler_result);
                 let ctx = with_ctx.then(|| quote!(, __convoy_ctx));
-                quote!(#into(Self::#ident(self, __message #ctx).await))
+                quote!(Self::#ident(self, __convoy_message #ctx).await)
             }
             Call::HandleTrait => {
-                // Spanned at the entry of `handles = [..]`: a missing
+                // Spanned across the entry of `handles = [..]`: a missing
                 // `Handle<T>` impl is reported there.
                 let (first, last) = span_range(ty);
                 let head = quote_spanned!(first=> <Self as ::convoy_runtime::Handle<);
-                let tail = quote_spanned!(last=> >>::handle);
-                quote! {
-                    ::convoy_runtime::__private::into_handler_result(
-                        #head #ty #tail(self, __message, __convoy_ctx).await
-                    )
-                }
+                let tail =
+                    quote_spanned!(last=> >>::handle(self, __convoy_message, __convoy_ctx).await);
+                quote!(#head #ty #tail)
             }
         };
+        // For a method, the conversion of its result is spanned across the
+        // declared return type, so an error type that does not convert into
+        // `HandlerError` is reported there. (`identity(..)` only gives the
+        // argument a span running from the type's first token to its last.)
+        let into_result = match &h.call {
+            Call::Method { output, .. } => {
+                let (first, last) = span_range(output);
+                let into = quote_spanned!(first=> ::convoy_runtime::__private::into_handler_result);
+                let identity = quote_spanned!(first=> ::core::convert::identity);
+                let args = quote_spanned!(last=> (__convoy_result));
+                quote!(#into(#identity #args))
+            }
+            Call::HandleTrait => {
+                quote!(::convoy_runtime::__private::into_handler_result(
+                    __convoy_result
+                ))
+            }
+        };
+        // One boxed future per message type. For a method it is spanned at
+        // the method's name, so a handler future that is not `Send` is
+        // reported there (with rustc's note on the offending `.await`).
+        let box_span = match &h.call {
+            Call::Method { ident, .. } => ident.span(),
+            Call::HandleTrait => Span::call_site(),
+        };
+        let body = quote! {
+            let __convoy_message: #ty = (#c.decode)(__convoy_envelope)?;
+            let __convoy_result = #call;
+            #into_result
+        };
+        let boxed = quote_spanned!(box_span=> ::std::boxed::Box::pin(async move { #body }));
         quote! {
             if __convoy_envelope.type_name == #c.descriptor.type_name {
-                let __message: #ty = (#c.decode)(__convoy_envelope)?;
-                return #call;
+                return #boxed;
             }
         }
     });
@@ -126,10 +148,10 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                         ::convoy_runtime::HandlerError,
                     >,
                 > {
-                    ::std::boxed::Box::pin(async move {
-                        #(#branches)*
-                        ::core::result::Result::Ok(::convoy_runtime::__private::Dispatched::NotHandled)
-                    })
+                    #(#branches)*
+                    ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Ok(
+                        ::convoy_runtime::__private::Dispatched::NotHandled,
+                    )))
                 }
             }
 
@@ -255,14 +277,14 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("Self :: placed (self , __message , __convoy_ctx) . await"),
+            out.contains("Self :: placed (self , __convoy_message , __convoy_ctx) . await"),
             "{out}"
         );
         assert!(
-            out.contains("Self :: shipped (self , __message) . await"),
+            out.contains("Self :: shipped (self , __convoy_message) . await"),
             "{out}"
         );
-        assert!(out.contains("fn __convoy_check_key_1 (__e : & OrderShipped) { __convoy_assert_key (& __e . client_id) }"), "{out}");
+        assert!(out.contains("fn __convoy_check_key_1 (__convoy_event : & OrderShipped) { __convoy_assert_key (& __convoy_event . client_id) }"), "{out}");
         assert!(out.contains("inventory :: submit !"), "{out}");
     }
 
@@ -281,7 +303,7 @@ mod tests {
             out.contains("impl :: convoy_runtime :: CommandHandler for Orders"),
             "{out}"
         );
-        assert!(out.contains("< Self as :: convoy_runtime :: Handle < PlaceOrder >> :: handle (self , __message , __convoy_ctx) . await"), "{out}");
+        assert!(out.contains("< Self as :: convoy_runtime :: Handle < PlaceOrder >> :: handle (self , __convoy_message , __convoy_ctx) . await"), "{out}");
         assert!(
             out.contains("sequential_by : :: core :: option :: Option :: None"),
             "{out}"

@@ -43,7 +43,7 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
 
     let partition_key = if message.fields.is_empty() {
         quote! {
-            let _ = field;
+            let _ = __convoy_field;
             ::core::option::Option::None
         }
     } else {
@@ -57,7 +57,7 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
             // `ViaFallback` (one more reference away) to every other type.
             #[allow(unused_imports)]
             use ::convoy_runtime::__private::{ViaFallback as _, ViaPartitionKey as _};
-            match field {
+            match __convoy_field {
                 #(#arms)*
                 _ => ::core::option::Option::None,
             }
@@ -76,13 +76,13 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
                         type_name: #type_name,
                         rust_path: ::core::concat!(::core::module_path!(), "::", #rust_name),
                         kind: #kind,
-                        category: <<Self as ::convoy_runtime::Message>::Aggregate as ::convoy_runtime::Aggregate>::CATEGORY,
+                        category: ::convoy_runtime::__private::category_of::<Self>(),
                         fields: &[#(#names),*],
                     };
 
                 fn partition_key(
                     &self,
-                    field: &str,
+                    __convoy_field: &str,
                 ) -> ::core::option::Option<::core::option::Option<::std::string::String>> {
                     #partition_key
                 }

@@ -101,7 +101,7 @@ pub(super) fn spawn(
         max_unacked: 1,
     };
     w.max_unacked = max_unacked;
-    let handle = UnitHandle {
+    UnitHandle {
         token,
         wake: w.wake.clone(),
         stop: w.stop.clone(),
@@ -113,8 +113,7 @@ pub(super) fn spawn(
             w.run().await;
             let _ = exits.send((key, token));
         }),
-    };
-    handle
+    }
 }
 
 impl Worker {

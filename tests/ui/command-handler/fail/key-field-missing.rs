@@ -23,12 +23,12 @@ pub struct Orders;
 #[command_handler(part_of = Order, sequential_by = "client_id")]
 impl Orders {
     #[handle]
-    async fn place(&self, command: PlaceOrder, ctx: &Context) -> Result<(), HandlerError> {
+    async fn place(&self, _command: PlaceOrder, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 
     #[handle]
-    async fn cancel(&self, command: CancelOrder, ctx: &Context) -> Result<(), HandlerError> {
+    async fn cancel(&self, _command: CancelOrder, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ pub struct Orders;
 #[command_handler(part_of = Order, sequential_by = true)]
 impl Orders {
     #[handle]
-    async fn place(&self, command: PlaceOrder, ctx: &Context) -> Result<(), HandlerError> {
+    async fn place(&self, _command: PlaceOrder, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

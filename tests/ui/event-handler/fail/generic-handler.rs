@@ -19,7 +19,7 @@ pub struct ClientLedger<Db> {
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl<Db: Send + Sync + 'static> ClientLedger<Db> {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

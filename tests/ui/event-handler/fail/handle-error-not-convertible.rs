@@ -20,7 +20,7 @@ pub struct ClientLedger;
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), LedgerFault> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), LedgerFault> {
         Err(LedgerFault)
     }
 }

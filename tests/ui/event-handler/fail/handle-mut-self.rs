@@ -19,7 +19,7 @@ pub struct ClientLedger {
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl ClientLedger {
     #[handle]
-    async fn placed(&mut self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&mut self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         self.seen += 1;
         Ok(())
     }

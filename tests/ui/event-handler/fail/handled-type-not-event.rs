@@ -22,12 +22,12 @@ pub struct ClientLedger;
 #[event_handler(part_of = Order)]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 
     #[handle]
-    async fn audited(&self, line: AuditLine, ctx: &Context) -> Result<(), HandlerError> {
+    async fn audited(&self, _line: AuditLine, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -21,7 +21,7 @@ async fn audit() {}
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         let local = Rc::new(event.client_id);
         audit().await;
         drop(local);

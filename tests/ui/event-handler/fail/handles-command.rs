@@ -23,12 +23,12 @@ pub struct ClientLedger;
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 
     #[handle]
-    async fn place(&self, command: PlaceOrder, ctx: &Context) -> Result<(), HandlerError> {
+    async fn place(&self, _command: PlaceOrder, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

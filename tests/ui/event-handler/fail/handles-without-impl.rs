@@ -23,7 +23,7 @@ pub struct OrderShipped {
 pub struct ClientLedger;
 
 impl Handle<OrderPlaced> for ClientLedger {
-    async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn handle(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

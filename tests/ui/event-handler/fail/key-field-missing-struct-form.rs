@@ -23,13 +23,13 @@ pub struct OrderShipped {
 pub struct ClientLedger;
 
 impl Handle<OrderPlaced> for ClientLedger {
-    async fn handle(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn handle(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }
 
 impl Handle<OrderShipped> for ClientLedger {
-    async fn handle(&self, event: OrderShipped, ctx: &Context) -> Result<(), HandlerError> {
+    async fn handle(&self, _event: OrderShipped, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

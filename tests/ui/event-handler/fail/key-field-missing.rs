@@ -24,12 +24,12 @@ pub struct ClientLedger;
 #[event_handler(part_of = Order, sequential_by = "client_id")]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 
     #[handle]
-    async fn shipped(&self, event: OrderShipped, ctx: &Context) -> Result<(), HandlerError> {
+    async fn shipped(&self, _event: OrderShipped, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ pub struct PriceBook;
 #[event_handler(part_of = Order, sequential_by = "price")]
 impl PriceBook {
     #[handle]
-    async fn priced(&self, event: OrderPriced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn priced(&self, _event: OrderPriced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ pub struct ClientLedger;
 #[event_handler(part_of = Order, sequential_by = client_id)]
 impl ClientLedger {
     #[handle]
-    async fn placed(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
         Ok(())
     }
 }

@@ -1,16 +1,18 @@
-// The generated code does not depend on the user's names: locals, constants
-// and types called `envelope`, `ctx`, `field`, `Result`, `Option`, `Box`,
-// `Some`, `None`, `Ok`, `Err`, `Envelope`, `Context` or `String` change
+// The generated code does not depend on the user's names: arguments called
+// `envelope` and `ctx`, constants called `field`, `message`, `event` or
+// `result` (which would capture a binding of that name), and types called
+// `Result`, `Option`, `Box`, `Some`, `None`, `Ok`, `Err`, `Envelope`,
+// `Context`, `Send`, `Sync` or `String`, or a module called `core`, change
 // nothing.
 #![allow(non_upper_case_globals, non_camel_case_types, dead_code)]
 
 use convoy_runtime::{Aggregate, Event, HandlerError, event_handler};
 use serde::{Deserialize, Serialize};
 
-const envelope: u8 = 0;
-const ctx: u8 = 0;
 const field: u8 = 0;
-const __message: u8 = 0;
+const message: u8 = 0;
+const event: u8 = 0;
+const result: u8 = 0;
 
 pub struct Option;
 pub struct Box;

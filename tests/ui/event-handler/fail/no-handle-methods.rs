@@ -1,0 +1,24 @@
+// An impl block without any `#[handle]` method handles nothing.
+use convoy_runtime::{Aggregate, Context, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+
+#[derive(Aggregate)]
+pub struct Order;
+
+#[derive(Event, Serialize, Deserialize)]
+#[event(part_of = Order)]
+pub struct OrderPlaced {
+    pub order_id: String,
+    pub client_id: String,
+}
+
+pub struct ClientLedger;
+
+#[event_handler(part_of = Order, sequential_by = "client_id")]
+impl ClientLedger {
+    async fn placed(&self, _event: OrderPlaced, _ctx: &Context) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+fn main() {}
