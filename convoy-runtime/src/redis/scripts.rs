@@ -68,8 +68,12 @@ mod tests {
             .invoke_async(c)
             .await
             .expect("acquire");
-        let Value::Array(items) = v else { panic!("{v:?}") };
-        let Some(Value::Array(first)) = items.first() else { panic!("{items:?}") };
+        let Value::Array(items) = v else {
+            panic!("{v:?}")
+        };
+        let Some(Value::Array(first)) = items.first() else {
+            panic!("{items:?}")
+        };
         first.first().and_then(super::super::reply::text)
     }
 
@@ -109,7 +113,11 @@ mod tests {
         assert_eq!(new, "b:2");
         cmd(&mut c, &["SET", ALIVE_A, "1"]).await;
 
-        assert_eq!(read(&mut c, &old, ALIVE_A).await, vec![Value::Int(-1)], "stale read refused");
+        assert_eq!(
+            read(&mut c, &old, ALIVE_A).await,
+            vec![Value::Int(-1)],
+            "stale read refused"
+        );
         let ack: i64 = SCRIPTS
             .ack
             .key(LEASE)
