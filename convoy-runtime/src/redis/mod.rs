@@ -9,7 +9,7 @@
 //! # Consumers
 //!
 //! For a handler on a partitioned category, one coordinator per engine
-//! instance ([`partitioned`]):
+//! instance (module `partitioned`):
 //!
 //! - discovers partitions from the index (never SCAN/KEYS) every heartbeat
 //!   and when a wake-up names an unknown key;
@@ -25,7 +25,7 @@
 //!
 //! Events of a category that carry no key, and categories no handler
 //! partitions, go through an ordinary consumer group on `{category}`
-//! ([`plain`]) with retries and then `{category}:dlq`.
+//! (module `plain`) with retries and then `{category}:dlq`.
 
 pub mod keys;
 mod partitioned;
