@@ -1,5 +1,5 @@
 //! Metrics, through the [`metrics`] facade: install any recorder (for
-//! example the Prometheus one with [`install_prometheus`], feature
+//! example the Prometheus one with `install_prometheus`, feature
 //! `prometheus`) and convoy's figures appear there.
 //!
 //! | name | kind | labels | meaning |

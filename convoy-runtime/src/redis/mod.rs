@@ -27,6 +27,7 @@
 //! partitions, go through an ordinary consumer group on `{category}`
 //! (module `plain`) with retries and then `{category}:dlq`.
 
+pub mod admin;
 pub mod keys;
 mod partitioned;
 mod plain;

@@ -16,6 +16,9 @@ pub(crate) struct Scripts {
     pub(crate) reap: Script,
     pub(crate) plain_ack: Script,
     pub(crate) dead_letter: Script,
+    pub(crate) skip: Script,
+    pub(crate) dead_letter_head: Script,
+    pub(crate) replay: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -29,6 +32,9 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reap: Script::new(include_str!("lua/reap.lua")),
     plain_ack: Script::new(include_str!("lua/plain_ack.lua")),
     dead_letter: Script::new(include_str!("lua/dead_letter.lua")),
+    skip: Script::new(include_str!("lua/skip.lua")),
+    dead_letter_head: Script::new(include_str!("lua/dead_letter_head.lua")),
+    replay: Script::new(include_str!("lua/replay.lua")),
 });
 
 #[cfg(all(test, feature = "testing"))]

@@ -1,0 +1,258 @@
+//! The command line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const AFTER_HELP: &str = "\
+Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config.
+
+Exit codes: 0 done; 1 refused, declined or failed (nothing was changed unless
+the message says so); 2 Redis cannot be reached; 64 bad arguments.";
+
+/// Inspect and unwedge convoy's per-key partitions on Redis.
+///
+/// A partition halts when its head event fails past `max_retries`: the head
+/// stays pending and nothing behind it runs. Look at it with `inspect`, then
+/// `skip` it or move it to the key's dead letter stream with `dead-letter`;
+/// the owner resumes with the next event, in order. Every action is recorded
+/// in the `convoy:audit` stream.
+#[derive(Debug, Parser)]
+#[command(name = "convoy", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Where Redis is and who is acting.
+    #[command(flatten)]
+    pub conn: Connection,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Connection and identity options (accepted before or after the command).
+#[derive(Debug, Args)]
+pub struct Connection {
+    /// Redis URL (redis:// or rediss://, user, password and db in the URL).
+    #[arg(
+        long,
+        global = true,
+        env = "CONVOY_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub redis_url: Option<String>,
+    /// The domain configuration: broker URL, TLS CA, backfill lane suffix.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        default_value = "domain.toml"
+    )]
+    pub config: PathBuf,
+    /// Who is acting, recorded in the audit stream [default: $USER].
+    #[arg(long, global = true, value_name = "NAME")]
+    pub operator: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List a category's live partitions for every handler: owner,
+    /// generation, lease left, length, pending, lag, halt; with totals.
+    Partitions {
+        /// The category (aggregate stream name), e.g. `order`.
+        category: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a partition's head event (decoded), its delivery count, the
+    /// unit's attempts and last error.
+    Inspect {
+        /// The category.
+        category: String,
+        /// The partition key, e.g. a client id.
+        key: String,
+        /// The handler (consumer group); optional when unambiguous.
+        #[command(flatten)]
+        handler: HandlerArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Acknowledge a halted partition's head without running it; the
+    /// partition resumes with its next event.
+    Skip(HeadArgs),
+    /// Move a halted partition's head to `{category}:{key}:dlq` and
+    /// acknowledge it; the partition resumes with its next event.
+    DeadLetter(HeadArgs),
+    /// List dead letters: `{category}:{key}:dlq` with a key, else the
+    /// category's `{category}:dlq` (ordinary handlers').
+    Dlq {
+        /// The category.
+        category: String,
+        /// The partition key.
+        key: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a dead letter back at the tail of its partition, on purpose.
+    /// Every handler of the category receives it again.
+    Replay {
+        /// The category.
+        category: String,
+        /// The partition key.
+        key: String,
+        /// The dead letter's id (from `convoy dlq`).
+        entry_id: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Show the latest operator actions (the `convoy:audit` stream).
+    Audit {
+        /// How many records.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `--handler`.
+#[derive(Debug, Args)]
+pub struct HandlerArg {
+    /// The handler (consumer group), by full name or last `::` segment;
+    /// optional when the category has one handler, or one halted for the
+    /// key.
+    #[arg(long, value_name = "NAME")]
+    pub handler: Option<String>,
+}
+
+/// Arguments of `skip` and `dead-letter`.
+#[derive(Debug, Args)]
+pub struct HeadArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key.
+    pub key: String,
+    /// The handler (consumer group).
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// Act on a partition that is not halted (on its head): its owner is
+    /// fenced out first, and the event it has in flight may still take
+    /// effect.
+    #[arg(long)]
+    pub force: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("convoy").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn partitions_with_json_and_global_options_anywhere() {
+        let cli = parse(&[
+            "--redis-url",
+            "redis://h/0",
+            "partitions",
+            "order",
+            "--json",
+            "--operator",
+            "alice",
+        ])
+        .expect("parses");
+        assert_eq!(cli.conn.redis_url.as_deref(), Some("redis://h/0"));
+        assert_eq!(cli.conn.operator.as_deref(), Some("alice"));
+        assert_eq!(cli.conn.config, PathBuf::from("domain.toml"));
+        match cli.command {
+            Command::Partitions { category, json } => {
+                assert_eq!(category, "order");
+                assert!(json);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn skip_and_dead_letter_flags() {
+        let cli = parse(&[
+            "skip",
+            "order",
+            "acme",
+            "--handler",
+            "Ledger",
+            "--force",
+            "-y",
+        ])
+        .expect("parses");
+        let Command::Skip(a) = cli.command else {
+            panic!("not skip")
+        };
+        assert_eq!((a.category.as_str(), a.key.as_str()), ("order", "acme"));
+        assert_eq!(a.handler.handler.as_deref(), Some("Ledger"));
+        assert!(a.force && a.yes);
+
+        let cli = parse(&["dead-letter", "order", "acme"]).expect("parses");
+        let Command::DeadLetter(a) = cli.command else {
+            panic!("not dead-letter")
+        };
+        assert!(!a.force && !a.yes);
+        assert_eq!(a.handler.handler, None);
+    }
+
+    #[test]
+    fn dlq_key_is_optional_and_replay_needs_an_entry() {
+        let cli = parse(&["dlq", "order"]).expect("parses");
+        assert!(matches!(cli.command, Command::Dlq { key: None, .. }));
+        let cli = parse(&["dlq", "order", "acme", "--json"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Dlq {
+                key: Some(_),
+                json: true,
+                ..
+            }
+        ));
+        let e = parse(&["replay", "order", "acme"]).expect_err("no entry id");
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let cli = parse(&["replay", "order", "acme", "1-0", "--yes"]).expect("parses");
+        assert!(matches!(cli.command, Command::Replay { yes: true, .. }));
+    }
+
+    #[test]
+    fn mistakes_are_usage_errors() {
+        for args in [
+            &["inspect", "order"][..],
+            &["skip", "order", "acme", "--frce"],
+            &["partitions"],
+            &["frobnicate"],
+        ] {
+            let e = parse(args).expect_err("usage error");
+            assert!(e.use_stderr(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn help_names_the_environment_variable_and_exit_codes() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("CONVOY_REDIS_URL"), "{help}");
+        assert!(help.contains("Exit codes"), "{help}");
+    }
+}

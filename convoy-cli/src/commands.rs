@@ -1,0 +1,460 @@
+//! The commands: connect, ask, act, render.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use convoy_runtime::Config;
+use convoy_runtime::config::redact_url;
+use convoy_runtime::redis::admin::{Admin, AdminError, HeadOp, HeadRequest};
+
+use crate::cli::{Cli, Command, Connection, HeadArgs};
+use crate::render;
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// From the admin API (Redis, refusals, handler resolution).
+    #[error(transparent)]
+    Admin(Box<AdminError>),
+    /// The configuration file could not be used.
+    #[error(transparent)]
+    Config(convoy_runtime::Error),
+    /// No Redis URL anywhere.
+    #[error(
+        "no Redis URL: pass --redis-url, set CONVOY_REDIS_URL, or set [broker] url in {config} (or point --config at the domain's file)"
+    )]
+    NoUrl {
+        /// The configuration file looked at.
+        config: String,
+    },
+    /// The configuration names the inline broker.
+    #[error(
+        "{config} uses the inline broker, which has no partitions to operate; pass --redis-url or set CONVOY_REDIS_URL"
+    )]
+    Inline {
+        /// The configuration file.
+        config: String,
+    },
+    /// Not confirmed, and no way to ask.
+    #[error(
+        "refusing to {action} without confirmation: standard input is not a terminal; pass --yes to confirm"
+    )]
+    NotConfirmed {
+        /// What would have been done.
+        action: &'static str,
+    },
+    /// The operator answered no.
+    #[error("{action} declined; nothing was changed")]
+    Declined {
+        /// What would have been done.
+        action: &'static str,
+    },
+    /// Reading the answer or writing output failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// JSON output failed.
+    #[error("cannot render JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl From<AdminError> for CliError {
+    fn from(e: AdminError) -> Self {
+        CliError::Admin(Box::new(e))
+    }
+}
+
+impl CliError {
+    /// 2 when Redis cannot be reached, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Admin(e) if e.is_unreachable() => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Where to connect.
+#[derive(Debug)]
+struct Target {
+    url: String,
+    ca_file: Option<String>,
+    backfill_suffix: String,
+}
+
+/// The URL from the flag or the environment (clap reads both), else from
+/// the configuration file; the backfill suffix and TLS CA from the file.
+fn target(conn: &Connection) -> Result<Target, CliError> {
+    let shown = conn.config.display().to_string();
+    let config = load_config(&conn.config)?;
+    let suffix = config.server.priority_lanes.backfill_suffix.clone();
+    if let Some(url) = &conn.redis_url {
+        return Ok(Target {
+            url: url.clone(),
+            ca_file: None,
+            backfill_suffix: suffix,
+        });
+    }
+    match config.broker.url.as_str() {
+        "inline" if conn.config.exists() => Err(CliError::Inline { config: shown }),
+        "inline" => Err(CliError::NoUrl { config: shown }),
+        url => Ok(Target {
+            url: url.to_owned(),
+            ca_file: config.broker.tls_ca_file.clone(),
+            backfill_suffix: suffix,
+        }),
+    }
+}
+
+/// The configuration, or every default when the file does not exist.
+fn load_config(path: &Path) -> Result<Config, CliError> {
+    Config::from_file(path).map_err(CliError::Config)
+}
+
+async fn connect(t: &Target) -> Result<Admin, CliError> {
+    let admin = match &t.ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| {
+                CliError::Config(convoy_runtime::Error::Config {
+                    file: "[broker] tls_ca_file".into(),
+                    message: format!("{path:?} cannot be read: {e}"),
+                })
+            })?;
+            Admin::connect_with_ca(&t.url, pem).await?
+        }
+        None => Admin::connect(&t.url).await?,
+    };
+    Ok(admin.backfill_suffix(t.backfill_suffix.clone()))
+}
+
+/// The operator's name: `--operator`, else `$USER`, else `$LOGNAME`.
+fn operator(conn: &Connection) -> String {
+    conn.operator
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// Runs one command; the text for stdout is printed here.
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let target = target(&cli.conn)?;
+    let admin = connect(&target).await?;
+    let who = operator(&cli.conn);
+    let out = match cli.command {
+        Command::Partitions { category, json } => {
+            let report = admin.partitions(&category).await?;
+            if json {
+                render::json(&report)?
+            } else {
+                render::partitions(&report)
+            }
+        }
+        Command::Inspect {
+            category,
+            key,
+            handler,
+            json,
+        } => {
+            let group = admin
+                .resolve_group(&category, Some(&key), handler.handler.as_deref())
+                .await?;
+            let i = admin.inspect(&category, &key, &group).await?;
+            if json {
+                render::json(&i)?
+            } else {
+                render::inspection(&category, &i)
+            }
+        }
+        Command::Skip(args) => head_action(&admin, HeadOp::Skip, &args, &who).await?,
+        Command::DeadLetter(args) => head_action(&admin, HeadOp::DeadLetter, &args, &who).await?,
+        Command::Dlq {
+            category,
+            key,
+            json,
+        } => {
+            let letters = admin.dlq(&category, key.as_deref()).await?;
+            if json {
+                render::json(&letters)?
+            } else {
+                let stream = match &key {
+                    Some(k) => format!("{category}:{k}:dlq"),
+                    None => format!("{category}:dlq"),
+                };
+                render::dead_letters(&stream, &letters)
+            }
+        }
+        Command::Replay {
+            category,
+            key,
+            entry_id,
+            yes,
+        } => {
+            let letters = admin.dlq(&category, Some(&key)).await?;
+            let Some(letter) = letters.iter().find(|l| l.dlq_id == entry_id) else {
+                return Err(AdminError::NoSuchDeadLetter {
+                    category: category.clone(),
+                    key: key.clone(),
+                    stream: format!("{category}:{key}:dlq"),
+                    id: entry_id,
+                }
+                .into());
+            };
+            let handlers = admin.groups(&category).await?.len();
+            confirm(
+                &render::replay_question(&category, &key, letter, handlers),
+                yes,
+                "replay",
+            )?;
+            let o = admin.replay(&category, &key, &entry_id, &who).await?;
+            render::replay_outcome(&o)
+        }
+        Command::Audit { limit, json } => {
+            let records = admin.audit(limit).await?;
+            if json {
+                render::json(&records)?
+            } else {
+                render::audit(&records)
+            }
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes())?;
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Skip or dead-letter: resolve the handler, look at the head, check it
+/// is halted there (or `--force`), confirm, then act only if the head is
+/// still the entry confirmed.
+async fn head_action(
+    admin: &Admin,
+    op: HeadOp,
+    args: &HeadArgs,
+    who: &str,
+) -> Result<String, CliError> {
+    let (category, key) = (args.category.as_str(), args.key.as_str());
+    let group = admin
+        .resolve_group(category, Some(key), args.handler.handler.as_deref())
+        .await?;
+    let i = admin.inspect(category, key, &group).await?;
+    let Some(head) = &i.head else {
+        return Err(AdminError::NothingToDo {
+            category: category.to_owned(),
+            key: key.to_owned(),
+            group,
+        }
+        .into());
+    };
+    let s = &i.status;
+    let on_halt = s.halted && head.pending && s.halt_entry.as_deref() == Some(&head.entry_id);
+    if !on_halt && !args.force {
+        // The script checks this again, atomically; refusing here spares
+        // the question.
+        return Err(if s.halted {
+            AdminError::HeadMoved {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                group,
+                halt_entry: s.halt_entry.clone().unwrap_or_default(),
+                head: head.entry_id.clone(),
+            }
+        } else {
+            AdminError::NotHalted {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                group,
+            }
+        }
+        .into());
+    }
+    let mut err = std::io::stderr().lock();
+    err.write_all(render::head_summary(category, &i, head).as_bytes())?;
+    if !on_halt {
+        err.write_all(render::force_warning(&i).as_bytes())?;
+    }
+    drop(err);
+    let action = match op {
+        HeadOp::Skip => "skip",
+        HeadOp::DeadLetter => "dead-letter",
+    };
+    confirm(
+        &render::head_question(op, category, &i, head),
+        args.yes,
+        action,
+    )?;
+    let outcome = admin
+        .act_on_head(
+            op,
+            &HeadRequest {
+                category,
+                key,
+                group: &group,
+                force: args.force,
+                operator: who,
+                expect_entry: Some(&head.entry_id),
+            },
+        )
+        .await?;
+    Ok(render::head_outcome(category, key, &group, &outcome))
+}
+
+/// Asks on the terminal unless `yes`; refuses without a terminal.
+fn confirm(question: &str, yes: bool, action: &'static str) -> Result<(), CliError> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(CliError::NotConfirmed { action });
+    }
+    ask(question, &mut stdin.lock(), &mut std::io::stderr(), action)
+}
+
+/// Writes the question, reads one line: `y` or `yes` proceeds, anything
+/// else declines, end of input refuses.
+fn ask(
+    question: &str,
+    input: &mut impl BufRead,
+    output: &mut impl Write,
+    action: &'static str,
+) -> Result<(), CliError> {
+    write!(output, "{question} [y/N] ")?;
+    output.flush()?;
+    let mut line = String::new();
+    if input.read_line(&mut line)? == 0 {
+        writeln!(output)?;
+        return Err(CliError::NotConfirmed { action });
+    }
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(CliError::Declined { action }),
+    }
+}
+
+/// An error as one line: its chain of causes joined with `: `, control
+/// characters flattened, and the URL's password (if any) hidden even when a
+/// cause quotes it.
+pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    if let Some(url) = url
+        && let Some(password) = password(url)
+    {
+        text = text
+            .replace(url, &redact_url(url))
+            .replace(&format!(":{password}@"), ":***@");
+    }
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// The password of a URL's user info, if any.
+fn password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let userinfo = &rest[..rest.rfind('@')?];
+    let (_, pw) = userinfo.split_once(':')?;
+    (!pw.is_empty()).then_some(pw)
+}
+
+/// The URL a command would use, for hiding its password in errors.
+pub fn url_for_errors(cli: &Cli) -> Option<String> {
+    cli.conn.redis_url.clone().or_else(|| {
+        load_config(&cli.conn.config)
+            .ok()
+            .map(|c| c.broker.url)
+            .filter(|u| u != "inline")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+
+    fn answer(text: &str) -> (Result<(), CliError>, String) {
+        let mut out = Vec::new();
+        let r = ask("Skip?", &mut Cursor::new(text.as_bytes()), &mut out, "skip");
+        (r, String::from_utf8(out).expect("utf-8"))
+    }
+
+    #[test]
+    fn only_yes_proceeds() {
+        let (r, shown) = answer("y\n");
+        assert!(r.is_ok());
+        assert_eq!(shown, "Skip? [y/N] ");
+        assert!(answer("YES\n").0.is_ok());
+        for no in ["\n", "n\n", "yess\n", "sure\n"] {
+            let (r, _) = answer(no);
+            assert!(matches!(r, Err(CliError::Declined { .. })), "{no:?}");
+        }
+        let (r, _) = answer("");
+        let e = r.expect_err("closed stdin");
+        assert!(e.to_string().contains("pass --yes"), "{e}");
+    }
+
+    #[test]
+    fn errors_are_one_line_without_the_password() {
+        let io =
+            std::io::Error::other("connect to redis://u:hunter2@h:1/ failed\nretry u:hunter2@h:1");
+        let e = CliError::Io(io);
+        let line = one_line(&e, Some("redis://u:hunter2@h:1/"));
+        assert!(!line.contains("hunter2"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("redis://u:***@h:1/"), "{line}");
+        assert_eq!(password("redis://h:1/"), None);
+        assert_eq!(password("rediss://:pw@h/0"), Some("pw"));
+    }
+
+    #[test]
+    fn exit_codes() {
+        let e = CliError::NotConfirmed { action: "skip" };
+        assert_eq!(e.exit_code(), 1);
+        let e = CliError::from(AdminError::NotHalted {
+            category: "c".into(),
+            key: "k".into(),
+            group: "g".into(),
+        });
+        assert_eq!(e.exit_code(), 1);
+    }
+
+    #[test]
+    fn url_from_flag_else_config() {
+        let dir = std::env::temp_dir().join(format!("convoy-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("domain.toml");
+        std::fs::write(
+            &file,
+            "[broker]\nurl = \"redis://:pw@h:7/0\"\n[server.priority_lanes]\nbackfill_suffix = \"slow\"\n",
+        )
+        .expect("write");
+        let conn = |url: Option<&str>, config: &Path| Connection {
+            redis_url: url.map(str::to_owned),
+            config: config.to_owned(),
+            operator: None,
+        };
+        let t = target(&conn(None, &file)).expect("from config");
+        assert_eq!(t.url, "redis://:pw@h:7/0");
+        assert_eq!(t.backfill_suffix, "slow");
+        let t = target(&conn(Some("redis://x/"), &file)).expect("flag wins");
+        assert_eq!(t.url, "redis://x/");
+        let missing = dir.join("missing.toml");
+        let e = target(&conn(None, &missing)).expect_err("no url");
+        assert!(matches!(e, CliError::NoUrl { .. }), "{e}");
+        std::fs::write(&file, "[broker]\nurl = \"inline\"\n").expect("write");
+        let e = target(&conn(None, &file)).expect_err("inline");
+        assert!(e.to_string().contains("inline broker"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,43 @@
+//! `convoy`: the operator's command line for convoy's per-key partitions on
+//! Redis. `convoy --help` lists the commands; the work is done by
+//! `convoy_runtime::redis::admin::Admin`.
+
+mod cli;
+mod commands;
+mod render;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit code of a usage error (`EX_USAGE`), kept apart from 2 (Redis
+/// cannot be reached).
+const USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { USAGE } else { 0 });
+        }
+    };
+    let url = commands::url_for_errors(&cli);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("convoy: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("convoy: {}", commands::one_line(&e, url.as_deref()));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! Output: aligned tables and key/value blocks for people, JSON for
+//! scripts. Every function returns the text; the caller prints it.
+
+use convoy_runtime::redis::admin::{
+    AuditRecord, CategoryReport, DeadLetter, Head, HeadOp, HeadOutcome, Inspection,
+    PartitionStatus, ReplayOutcome,
+};
+use serde::Serialize;
+
+/// Longest halt reason or error shown in a table cell.
+const CELL: usize = 60;
+
+/// How a column is aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Text.
+    Left,
+    /// Numbers.
+    Right,
+}
+
+/// A table with a header row, columns separated by two spaces.
+#[derive(Debug)]
+pub struct Table {
+    columns: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these columns.
+    pub fn new(columns: &[(&'static str, Align)]) -> Self {
+        Table {
+            columns: columns.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row (missing cells are empty, extra ones dropped).
+    pub fn row(&mut self, mut cells: Vec<String>) {
+        cells.resize(self.columns.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// The table, one line per row, without trailing spaces.
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.columns.iter().map(|(h, _)| width(h)).collect();
+        for r in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(r) {
+                *w = (*w).max(width(cell));
+            }
+        }
+        let mut out = String::new();
+        let header: Vec<String> = self.columns.iter().map(|(h, _)| (*h).to_owned()).collect();
+        for cells in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[i] - width(cell));
+                match self.columns[i].1 {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&pad);
+                    }
+                    Align::Right => {
+                        line.push_str(&pad);
+                        line.push_str(cell);
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `s` cut to `max` characters, with `…` when cut; newlines become spaces.
+pub fn truncate(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if width(&flat) <= max {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Milliseconds since the Unix epoch as `2026-01-31 12:00:00.123 UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days to a civil date (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// A duration in milliseconds, short: `850ms`, `1.9s`, `2m05s`, `1h02m`.
+pub fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// Pretty JSON.
+pub fn json<T: Serialize>(value: &T) -> Result<String, serde_json::Error> {
+    let mut s = serde_json::to_string_pretty(value)?;
+    s.push('\n');
+    Ok(s)
+}
+
+fn dash(v: Option<impl ToString>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn owner_cell(p: &PartitionStatus) -> String {
+    match (&p.owner, p.owner_alive) {
+        (None, _) => "-".to_owned(),
+        (Some(o), true) => o.clone(),
+        (Some(o), false) => format!("{o} (gone)"),
+    }
+}
+
+fn halt_text(p: &PartitionStatus) -> String {
+    let mut s = p.halt_reason.clone().unwrap_or_else(|| "halted".to_owned());
+    if let Some(e) = &p.halt_error {
+        s.push_str(": ");
+        s.push_str(e);
+    }
+    s
+}
+
+/// `convoy partitions`: one row per key and handler, then the totals.
+pub fn partitions(r: &CategoryReport) -> String {
+    if r.partitions.is_empty() {
+        let groups = if r.groups.is_empty() {
+            "no handler registered".to_owned()
+        } else {
+            format!("handlers: {}", r.groups.join(", "))
+        };
+        return format!("category {}: no live partitions ({groups})\n", r.category);
+    }
+    let mut t = Table::new(&[
+        ("KEY", Align::Left),
+        ("HANDLER", Align::Left),
+        ("OWNER", Align::Left),
+        ("GEN", Align::Right),
+        ("LEASE", Align::Right),
+        ("LEN", Align::Right),
+        ("PENDING", Align::Right),
+        ("LAG", Align::Right),
+        ("HALTED", Align::Left),
+        ("REASON", Align::Left),
+    ]);
+    for p in &r.partitions {
+        let len = if p.backfill_length > 0 {
+            format!("{}+{}", p.length, p.backfill_length)
+        } else {
+            p.length.to_string()
+        };
+        t.row(vec![
+            p.key.clone(),
+            p.group.clone(),
+            owner_cell(p),
+            dash(p.generation),
+            dash(p.lease_ms_left.map(duration)),
+            len,
+            p.pending.to_string(),
+            p.lag.map_or_else(|| "?".to_owned(), |l| l.to_string()),
+            if p.halted { "yes" } else { "no" }.to_owned(),
+            if p.halted {
+                truncate(&halt_text(p), CELL)
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    let s = &r.totals;
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let lag = if s.lag_unknown > 0 {
+        format!("{} (+{} unknown)", s.lag, s.lag_unknown)
+    } else {
+        s.lag.to_string()
+    };
+    let backfill = if s.backfill_length > 0 {
+        format!(" (+{} backfill)", s.backfill_length)
+    } else {
+        String::new()
+    };
+    format!(
+        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}\n",
+        t.render(),
+        r.category,
+        plural(s.partitions, "partition", "partitions"),
+        plural(r.groups.len(), "handler", "handlers"),
+        s.owned,
+        s.halted,
+        s.length,
+        s.pending,
+    )
+}
+
+/// A key/value block with aligned values; multi-line values are indented.
+fn block(rows: &[(&str, String)]) -> String {
+    let w = rows.iter().map(|(k, _)| width(k)).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        if k.is_empty() && v.is_empty() {
+            out.push('\n');
+            continue;
+        }
+        let mut lines = v.lines();
+        let first = lines.next().unwrap_or("");
+        out.push_str(format!("{k:w$}  {first}").trim_end());
+        out.push('\n');
+        for l in lines {
+            out.push_str(&format!("{:w$}  {l}", ""));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn owner_line(p: &PartitionStatus) -> String {
+    match (&p.owner, p.owner_alive) {
+        (None, _) => format!(
+            "none (durable generation {}; the next owner takes it at a newer one)",
+            p.durable_generation
+        ),
+        (Some(o), alive) => {
+            let gen_ = dash(p.generation);
+            let lease = match (alive, p.lease_ms_left) {
+                (true, Some(ms)) => format!(", lease {} left", duration(ms)),
+                (true, None) => String::new(),
+                (false, _) => ", not alive: its lease is free for the taking".to_owned(),
+            };
+            format!("{o}, generation {gen_}{lease}")
+        }
+    }
+}
+
+/// The head, as words: `1-0 (primary lane, pending, delivered 2 times to e0:3)`.
+fn head_line(h: &Head) -> String {
+    let state = if h.pending {
+        let times = if h.delivery_count == 1 {
+            "time"
+        } else {
+            "times"
+        };
+        match &h.consumer {
+            Some(c) => format!("pending, delivered {} {times} to {c}", h.delivery_count),
+            None => format!("pending, delivered {} {times}", h.delivery_count),
+        }
+    } else {
+        "not delivered yet".to_owned()
+    };
+    format!("{} ({} lane, {state})", h.entry_id, h.lane.as_str())
+}
+
+fn payload(p: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(p) {
+        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_else(|_| p.to_owned()),
+        Err(_) => p.to_owned(),
+    }
+}
+
+/// `convoy inspect`: the unit's state, then its head.
+pub fn inspection(category: &str, i: &Inspection) -> String {
+    let s = &i.status;
+    let mut rows: Vec<(&str, String)> = vec![
+        ("partition", format!("{category}:{}", s.key)),
+        ("handler", s.group.clone()),
+        ("owner", owner_line(s)),
+    ];
+    if s.halted {
+        let since = s.halt_since_ms.map(utc).unwrap_or_default();
+        let reason = s.halt_reason.clone().unwrap_or_default();
+        rows.push(("state", format!("HALTED since {since}: {reason}")));
+        rows.push(("halted on", dash(s.halt_entry.as_ref())));
+        rows.push(("halt error", dash(s.halt_error.as_ref())));
+    } else {
+        rows.push(("state", "running".to_owned()));
+    }
+    rows.push(("attempts", s.attempts.to_string()));
+    rows.push(("last error", dash(s.last_error.as_ref())));
+    let len = if s.backfill_length > 0 {
+        format!("{} (+{} backfill)", s.length, s.backfill_length)
+    } else {
+        s.length.to_string()
+    };
+    rows.push((
+        "length",
+        format!(
+            "{len}, pending {}, lag {}",
+            s.pending,
+            s.lag
+                .map_or_else(|| "unknown".to_owned(), |l| l.to_string())
+        ),
+    ));
+    rows.push(("", String::new()));
+    match &i.head {
+        None => rows.push((
+            "head",
+            "none: nothing pending or waiting for this handler".into(),
+        )),
+        Some(h) => {
+            rows.push(("head", head_line(h)));
+            match (&h.envelope, &h.decode_error) {
+                (Some(e), _) => {
+                    rows.push(("type", e.type_name.clone()));
+                    rows.push(("message id", e.id.clone()));
+                    rows.push(("published", utc(e.time_ms)));
+                    rows.push(("priority", e.priority.as_str().to_owned()));
+                    rows.push(("correlation", dash(e.correlation_id.as_ref())));
+                    rows.push(("payload", payload(&e.payload)));
+                }
+                (None, err) => {
+                    rows.push(("undecodable", dash(err.as_ref())));
+                }
+            }
+        }
+    }
+    block(&rows)
+}
+
+/// One line about the head an action is about to change (for the
+/// confirmation dialog).
+pub fn head_summary(category: &str, i: &Inspection, h: &Head) -> String {
+    let s = &i.status;
+    let what = match &h.envelope {
+        Some(e) => format!(
+            "{} (message {}, published {})",
+            e.type_name,
+            e.id,
+            utc(e.time_ms)
+        ),
+        None => format!("undecodable ({})", dash(h.decode_error.as_ref())),
+    };
+    let state = if s.halted {
+        format!("halted ({})", truncate(&halt_text(s), CELL))
+    } else {
+        "running".to_owned()
+    };
+    format!(
+        "partition {category}:{} for handler {} is {state}\nhead {}: {what}\n",
+        s.key,
+        s.group,
+        head_line(h)
+    )
+}
+
+/// The question asked before a skip or dead-letter.
+pub fn head_question(op: HeadOp, category: &str, i: &Inspection, h: &Head) -> String {
+    let key = &i.status.key;
+    match op {
+        HeadOp::Skip => format!(
+            "Skip entry {} of {category}:{key} for handler {}? It is acknowledged without being handled.",
+            h.entry_id, i.status.group
+        ),
+        HeadOp::DeadLetter => format!(
+            "Move entry {} of {category}:{key} to {category}:{key}:dlq for handler {}?",
+            h.entry_id, i.status.group
+        ),
+    }
+}
+
+/// The warning shown before forcing an action on a partition that is not
+/// halted on its head.
+pub fn force_warning(i: &Inspection) -> String {
+    let s = &i.status;
+    let owner = match (&s.owner, s.owner_alive) {
+        (Some(o), true) => format!(
+            "its owner {o} (generation {}) is fenced out first (the generation is bumped and the lease deleted); the event it has in flight may still take effect, and the next owner takes the unit at a newer generation",
+            dash(s.generation)
+        ),
+        _ => "it has no live owner to fence out".to_owned(),
+    };
+    format!("WARNING: --force on a partition that is not halted on this head: {owner}.\n")
+}
+
+/// What a skip or dead-letter did.
+pub fn head_outcome(category: &str, key: &str, group: &str, o: &HeadOutcome) -> String {
+    let mut out = match (&o.op, &o.dlq_id) {
+        (HeadOp::DeadLetter, Some(dlq)) => format!(
+            "moved entry {} of {category}:{key} to {category}:{key}:dlq as {dlq} for handler {group}",
+            o.entry_id
+        ),
+        _ => format!(
+            "skipped entry {} of {category}:{key} for handler {group}",
+            o.entry_id
+        ),
+    };
+    out.push_str(if o.deleted {
+        " and deleted it from the stream"
+    } else {
+        " (kept in the stream for the category's other handlers)"
+    });
+    out.push_str("; the partition resumes with its next event\n");
+    if let Some(token) = &o.fenced {
+        out.push_str(&format!(
+            "fenced out the owner's lease {token}: the next owner takes the unit at a newer generation and reclaims what is pending\n"
+        ));
+    }
+    out.push_str(&format!("audit record {}\n", o.audit_id));
+    out
+}
+
+/// `convoy dlq`.
+pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
+    if letters.is_empty() {
+        return format!("no dead letters in {stream}\n");
+    }
+    let mut t = Table::new(&[
+        ("DLQ ID", Align::Left),
+        ("TYPE", Align::Left),
+        ("MESSAGE ID", Align::Left),
+        ("HANDLER", Align::Left),
+        ("ENTRY", Align::Left),
+        ("WHEN", Align::Left),
+        ("BY", Align::Left),
+        ("ERROR", Align::Left),
+    ]);
+    for l in letters {
+        let (ty, id) = match &l.envelope {
+            Some(e) => (e.type_name.clone(), e.id.clone()),
+            None => ("?".to_owned(), "?".to_owned()),
+        };
+        t.row(vec![
+            l.dlq_id.clone(),
+            ty,
+            id,
+            dash(l.group.as_ref()),
+            dash(l.entry.as_ref()),
+            dash(l.time_ms.map(utc)),
+            dash(l.operator.as_ref()),
+            truncate(l.error.as_deref().unwrap_or("-"), CELL),
+        ]);
+    }
+    let n = letters.len();
+    format!(
+        "{}\n{n} dead letter{} in {stream}\n",
+        t.render(),
+        if n == 1 { "" } else { "s" }
+    )
+}
+
+/// The question asked before a replay.
+pub fn replay_question(category: &str, key: &str, l: &DeadLetter, handlers: usize) -> String {
+    let what = match &l.envelope {
+        Some(e) => format!("{} (message {})", e.type_name, e.id),
+        None => "an undecodable entry".to_owned(),
+    };
+    let who = if handlers > 1 {
+        format!("all {handlers} handlers of category {category} receive it again")
+    } else {
+        format!("the handlers of category {category} receive it again")
+    };
+    format!(
+        "Replay dead letter {} of {category}:{key}:dlq, {what}, to the tail of {category}:{key}? It runs after the events already in the partition, and {who}.",
+        l.dlq_id
+    )
+}
+
+/// What a replay did.
+pub fn replay_outcome(o: &ReplayOutcome) -> String {
+    format!(
+        "replayed dead letter {} to the tail of {} as entry {} and woke the partition's owners\naudit record {}\n",
+        o.dlq_id, o.stream, o.entry_id, o.audit_id
+    )
+}
+
+/// `convoy audit`.
+pub fn audit(records: &[AuditRecord]) -> String {
+    if records.is_empty() {
+        return "no operator actions recorded in convoy:audit\n".to_owned();
+    }
+    let mut t = Table::new(&[
+        ("TIME", Align::Left),
+        ("OP", Align::Left),
+        ("PARTITION", Align::Left),
+        ("HANDLER", Align::Left),
+        ("ENTRY", Align::Left),
+        ("OPERATOR", Align::Left),
+        ("FORCED", Align::Left),
+    ]);
+    for r in records {
+        let f = |k: &str| r.fields.get(k).cloned().unwrap_or_default();
+        let time = f("time").parse().map(utc).unwrap_or_default();
+        t.row(vec![
+            time,
+            f("op"),
+            format!("{}:{}", f("category"), f("key")),
+            f("group"),
+            f("entry"),
+            f("operator"),
+            if f("forced") == "1" { "yes" } else { "no" }.to_owned(),
+        ]);
+    }
+    t.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use convoy_runtime::Envelope;
+    use convoy_runtime::redis::admin::{Lane, Totals};
+
+    use super::*;
+
+    fn status(key: &str, halted: bool) -> PartitionStatus {
+        PartitionStatus {
+            key: key.to_owned(),
+            group: "app::Ledger".to_owned(),
+            owner: Some("e0".to_owned()),
+            owner_alive: true,
+            generation: Some(12),
+            durable_generation: 12,
+            lease_ms_left: Some(1_900),
+            length: if halted { 7 } else { 0 },
+            backfill_length: 0,
+            pending: if halted { 7 } else { 0 },
+            lag: Some(0),
+            halted,
+            halt_reason: halted.then(|| "max_retries exceeded".to_owned()),
+            halt_error: halted.then(|| "poison event c1#3".to_owned()),
+            halt_since_ms: halted.then_some(1_764_424_287_123),
+            halt_entry: halted.then(|| "1764424280000-0".to_owned()),
+            attempts: if halted { 3 } else { 0 },
+            last_error: halted.then(|| "poison event c1#3".to_owned()),
+        }
+    }
+
+    #[test]
+    fn tables_align_columns_and_trim() {
+        let mut t = Table::new(&[
+            ("NAME", Align::Left),
+            ("N", Align::Right),
+            ("X", Align::Left),
+        ]);
+        t.row(vec!["a".into(), "1".into(), String::new()]);
+        t.row(vec!["long name".into(), "1234".into(), "x".into()]);
+        t.row(vec!["short".into()]);
+        assert_eq!(
+            t.render(),
+            "NAME          N  X\n\
+             a             1\n\
+             long name  1234  x\n\
+             short\n"
+        );
+    }
+
+    #[test]
+    fn times_and_durations() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00.000 UTC");
+        assert_eq!(utc(1_764_424_287_123), "2025-11-29 13:51:27.123 UTC");
+        assert_eq!(duration(850), "850ms");
+        assert_eq!(duration(1_949), "1.9s");
+        assert_eq!(duration(125_000), "2m05s");
+        assert_eq!(duration(3_720_000), "1h02m");
+        assert_eq!(truncate("abc\ndef", 10), "abc def");
+        assert_eq!(truncate("abcdefghijkl", 5), "abcd…");
+    }
+
+    #[test]
+    fn partitions_table_and_totals() {
+        let report = CategoryReport {
+            category: "ledger".into(),
+            groups: vec!["app::Ledger".into()],
+            partitions: vec![status("c0", false), status("c1", true)],
+            totals: Totals {
+                partitions: 2,
+                units: 2,
+                owned: 2,
+                halted: 1,
+                length: 7,
+                backfill_length: 0,
+                pending: 7,
+                lag: 0,
+                lag_unknown: 0,
+            },
+        };
+        let text = partitions(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED  REASON"
+        );
+        assert_eq!(
+            lines[1],
+            "c0   app::Ledger  e0      12   1.9s    0        0    0  no"
+        );
+        assert_eq!(
+            lines[2],
+            "c1   app::Ledger  e0      12   1.9s    7        7    0  yes     max_retries exceeded: poison event c1#3"
+        );
+        assert_eq!(
+            lines[4],
+            "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 0"
+        );
+        let empty = CategoryReport {
+            partitions: Vec::new(),
+            ..report
+        };
+        assert_eq!(
+            partitions(&empty),
+            "category ledger: no live partitions (handlers: app::Ledger)\n"
+        );
+    }
+
+    #[test]
+    fn inspection_block_with_pretty_payload() {
+        let i = Inspection {
+            status: status("c1", true),
+            head: Some(Head {
+                entry_id: "1764424280000-0".into(),
+                lane: Lane::Primary,
+                stream: "ledger:c1".into(),
+                pending: true,
+                consumer: Some("e0:12".into()),
+                delivery_count: 1,
+                idle_ms: Some(10),
+                envelope: Some(Envelope {
+                    id: "m1".into(),
+                    type_name: "Posted".into(),
+                    category: "ledger".into(),
+                    partition_key: Some("c1".into()),
+                    time_ms: 1_764_424_280_000,
+                    priority: convoy_runtime::Priority::Normal,
+                    correlation_id: None,
+                    payload: "{\"seq\":3,\"poison\":true}".into(),
+                }),
+                decode_error: None,
+            }),
+        };
+        let text = inspection("ledger", &i);
+        for want in [
+            "partition    ledger:c1\n",
+            "owner        e0, generation 12, lease 1.9s left\n",
+            "state        HALTED since 2025-11-29 13:51:27.123 UTC: max_retries exceeded\n",
+            "attempts     3\n",
+            "head         1764424280000-0 (primary lane, pending, delivered 1 time to e0:12)\n",
+            "type         Posted\n",
+            "payload      {\n               \"poison\": true,\n               \"seq\": 3\n             }\n",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        let summary = head_summary("ledger", &i, i.head.as_ref().expect("head"));
+        assert!(summary.starts_with(
+            "partition ledger:c1 for handler app::Ledger is halted (max_retries exceeded: poison event c1#3)\n"
+        ));
+        let warning = force_warning(&i);
+        assert!(
+            warning.contains("e0 (generation 12) is fenced out"),
+            "{warning}"
+        );
+        assert!(warning.contains("may still take effect"), "{warning}");
+    }
+}

@@ -1,0 +1,648 @@
+//! The `convoy` binary against a real `redis-server` and a running engine:
+//! a poison event halts its partition, the command line lists and inspects
+//! it, skips and dead-letters the head, lists and replays dead letters, and
+//! the partition resumes in order with nothing lost; `--force` on a running
+//! partition fences its owner without reordering; an unreachable Redis is
+//! exit code 2 and one line.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use convoy_runtime::testing::RedisServer;
+use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Aggregate)]
+#[aggregate(category = "ledger")]
+struct Ledger;
+
+/// One posting; `seq` counts per client from 0.
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Ledger)]
+struct Posted {
+    client_id: String,
+    seq: u64,
+    /// The handler fails on it while poison is switched on.
+    poison: bool,
+}
+
+fn posted(client: &str, seq: u64, poison: bool) -> Posted {
+    Posted {
+        client_id: client.to_owned(),
+        seq,
+        poison,
+    }
+}
+
+/// What the handler started, per key, in order (`c1#3`).
+type Seen = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
+
+struct Recorder {
+    seen: Seen,
+    poison: Arc<AtomicBool>,
+    work: Duration,
+}
+
+#[event_handler(part_of = Ledger, sequential_by = "client_id")]
+impl Recorder {
+    #[handle]
+    async fn posted(&self, e: Posted) -> Result<(), HandlerError> {
+        let id = format!("{}#{}", e.client_id, e.seq);
+        if e.poison && self.poison.load(Ordering::SeqCst) {
+            return Err(HandlerError::msg(format!("poison event {id}")));
+        }
+        self.seen
+            .lock()
+            .expect("lock")
+            .entry(e.client_id.clone())
+            .or_default()
+            .push(id);
+        tokio::time::sleep(self.work).await;
+        Ok(())
+    }
+}
+
+/// Fast timings, as in the runtime's own tests.
+fn config(url: &str) -> Config {
+    let mut c = Config::default();
+    c.broker.url = url.to_owned();
+    c.server.partitioning.lease_ttl_ms = 2000;
+    c.server.partitioning.heartbeat_interval_seconds = Some(0.3);
+    c.server.retry.max_retries = 2;
+    c.server.retry.initial_backoff_ms = 20;
+    c.server.retry.max_backoff_ms = 100;
+    c
+}
+
+struct Setup {
+    server: RedisServer,
+    url: String,
+    domain: Domain,
+    seen: Seen,
+    poison: Arc<AtomicBool>,
+    group: String,
+}
+
+fn setup(work: Duration) -> Setup {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let seen = Seen::default();
+    let poison = Arc::new(AtomicBool::new(true));
+    let domain = Domain::builder()
+        .config(config(&url))
+        .instance_id("e0")
+        .handler(Recorder {
+            seen: seen.clone(),
+            poison: poison.clone(),
+            work,
+        })
+        .init()
+        .expect("domain init");
+    let group = domain
+        .registry()
+        .handlers()
+        .iter()
+        .find(|h| h.name.ends_with("::Recorder"))
+        .map(|h| h.name.to_owned())
+        .expect("Recorder is registered");
+    Setup {
+        server,
+        url,
+        domain,
+        seen,
+        poison,
+        group,
+    }
+}
+
+impl Setup {
+    fn seen(&self, key: &str) -> Vec<String> {
+        self.seen
+            .lock()
+            .expect("lock")
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    async fn publish(&self, events: &[Posted]) {
+        let mut uow = self.domain.unit_of_work();
+        for e in events {
+            uow.raise(e.clone()).expect("raise");
+        }
+        uow.commit().await.expect("commit");
+    }
+
+    async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        self.server.connection().await.expect("connection")
+    }
+
+    fn unit(&self, key: &str) -> String {
+        format!("convoy:unit:{}:ledger:{key}", self.group)
+    }
+
+    async fn unit_state(&self, key: &str) -> BTreeMap<String, String> {
+        self.redis()
+            .await
+            .hgetall(self.unit(key))
+            .await
+            .expect("hgetall")
+    }
+
+    async fn halted_on(&self, key: &str) -> Option<String> {
+        let s = self.unit_state(key).await;
+        (s.get("halted").map(String::as_str) == Some("1"))
+            .then(|| s.get("halt_entry").cloned().unwrap_or_default())
+    }
+
+    /// Runs `convoy ARGS --redis-url URL` as user `test-op`, stdin closed.
+    async fn convoy(&self, args: &[&str]) -> Run {
+        convoy(self.server.dir(), args, Some(&self.url)).await
+    }
+}
+
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "convoy failed: {self:?}");
+        self
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+}
+
+async fn convoy(dir: &std::path::Path, args: &[&str], url: Option<&str>) -> Run {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"));
+    cmd.args(args)
+        .current_dir(dir)
+        .env("USER", "test-op")
+        .env_remove("CONVOY_REDIS_URL")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null());
+    if let Some(url) = url {
+        cmd.arg("--redis-url").arg(url);
+    }
+    let out = cmd.output().await.expect("run convoy");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).expect("utf-8"),
+        stderr: String::from_utf8(out.stderr).expect("utf-8"),
+    }
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ids(key: &str, seqs: &[u64]) -> Vec<String> {
+    seqs.iter().map(|s| format!("{key}#{s}")).collect()
+}
+
+fn row<'a>(report: &'a Value, key: &str) -> &'a Value {
+    report["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|p| p["key"] == key)
+        .unwrap_or_else(|| panic!("no row for {key}: {report}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    let mut events = Vec::new();
+    for seq in 0..10 {
+        for key in ["c0", "c1", "c2"] {
+            events.push(posted(key, seq, key == "c1" && (seq == 3 || seq == 6)));
+        }
+    }
+    s.publish(&events).await;
+    wait_until("c0 and c2 finish, c1 halts", || async {
+        s.seen("c0").len() == 10 && s.seen("c2").len() == 10 && s.halted_on("c1").await.is_some()
+    })
+    .await;
+    assert_eq!(
+        s.seen("c1"),
+        ids("c1", &[0, 1, 2]),
+        "nothing after the poison ran"
+    );
+
+    // 1. The listing shows the owner, the generation and the halt.
+    let report = s
+        .convoy(&["partitions", "ledger", "--json"])
+        .await
+        .ok()
+        .json();
+    let c1 = row(&report, "c1");
+    assert_eq!(c1["group"], s.group.as_str());
+    assert_eq!(c1["owner"], "e0");
+    assert_eq!(c1["owner_alive"], true);
+    assert!(c1["generation"].as_u64().is_some_and(|g| g >= 1), "{c1}");
+    assert!(
+        c1["lease_ms_left"].as_u64().is_some_and(|ms| ms <= 2000),
+        "{c1}"
+    );
+    assert_eq!(c1["halted"], true);
+    assert_eq!(c1["halt_reason"], "max_retries exceeded");
+    assert!(
+        c1["halt_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("poison event c1#3")),
+        "{c1}"
+    );
+    assert_eq!(c1["length"], 7, "the head and everything behind it stay");
+    assert_eq!(row(&report, "c0")["halted"], false);
+    assert_eq!(report["totals"]["partitions"], 3);
+    assert_eq!(report["totals"]["halted"], 1);
+    assert_eq!(report["totals"]["owned"], 3);
+    let table = s.convoy(&["partitions", "ledger"]).await.ok().stdout;
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("c1 "))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        line.contains(" yes ") && line.contains("max_retries exceeded"),
+        "{table}"
+    );
+    assert!(
+        table.contains("3 partitions, 1 handler, 3 owned, 1 halted"),
+        "{table}"
+    );
+
+    // The head, decoded, with its delivery count and the last error.
+    let i = s
+        .convoy(&["inspect", "ledger", "c1", "--json"])
+        .await
+        .ok()
+        .json();
+    let head = &i["head"];
+    assert_eq!(head["envelope"]["type_name"], "Posted");
+    let payload: Value =
+        serde_json::from_str(head["envelope"]["payload"].as_str().expect("payload"))
+            .expect("payload json");
+    assert_eq!(
+        (payload["seq"].as_u64(), payload["poison"].as_bool()),
+        (Some(3), Some(true))
+    );
+    assert_eq!(head["pending"], true);
+    assert!(
+        head["delivery_count"].as_u64().is_some_and(|n| n >= 1),
+        "{i}"
+    );
+    assert_eq!(
+        i["status"]["attempts"], 3,
+        "1 attempt + max_retries = 2 retries"
+    );
+    assert!(
+        i["status"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("poison event c1#3")),
+        "{i}"
+    );
+    let text = s.convoy(&["inspect", "ledger", "c1"]).await.ok().stdout;
+    assert!(text.contains("HALTED since"), "{text}");
+    assert!(text.contains("\"poison\": true"), "{text}");
+
+    // Without --yes and without a terminal: refused, nothing changed.
+    let r = s.convoy(&["skip", "ledger", "c1"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("pass --yes"), "{r:?}");
+    let halt_entry = s.halted_on("c1").await.expect("still halted");
+
+    // 2. Skip: the partition resumes with its next event, in order.
+    let r = s.convoy(&["skip", "ledger", "c1", "--yes"]).await.ok();
+    assert!(
+        r.stdout.contains(&format!("skipped entry {halt_entry}")),
+        "{r:?}"
+    );
+    wait_until("c1 runs up to its second poison event", || async {
+        s.seen("c1").len() == 5 && s.halted_on("c1").await.is_some_and(|e| e != halt_entry)
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5]));
+    let mut c = s.redis().await;
+    let audit: Vec<redis::streams::StreamId> = c
+        .xrange_all::<_, redis::streams::StreamRangeReply>("convoy:audit")
+        .await
+        .expect("audit")
+        .ids;
+    assert_eq!(audit.len(), 1);
+    let a = &audit[0];
+    let field = |k: &str| a.get::<String>(k).unwrap_or_default();
+    assert_eq!(
+        (
+            field("op"),
+            field("key"),
+            field("entry"),
+            field("operator"),
+            field("forced")
+        ),
+        (
+            "skip".into(),
+            "c1".into(),
+            halt_entry.clone(),
+            "test-op".into(),
+            "0".into()
+        )
+    );
+    assert_eq!(field("group"), s.group);
+
+    // 3. Dead-letter the second poison event: moved aside, the rest runs.
+    let second = s.halted_on("c1").await.expect("halted");
+    let r = s
+        .convoy(&["dead-letter", "ledger", "c1", "--yes"])
+        .await
+        .ok();
+    assert!(r.stdout.contains("to ledger:c1:dlq"), "{r:?}");
+    wait_until("c1 finishes", || async { s.seen("c1").len() == 8 }).await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9]));
+    assert_eq!(s.halted_on("c1").await, None);
+    let letters = s
+        .convoy(&["dlq", "ledger", "c1", "--json"])
+        .await
+        .ok()
+        .json();
+    let letters = letters.as_array().expect("array");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let l = &letters[0];
+    assert_eq!(l["entry"], second.as_str());
+    assert_eq!(l["group"], s.group.as_str());
+    assert_eq!(l["operator"], "test-op");
+    assert!(
+        l["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("poison event c1#6")),
+        "{l}"
+    );
+    assert!(
+        l["envelope"]["payload"]
+            .as_str()
+            .is_some_and(|p| p.contains("\"seq\":6")),
+        "{l}"
+    );
+    let dlq_id = l["dlq_id"].as_str().expect("dlq id").to_owned();
+    let table = s.convoy(&["dlq", "ledger", "c1"]).await.ok().stdout;
+    assert!(
+        table.contains(&dlq_id) && table.contains("1 dead letter in ledger:c1:dlq"),
+        "{table}"
+    );
+
+    // Replay: back at the tail; still poison, so the partition halts on it.
+    let r = s
+        .convoy(&["replay", "ledger", "c1", &dlq_id, "--yes"])
+        .await
+        .ok();
+    assert!(r.stdout.contains("to the tail of ledger:c1"), "{r:?}");
+    wait_until("the replayed poison event halts c1", || async {
+        s.halted_on("c1").await.is_some()
+    })
+    .await;
+    let replayed = s.halted_on("c1").await.expect("halted");
+    assert!(
+        replayed.as_str() > second.as_str(),
+        "a new entry at the tail"
+    );
+    let empty = s
+        .convoy(&["dlq", "ledger", "c1", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(empty, Value::Array(Vec::new()));
+
+    // Dead-letter it again, cure the poison, replay: it runs, last.
+    s.convoy(&["dead-letter", "ledger", "c1", "--yes"])
+        .await
+        .ok();
+    let letters = s
+        .convoy(&["dlq", "ledger", "c1", "--json"])
+        .await
+        .ok()
+        .json();
+    let dlq_id = letters[0]["dlq_id"].as_str().expect("dlq id").to_owned();
+    s.poison.store(false, Ordering::SeqCst);
+    s.convoy(&["replay", "ledger", "c1", &dlq_id, "--yes"])
+        .await
+        .ok();
+    wait_until("the replayed event is handled", || async {
+        s.seen("c1").len() == 9
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9, 6]));
+    assert_eq!(s.seen("c0"), ids("c0", &(0..10).collect::<Vec<_>>()));
+    assert_eq!(s.seen("c2"), ids("c2", &(0..10).collect::<Vec<_>>()));
+
+    let audit = s.convoy(&["audit", "--json"]).await.ok().json();
+    let ops: Vec<&str> = audit
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| r["fields"]["op"].as_str().expect("op"))
+        .collect();
+    assert_eq!(
+        ops,
+        ["skip", "dead_letter", "replay", "dead_letter", "replay"]
+    );
+    let table = s.convoy(&["audit"]).await.ok().stdout;
+    assert!(table.contains("dead_letter  ledger:c1"), "{table}");
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_on_a_running_partition_fences_its_owner_without_reordering() {
+    let s = setup(Duration::from_millis(150));
+    let engine = s.domain.engine().spawn();
+    let events: Vec<Posted> = (0..20).map(|seq| posted("c0", seq, false)).collect();
+    s.publish(&events).await;
+    wait_until("c0 is running", || async { s.seen("c0").len() >= 3 }).await;
+    let before = s
+        .convoy(&["partitions", "ledger", "--json"])
+        .await
+        .ok()
+        .json();
+    let generation = row(&before, "c0")["generation"]
+        .as_u64()
+        .expect("generation");
+
+    // 4. Not halted: refused without --force, with a message saying so.
+    let r = s.convoy(&["skip", "ledger", "c0", "--yes"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("is not halted"), "{r:?}");
+    assert!(r.stderr.contains("pass --force"), "{r:?}");
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+
+    // --force fences the owner out; the next owner is a newer generation.
+    let r = s
+        .convoy(&["skip", "ledger", "c0", "--force", "--yes"])
+        .await
+        .ok();
+    assert!(r.stderr.contains("WARNING: --force"), "{r:?}");
+    assert!(r.stderr.contains("may still take effect"), "{r:?}");
+    assert!(
+        r.stdout
+            .contains(&format!("fenced out the owner's lease e0:{generation}")),
+        "{r:?}"
+    );
+    wait_until("c0 drains", || async {
+        let mut c = s.redis().await;
+        let len: u64 = c.xlen("ledger:c0").await.expect("xlen");
+        len == 0 && s.seen("c0").len() >= 19
+    })
+    .await;
+    let after = s
+        .convoy(&["partitions", "ledger", "--json"])
+        .await
+        .ok()
+        .json();
+    let c0 = row(&after, "c0");
+    assert!(
+        c0["generation"]
+            .as_u64()
+            .is_some_and(|g| g >= generation + 2),
+        "bumped by the fence, then taken at a newer one: {c0}"
+    );
+    assert!(
+        c0["durable_generation"]
+            .as_u64()
+            .is_some_and(|g| g >= generation + 2)
+    );
+    assert_eq!(c0["pending"], 0);
+
+    // In order, nothing twice; at most the skipped event is missing (it
+    // may also have run, as the old owner's event in flight).
+    let seen: Vec<u64> = s
+        .seen("c0")
+        .iter()
+        .map(|id| id.rsplit('#').next().expect("seq").parse().expect("number"))
+        .collect();
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "reordered or run twice: {seen:?}"
+    );
+    assert!(
+        seen.len() >= 19,
+        "more than the skipped event is missing: {seen:?}"
+    );
+    let audit = s.convoy(&["audit", "--json"]).await.ok().json();
+    let record = &audit[0]["fields"];
+    assert_eq!(record["forced"], "1");
+    assert_eq!(record["fenced"], format!("e0:{generation}"));
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_must_be_named_when_ambiguous() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let mut c = server.connection().await.expect("connection");
+    let _: () = c
+        .sadd("convoy:groups:ledger", &["app::One", "app::Two"])
+        .await
+        .expect("sadd");
+    let r = convoy(server.dir(), &["inspect", "ledger", "c1"], Some(&url)).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("app::One, app::Two"), "{r:?}");
+    assert!(r.stderr.contains("pass --handler"), "{r:?}");
+    let r = convoy(
+        server.dir(),
+        &["inspect", "ledger", "c1", "--handler", "Two"],
+        Some(&url),
+    )
+    .await
+    .ok();
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.starts_with("handler ") && l.ends_with(" app::Two")),
+        "{r:?}"
+    );
+    let r = convoy(
+        server.dir(),
+        &["skip", "ledger", "c1", "--handler", "Three", "--yes"],
+        Some(&url),
+    )
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("handler Three is not registered"),
+        "{r:?}"
+    );
+    let r = convoy(server.dir(), &["partitions", "ledger"], Some(&url))
+        .await
+        .ok();
+    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_redis_exits_2_with_one_line() {
+    let port = convoy_runtime::testing::free_port().expect("port");
+    let url = format!("redis://operator:s3cret@127.0.0.1:{port}/");
+    let dir = std::env::temp_dir().join(format!("convoy-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for args in [
+        &["partitions", "ledger"][..],
+        &["skip", "ledger", "c1", "--yes"],
+        &["dlq", "ledger"],
+    ] {
+        let r = convoy(&dir, args, Some(&url)).await;
+        assert_eq!(r.code, 2, "{r:?}");
+        assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+        assert!(
+            r.stderr
+                .starts_with("convoy: redis: cannot connect to redis://operator:***@127.0.0.1:"),
+            "{r:?}"
+        );
+        assert!(!r.stderr.contains("s3cret"), "{r:?}");
+        assert!(!r.stderr.contains("panicked"), "{r:?}");
+        assert!(r.stdout.is_empty(), "{r:?}");
+    }
+    // From the environment too; its value is not shown in the help either.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["partitions", "ledger"])
+        .current_dir(&dir)
+        .env("CONVOY_REDIS_URL", &url)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let help = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .arg("--help")
+        .env("CONVOY_REDIS_URL", &url)
+        .output()
+        .await
+        .expect("run");
+    assert!(help.status.success());
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("s3cret"));
+    // A usage mistake is not confused with an unreachable Redis.
+    let r = convoy(&dir, &["skip", "ledger"], Some(&url)).await;
+    assert_eq!(r.code, 64, "{r:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

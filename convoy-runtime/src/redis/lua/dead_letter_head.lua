@@ -1,0 +1,162 @@
+-- Operator move of a partition's head to the key's dead letter stream for
+-- one consumer group, atomic against the owner. The same checks, fencing
+-- and clean-up as skip.lua; in addition the head's fields are copied to
+-- the dead letter stream first, with `dlq_group`, `dlq_source`,
+-- `dlq_entry`, `dlq_error`, `dlq_time` and `dlq_operator`.
+--
+-- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
+-- KEYS[4] backfill stream, KEYS[5] the category's set of registered groups,
+-- KEYS[6] the audit stream, KEYS[7] the key's dead letter stream,
+-- KEYS[8] the category's wake stream
+-- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
+-- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
+-- ARGV[7] the head the operator confirmed ('' for whatever it is),
+-- ARGV[8] wake stream approximate max length
+--
+-- Returns what skip.lua returns, plus {'deleted', head} when the head's
+-- entry no longer exists (nothing to copy; skip it instead), and the dead
+-- letter's id as the ninth element of an 'ok' reply.
+
+local unit, lease = KEYS[1], KEYS[2]
+local streams = {KEYS[3], KEYS[4]}
+local group = ARGV[1]
+
+local function fields(flat)
+  local f = {}
+  for j = 1, #flat, 2 do
+    f[flat[j]] = flat[j + 1]
+  end
+  return f
+end
+
+local function first_pending(stream)
+  if redis.call('EXISTS', stream) == 0 then
+    return nil
+  end
+  local r = redis.pcall('XPENDING', stream, group, '-', '+', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then
+    return nil
+  end
+  return r[1][1]
+end
+
+local function first_new(stream)
+  if redis.call('EXISTS', stream) == 0 then
+    return nil, false
+  end
+  local last = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local f = fields(g)
+    if f['name'] == group then
+      last = f['last-delivered-id']
+    end
+  end
+  local r
+  if last then
+    r = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1)
+  else
+    r = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
+  end
+  if #r == 0 then
+    return nil, last ~= nil
+  end
+  return r[1][1], last ~= nil
+end
+
+local head, lane, pending, has_group = nil, 0, false, true
+for i = 1, 2 do
+  head = first_pending(streams[i])
+  if head then
+    lane, pending = i, true
+    break
+  end
+end
+if not head then
+  for i = 1, 2 do
+    head, has_group = first_new(streams[i])
+    if head then
+      lane = i
+      break
+    end
+  end
+end
+if not head then
+  return {'empty'}
+end
+if ARGV[7] ~= '' and ARGV[7] ~= head then
+  return {'changed', head}
+end
+
+local state = redis.call('HMGET', unit, 'halted', 'halt_entry', 'halt_error',
+  'last_error')
+local halted = state[1] == '1'
+local on_halt = halted and pending and state[2] == head
+if not on_halt and ARGV[2] ~= '1' then
+  if not halted then
+    return {'not_halted', head}
+  end
+  return {'head_moved', head, state[2] or ''}
+end
+
+local stream = streams[lane]
+local entry = redis.call('XRANGE', stream, head, head)
+if #entry == 0 then
+  return {'deleted', head}
+end
+
+local forced = '0'
+local fenced = ''
+if not on_halt then
+  forced = '1'
+  local token = redis.call('GET', lease)
+  if token then
+    fenced = token
+    redis.call('HINCRBY', unit, 'gen', 1)
+    redis.call('DEL', lease)
+  end
+end
+
+local err = ''
+if on_halt then
+  err = state[3] or ''
+end
+if err == '' then
+  err = state[4] or ''
+end
+local copy = entry[1][2]
+copy[#copy + 1] = 'dlq_group'
+copy[#copy + 1] = group
+copy[#copy + 1] = 'dlq_source'
+copy[#copy + 1] = stream
+copy[#copy + 1] = 'dlq_entry'
+copy[#copy + 1] = head
+copy[#copy + 1] = 'dlq_error'
+copy[#copy + 1] = err
+copy[#copy + 1] = 'dlq_time'
+copy[#copy + 1] = ARGV[4]
+copy[#copy + 1] = 'dlq_operator'
+copy[#copy + 1] = ARGV[3]
+local dlq = redis.call('XADD', KEYS[7], '*', unpack(copy))
+
+if pending then
+  redis.call('XACK', stream, group, head)
+elseif has_group then
+  redis.call('XGROUP', 'SETID', stream, group, head)
+else
+  redis.call('XGROUP', 'CREATE', stream, group, head)
+end
+local deleted = 0
+if redis.call('SCARD', KEYS[5]) <= 1 then
+  deleted = redis.call('XDEL', stream, head)
+end
+redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
+  'halt_entry', 'head', 'attempts')
+redis.call('HSET', unit, 'active', ARGV[4])
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
+
+local audit = redis.call('XADD', KEYS[6], '*', 'op', 'dead_letter', 'category',
+  ARGV[5], 'key', ARGV[6], 'group', group, 'entry', head, 'operator', ARGV[3],
+  'time', ARGV[4], 'forced', forced, 'stream', stream, 'fenced', fenced,
+  'dlq_entry', dlq)
+return {'ok', head, lane, forced, fenced, deleted, audit, pending and 1 or 0,
+  dlq}

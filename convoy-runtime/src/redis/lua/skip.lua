@@ -1,0 +1,150 @@
+-- Operator skip of a partition's head for one consumer group, atomic
+-- against the owner (every owner operation is a script too).
+--
+-- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
+-- KEYS[4] backfill stream, KEYS[5] the category's set of registered groups,
+-- KEYS[6] the audit stream, KEYS[7] the category's wake stream
+-- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
+-- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
+-- ARGV[7] the head the operator confirmed ('' for whatever it is),
+-- ARGV[8] wake stream approximate max length
+--
+-- The head is the group's first pending entry (primary lane, then
+-- backfill), or, when nothing is pending, the first entry after the group's
+-- last-delivered id (primary, then backfill).
+--
+-- Without force it refuses unless the unit is halted on exactly that head.
+-- With force (needed for a running partition), a live lease is fenced out
+-- first: the durable generation is bumped and the lease deleted, so the old
+-- owner's next fenced read or ack is refused; the event it has in flight may
+-- still complete its side effects. The next owner takes the unit at a newer
+-- generation and reclaims what is pending.
+--
+-- Skipping acknowledges a pending head (or moves the group past an
+-- undelivered one), deletes it when this is the category's only group,
+-- clears the halt and the head's failure count, appends an audit record,
+-- and writes a wake-up for the key: a halted owner waits for one, then sees
+-- the halt cleared and resumes with the next event.
+--
+-- Returns {status, ...}:
+--   {'empty'}                          nothing to act on
+--   {'changed', head}                  the head is not ARGV[7]
+--   {'not_halted', head}               running partition, no force
+--   {'head_moved', head, halt_entry}   halted on another entry, no force
+--   {'ok', head, lane, forced, fenced token or '', deleted, audit id,
+--    was pending}
+
+local unit, lease = KEYS[1], KEYS[2]
+local streams = {KEYS[3], KEYS[4]}
+local group = ARGV[1]
+
+local function fields(flat)
+  local f = {}
+  for j = 1, #flat, 2 do
+    f[flat[j]] = flat[j + 1]
+  end
+  return f
+end
+
+local function first_pending(stream)
+  if redis.call('EXISTS', stream) == 0 then
+    return nil
+  end
+  local r = redis.pcall('XPENDING', stream, group, '-', '+', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then
+    return nil
+  end
+  return r[1][1]
+end
+
+-- The first undelivered entry, and whether the group exists on the stream.
+local function first_new(stream)
+  if redis.call('EXISTS', stream) == 0 then
+    return nil, false
+  end
+  local last = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local f = fields(g)
+    if f['name'] == group then
+      last = f['last-delivered-id']
+    end
+  end
+  local r
+  if last then
+    r = redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', 1)
+  else
+    r = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
+  end
+  if #r == 0 then
+    return nil, last ~= nil
+  end
+  return r[1][1], last ~= nil
+end
+
+local head, lane, pending, has_group = nil, 0, false, true
+for i = 1, 2 do
+  head = first_pending(streams[i])
+  if head then
+    lane, pending = i, true
+    break
+  end
+end
+if not head then
+  for i = 1, 2 do
+    head, has_group = first_new(streams[i])
+    if head then
+      lane = i
+      break
+    end
+  end
+end
+if not head then
+  return {'empty'}
+end
+if ARGV[7] ~= '' and ARGV[7] ~= head then
+  return {'changed', head}
+end
+
+local state = redis.call('HMGET', unit, 'halted', 'halt_entry')
+local halted = state[1] == '1'
+local on_halt = halted and pending and state[2] == head
+if not on_halt and ARGV[2] ~= '1' then
+  if not halted then
+    return {'not_halted', head}
+  end
+  return {'head_moved', head, state[2] or ''}
+end
+
+local forced = '0'
+local fenced = ''
+if not on_halt then
+  forced = '1'
+  local token = redis.call('GET', lease)
+  if token then
+    fenced = token
+    redis.call('HINCRBY', unit, 'gen', 1)
+    redis.call('DEL', lease)
+  end
+end
+
+local stream = streams[lane]
+if pending then
+  redis.call('XACK', stream, group, head)
+elseif has_group then
+  redis.call('XGROUP', 'SETID', stream, group, head)
+else
+  redis.call('XGROUP', 'CREATE', stream, group, head)
+end
+local deleted = 0
+if redis.call('SCARD', KEYS[5]) <= 1 then
+  deleted = redis.call('XDEL', stream, head)
+end
+redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
+  'halt_entry', 'head', 'attempts')
+redis.call('HSET', unit, 'active', ARGV[4])
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
+
+local audit = redis.call('XADD', KEYS[6], '*', 'op', 'skip', 'category', ARGV[5],
+  'key', ARGV[6], 'group', group, 'entry', head, 'operator', ARGV[3],
+  'time', ARGV[4], 'forced', forced, 'stream', stream, 'fenced', fenced)
+return {'ok', head, lane, forced, fenced, deleted, audit, pending and 1 or 0}
