@@ -20,6 +20,7 @@ pub mod key;
 pub mod message;
 pub mod metrics;
 pub mod outbox;
+pub mod process_manager;
 pub mod redis;
 pub mod registry;
 pub mod routing;
@@ -41,6 +42,7 @@ pub use error::{Error, Problem, Problems};
 pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError};
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
+pub use process_manager::ProcessManager;
 /// The shutdown token brokers receive (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use uow::UnitOfWork;
