@@ -33,8 +33,16 @@ pub struct Subscription {
     pub handler: Arc<dyn EventHandler>,
     /// The handler's name (its consumer group).
     pub name: &'static str,
-    /// The category it consumes.
+    /// The category it consumes (the first, for a process manager spanning
+    /// several).
     pub category: &'static str,
+    /// Every category one of its units spans: `[category]` for a handler;
+    /// each subscribed category for a sequential process manager, whose
+    /// unit is a correlation value.
+    pub categories: Vec<&'static str>,
+    /// What leases are named after: the category for a handler, `*` for a
+    /// process manager's correlation values.
+    pub scope: &'static str,
     /// The category's partition key field, when the category is partitioned
     /// (then the handler consumes partition streams under leases).
     pub key_field: Option<&'static str>,
@@ -97,6 +105,8 @@ impl ConsumerPlan {
                     handler: h.clone(),
                     name: d.name,
                     category: d.category,
+                    categories: vec![d.category],
+                    scope: d.category,
                     key_field,
                     reads_partitions: d.handles.iter().any(keyed),
                     reads_base: d.handles.iter().any(|m| !keyed(m)),

@@ -52,9 +52,7 @@ inventory::collect!(ProcessManagerRegistration);
 
 /// A process manager, implemented by `#[process_manager]` on the state
 /// struct's `impl` block.
-pub trait ProcessManager:
-    Serialize + DeserializeOwned + Default + Send + Sync + 'static
-{
+pub trait ProcessManager: Serialize + DeserializeOwned + Default + Send + Sync + 'static {
     /// The compile-time description.
     const DESCRIPTOR: &'static ProcessManagerDescriptor;
 

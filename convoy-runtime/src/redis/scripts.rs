@@ -95,6 +95,8 @@ mod tests {
             .arg(10)
             .arg(10)
             .arg(">")
+            .arg(1)
+            .arg(0)
             .invoke_async(c)
             .await
             .expect("read")
@@ -167,15 +169,16 @@ mod tests {
         let reap: i64 = SCRIPTS
             .reap
             .key(LEASE)
+            .key(UNIT)
             .key("cat:__partitions__")
             .key(STREAM)
             .key("cat:k:backfill")
-            .key(UNIT)
             .key(ALIVE_A)
             .arg(&old)
             .arg("k")
             .arg(0)
             .arg(u64::MAX / 2)
+            .arg(1)
             .invoke_async(&mut c)
             .await
             .expect("reap");

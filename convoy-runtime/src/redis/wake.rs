@@ -13,17 +13,17 @@ use tokio_util::sync::CancellationToken;
 use super::reply::{first_stream_entries, text};
 use super::{BLOCK, RedisBroker, keys};
 
-/// Follows one category's wake stream and reports the keys it names, in
-/// batches. After a reconnect it reports `None` ("wake everything"), since
-/// the gap may have held wake-ups.
+/// Follows the wake streams of `categories` and reports the keys they name,
+/// in batches. After a reconnect it reports `None` ("wake everything"),
+/// since the gap may have held wake-ups.
 pub(crate) async fn follow(
     broker: Arc<RedisBroker>,
-    category: String,
+    categories: Vec<String>,
     tx: mpsc::Sender<Option<Vec<String>>>,
     shutdown: CancellationToken,
 ) {
-    let stream = keys::wake_stream(&category);
-    let mut last: Option<String> = None;
+    let streams: Vec<String> = categories.iter().map(|c| keys::wake_stream(c)).collect();
+    let mut last: Option<Vec<String>> = None;
     let mut backoff = Duration::from_millis(50);
     while !shutdown.is_cancelled() {
         let mut conn = match broker.blocking_conn().await {
@@ -38,30 +38,11 @@ pub(crate) async fn follow(
             }
         };
         if last.is_none() {
-            // Start from the newest wake-up; owned units read their streams anyway.
-            let r: Result<Value, _> = redis::cmd("XREVRANGE")
-                .arg(&stream)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut conn)
-                .await;
-            match r {
-                Ok(Value::Array(items)) => {
-                    last = Some(
-                        items
-                            .first()
-                            .and_then(|i| match i {
-                                Value::Array(p) => p.first().and_then(text),
-                                _ => None,
-                            })
-                            .unwrap_or_else(|| "0-0".to_owned()),
-                    );
-                }
-                Ok(_) => last = Some("0-0".to_owned()),
+            // Start from the newest wake-ups; owned units read their streams anyway.
+            match newest_ids(&mut conn, &streams).await {
+                Ok(ids) => last = Some(ids),
                 Err(e) => {
-                    tracing::warn!(error = %crate::error::chain(&e), "wake-up listener read failed; retrying");
+                    tracing::warn!(error = %e, "wake-up listener read failed; retrying");
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }
@@ -72,16 +53,16 @@ pub(crate) async fn follow(
             return;
         }
         backoff = Duration::from_millis(50);
+        let Some(ids) = last.as_mut() else { continue };
         loop {
-            let from = last.clone().unwrap_or_else(|| "0-0".to_owned());
             let mut cmd = redis::cmd("XREAD");
             cmd.arg("COUNT")
                 .arg(1024)
                 .arg("BLOCK")
                 .arg(BLOCK.as_millis() as u64)
                 .arg("STREAMS")
-                .arg(&stream)
-                .arg(&from);
+                .arg(&streams)
+                .arg(&*ids);
             let read = cmd.query_async::<Value>(&mut conn);
             let r = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -90,9 +71,12 @@ pub(crate) async fn follow(
             match r {
                 Ok(v) => {
                     let mut batch = Vec::new();
-                    for (_, entries) in first_stream_entries(&v) {
+                    for (stream, entries) in first_stream_entries(&v) {
+                        let Some(i) = streams.iter().position(|s| *s == stream) else {
+                            continue;
+                        };
                         for e in entries {
-                            last = Some(e.id.clone());
+                            ids[i] = e.id.clone();
                             if let Some(f) = &e.fields {
                                 for (k, v) in f {
                                     if k == "k" {
@@ -113,6 +97,36 @@ pub(crate) async fn follow(
             }
         }
     }
+}
+
+/// The id of each stream's newest entry (`0-0` for an empty stream).
+async fn newest_ids(
+    conn: &mut redis::aio::MultiplexedConnection,
+    streams: &[String],
+) -> Result<Vec<String>, redis::RedisError> {
+    let mut pipe = redis::pipe();
+    for s in streams {
+        pipe.cmd("XREVRANGE")
+            .arg(s)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    Ok(replies
+        .iter()
+        .map(|r| match r {
+            Value::Array(items) => items
+                .first()
+                .and_then(|i| match i {
+                    Value::Array(p) => p.first().and_then(text),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "0-0".to_owned()),
+            _ => "0-0".to_owned(),
+        })
+        .collect())
 }
 
 /// Sleeps; true when shutdown fired first.

@@ -1,24 +1,29 @@
--- Fenced read of a unit: the lease is checked first, then the primary lane
--- is read, and the backfill lane only when the primary lane has nothing.
+-- Fenced read of a unit: the lease is checked first, then the unit's
+-- primary lanes are read (one stream per category the unit spans: one for
+-- a handler's partition, several for a process manager's correlation
+-- value), and the backfill lanes only when every primary lane is empty.
 --
--- KEYS[1] lease, KEYS[2] primary stream, KEYS[3] backfill stream ('' when
--- lanes are off), KEYS[4] the owner's liveness key
+-- KEYS[1]                 lease
+-- KEYS[2 .. n+1]          primary streams
+-- KEYS[n+2 .. 2n+1]       backfill streams ('' when lanes are off)
+-- KEYS[2n+2]              the owner's liveness key
 -- ARGV[1] fence token (also the consumer name), ARGV[2] group,
 -- ARGV[3] primary count, ARGV[4] backfill count,
--- ARGV[5] '0' to re-read this consumer's pending entries, '>' for new ones
+-- ARGV[5] '0' to re-read this consumer's pending entries, '>' for new ones,
+-- ARGV[6] n, ARGV[7] the lane to look at first (rotates for fairness
+-- between the categories of one unit)
 --
 -- A stream without the group (new, or re-created by a publish after a
 -- reap) gets the group at id 0, so nothing published is skipped.
 -- Returns {-1} when the lease is not held with this token by a live owner,
--- else
--- {1, lane, entries} with lane 1 (primary) or 2 (backfill) and entries as
--- XREADGROUP returns them for one stream (or false when there are none).
+-- else {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
+-- backfill lane, 0 none; entries as XREADGROUP returns them for one stream.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return {-1}
 end
 
 local function read(stream, count)
-  if redis.call('EXISTS', stream) == 0 then
+  if stream == '' or redis.call('EXISTS', stream) == 0 then
     return false
   end
   local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', count,
@@ -38,14 +43,16 @@ local function read(stream, count)
   return entries
 end
 
-local e = read(KEYS[2], ARGV[3])
-if e then
-  return {1, 1, e}
-end
-if KEYS[3] ~= '' then
-  e = read(KEYS[3], ARGV[4])
-  if e then
-    return {1, 2, e}
+local n = tonumber(ARGV[6])
+local first = tonumber(ARGV[7])
+for pass = 0, 1 do
+  for j = 0, n - 1 do
+    local i = (first + j) % n
+    local stream = KEYS[2 + pass * n + i]
+    local e = read(stream, ARGV[3 + pass])
+    if e then
+      return {1, pass * n + i + 1, e}
+    end
   end
 end
 return {1, 0, false}

@@ -1,25 +1,33 @@
--- Retires a drained, idle unit: its index entry and its empty streams (both
--- lanes) go together, with its lease. The generation counter in the state
--- hash stays, so fences remain monotonic if the key comes back.
+-- Retires a drained, idle unit: its index entries and its empty streams
+-- (both lanes of every category it spans) go together, with its lease. The
+-- generation counter in the state hash stays, so fences remain monotonic if
+-- the key comes back.
 --
--- KEYS[1] lease, KEYS[2] partition index, KEYS[3] primary stream,
--- KEYS[4] backfill stream, KEYS[5] unit state hash, KEYS[6] the owner's
--- liveness key
--- ARGV[1] fence token, ARGV[2] partition key, ARGV[3] idle time (ms),
--- ARGV[4] now (ms)
+-- KEYS[1] lease, KEYS[2] unit state hash,
+-- KEYS[3i .. 3i+2] for category i in 1..n: its partition index, the unit's
+-- primary stream there and its backfill stream,
+-- KEYS[3n+3] the owner's liveness key
+-- ARGV[1] fence token, ARGV[2] partition key (correlation value),
+-- ARGV[3] idle time (ms), ARGV[4] now (ms), ARGV[5] n
 --
 -- Returns -1 when the lease is not held with this token, 0 when the unit is
 -- not empty or not idle long enough, 1 when retired.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
   return -1
 end
-if redis.call('XLEN', KEYS[3]) > 0 or redis.call('XLEN', KEYS[4]) > 0 then
-  return 0
+local n = tonumber(ARGV[5])
+for i = 1, n do
+  if redis.call('XLEN', KEYS[3 * i + 1]) > 0 or redis.call('XLEN', KEYS[3 * i + 2]) > 0 then
+    return 0
+  end
 end
-local active = tonumber(redis.call('HGET', KEYS[5], 'active') or '0')
+local active = tonumber(redis.call('HGET', KEYS[2], 'active') or '0')
 if tonumber(ARGV[4]) - active < tonumber(ARGV[3]) then
   return 0
 end
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[2])
+for i = 1, n do
+  redis.call('DEL', KEYS[3 * i + 1], KEYS[3 * i + 2])
+  redis.call('SREM', KEYS[3 * i], ARGV[2])
+end
+redis.call('DEL', KEYS[1])
 return 1

@@ -59,36 +59,40 @@ impl Shared {
         self.sub().name
     }
 
+    /// The first category (for logs and metrics).
     pub(crate) fn category(&self) -> &'static str {
         self.sub().category
     }
 
+    /// Every category a unit spans.
+    pub(crate) fn categories(&self) -> &[&'static str] {
+        &self.sub().categories
+    }
+
     pub(crate) fn lease_key(&self, key: &str) -> String {
-        keys::lease(self.group(), self.category(), key)
+        keys::lease(self.group(), self.sub().scope, key)
     }
 
     pub(crate) fn unit_key(&self, key: &str) -> String {
-        keys::unit(self.group(), self.category(), key)
+        keys::unit(self.group(), self.sub().scope, key)
     }
 
-    pub(crate) fn primary(&self, key: &str) -> String {
-        keys::partition_stream(self.category(), key)
-    }
-
-    /// The backfill lane, or `""` when lanes are off.
-    pub(crate) fn backfill(&self, key: &str) -> String {
+    /// The streams of the unit `key`, one lane pair per category.
+    pub(crate) fn lanes(&self, key: &str) -> Vec<Lane> {
         let lanes = &self.plan.config.server.priority_lanes;
-        if lanes.enabled {
-            keys::backfill_stream(self.category(), key, &lanes.backfill_suffix)
-        } else {
-            String::new()
-        }
-    }
-
-    /// Every lane's stream (for reaping, which covers both lanes always).
-    pub(crate) fn backfill_always(&self, key: &str) -> String {
-        let suffix = &self.plan.config.server.priority_lanes.backfill_suffix;
-        keys::backfill_stream(self.category(), key, suffix)
+        self.categories()
+            .iter()
+            .map(|c| Lane {
+                category: c,
+                primary: keys::partition_stream(c, key),
+                backfill: if lanes.enabled {
+                    keys::backfill_stream(c, key, &lanes.backfill_suffix)
+                } else {
+                    String::new()
+                },
+                backfill_always: keys::backfill_stream(c, key, &lanes.backfill_suffix),
+            })
+            .collect()
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -102,6 +106,17 @@ impl Shared {
         let margin = (ttl / 10).max(50).min(ttl / 2);
         sent + ttl - margin
     }
+}
+
+/// One category's streams of a unit.
+#[derive(Debug, Clone)]
+pub(crate) struct Lane {
+    pub(crate) category: &'static str,
+    pub(crate) primary: String,
+    /// `""` when lanes are off.
+    pub(crate) backfill: String,
+    /// The backfill stream's name even when lanes are off (reaping covers it).
+    pub(crate) backfill_always: String,
 }
 
 /// A running unit worker, as the coordinator sees it.
@@ -153,7 +168,7 @@ impl Coordinator {
         let s = self.shared.clone();
         let group = s.group();
         let category = s.category();
-        tracing::info!(handler = group, category, owner = %s.owner, "partitioned consumer starting");
+        tracing::info!(handler = group, categories = ?s.categories(), owner = %s.owner, "partitioned consumer starting");
         let mut backoff = Duration::from_millis(50);
         loop {
             match self.register().await {
@@ -170,7 +185,7 @@ impl Coordinator {
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         let listener = tokio::spawn(wake::follow(
             s.broker.clone(),
-            category.to_owned(),
+            s.categories().iter().map(|c| (*c).to_owned()).collect(),
             wake_tx,
             shutdown.child_token(),
         ));
@@ -214,15 +229,20 @@ impl Coordinator {
         let s = &self.shared;
         let mut conn = s.broker.conn().await?;
         let sent = mono_ms();
-        let _: ((), i64) = redis::pipe()
-            .cmd("SET")
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
             .arg(&s.alive)
             .arg(1)
             .arg("PX")
             .arg(s.ttl().as_millis() as u64)
-            .cmd("SADD")
-            .arg(keys::groups(s.category()))
-            .arg(s.group())
+            .ignore();
+        for c in s.categories() {
+            pipe.cmd("SADD")
+                .arg(keys::groups(c))
+                .arg(s.group())
+                .ignore();
+        }
+        let _: () = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("failed to register the consumer group", e))?;
@@ -290,13 +310,12 @@ impl Coordinator {
             .partitioning
             .partition_warning_threshold;
         let over = members.len() as u64 > threshold;
-        crate::metrics::partitions(s.category(), members.len(), over);
         if !over {
             self.warned = false;
         }
         if over && !self.warned {
             tracing::warn!(
-                category = s.category(),
+                handler = s.group(),
                 partitions = members.len(),
                 threshold,
                 "the category has more live partitions than partition_warning_threshold; per-key streams are meant for a bounded set of keys"
@@ -348,17 +367,9 @@ impl Coordinator {
         let now = now_ms();
         let sent = mono_ms();
         let set = keys::instances(s.group());
-        #[allow(clippy::type_complexity)]
-        let (renewed, _, _, live, members, published, acked): (
-            Option<String>,
-            i64,
-            i64,
-            i64,
-            Vec<String>,
-            Option<i64>,
-            Option<i64>,
-        ) = redis::pipe()
-            .cmd("SET")
+        let categories = s.categories();
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
             .arg(&s.alive)
             .arg(1)
             .arg("XX")
@@ -368,31 +379,61 @@ impl Coordinator {
             .arg(&set)
             .arg(now + s.ttl().as_millis() as u64)
             .arg(&s.owner)
+            .ignore()
             .cmd("ZREMRANGEBYSCORE")
             .arg(&set)
             .arg("-inf")
             .arg(now)
+            .ignore()
             .cmd("ZCARD")
-            .arg(&set)
-            .cmd("SMEMBERS")
-            .arg(keys::partition_index(s.category()))
-            .cmd("GET")
-            .arg(keys::published(s.category()))
-            .cmd("GET")
-            .arg(keys::acked(s.group(), s.category()))
+            .arg(&set);
+        for c in categories {
+            pipe.cmd("SMEMBERS")
+                .arg(keys::partition_index(c))
+                .cmd("GET")
+                .arg(keys::published(c))
+                .cmd("GET")
+                .arg(keys::acked(s.group(), c));
+        }
+        let replies: Vec<Value> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("heartbeat failed", e))?;
+        let renewed = !matches!(replies.first(), None | Some(Value::Nil));
+        let live = replies.get(1).and_then(int).unwrap_or(1);
         self.live = live.max(1) as usize;
-        crate::metrics::lag(
-            s.group(),
-            s.category(),
-            published.unwrap_or(0) - acked.unwrap_or(0),
-        );
-        if renewed.is_some() {
+        // A unit is a key (a correlation value, for a process manager
+        // spanning categories) present in any subscribed category's index.
+        let threshold = s
+            .plan
+            .config
+            .server
+            .partitioning
+            .partition_warning_threshold;
+        let mut members: Vec<String> = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, c) in categories.iter().enumerate() {
+            let base = 2 + i * 3;
+            let keys_here: Vec<String> = match replies.get(base) {
+                Some(Value::Array(items)) | Some(Value::Set(items)) => {
+                    items.iter().filter_map(text).collect()
+                }
+                _ => Vec::new(),
+            };
+            crate::metrics::partitions(c, keys_here.len(), keys_here.len() as u64 > threshold);
+            let published = replies.get(base + 1).and_then(int).unwrap_or(0);
+            let acked = replies.get(base + 2).and_then(int).unwrap_or(0);
+            crate::metrics::lag(s.group(), c, published - acked);
+            for k in keys_here {
+                if seen.insert(k.clone()) {
+                    members.push(k);
+                }
+            }
+        }
+        if renewed {
             s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         }
-        Ok((renewed.is_some(), members))
+        Ok((renewed, members))
     }
 
     /// The liveness key expired before it was renewed (this instance was

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::reply::{Entry, entries, int};
 use super::super::scripts::SCRIPTS;
 use super::super::{keys, now_ms};
-use super::{Shared, UnitHandle, mono_ms};
+use super::{Lane, Shared, UnitHandle, mono_ms};
 use crate::error::Error;
 use crate::handler::{Fence, HandlerError};
 
@@ -63,11 +63,12 @@ struct Worker {
     head: Option<(String, u32)>,
     /// Entries handled but not yet acknowledged, and their stream.
     unacked: Vec<String>,
-    unacked_stream: String,
+    unacked_at: Option<At>,
     /// Acknowledge once this many entries are handled (1: after each).
     max_unacked: usize,
-    primary: String,
-    backfill: String,
+    lanes: Vec<Lane>,
+    /// The lane a read looks at first (rotates between categories).
+    rotate: usize,
     lease: String,
     unit: String,
 }
@@ -83,8 +84,8 @@ pub(super) fn spawn(
     let token = fence.to_string();
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
-        primary: s.primary(&key),
-        backfill: s.backfill(&key),
+        lanes: s.lanes(&key),
+        rotate: 0,
         lease: s.lease_key(&key),
         unit: s.unit_key(&key),
         s,
@@ -97,7 +98,7 @@ pub(super) fn spawn(
         idle: Arc::new(AtomicBool::new(false)),
         head,
         unacked: Vec::new(),
-        unacked_stream: String::new(),
+        unacked_at: None,
         max_unacked: 1,
     };
     w.max_unacked = max_unacked;
@@ -153,7 +154,12 @@ impl Worker {
 
     /// Moves earlier generations' pending entries to this consumer.
     async fn reclaim(&self) -> Result<(), Exit> {
-        for stream in [&self.primary, &self.backfill] {
+        let streams: Vec<&String> = self
+            .lanes
+            .iter()
+            .flat_map(|l| [&l.primary, &l.backfill])
+            .collect();
+        for stream in streams {
             if stream.is_empty() {
                 continue;
             }
@@ -276,56 +282,74 @@ impl Worker {
         }
     }
 
-    /// One fenced read: own pending entries (`pending`) or new ones.
-    async fn read(&self, pending: bool) -> Result<Option<(String, Vec<Entry>)>, ReadError> {
+    /// One fenced read: own pending entries (`pending`) or new ones, primary
+    /// lanes first.
+    async fn read(&mut self, pending: bool) -> Result<Option<(At, Vec<Entry>)>, ReadError> {
+        let n = self.lanes.len();
+        self.rotate = (self.rotate + 1) % n.max(1);
+        let malformed = |lanes: &[Lane]| {
+            ReadError::Failed(Error::MalformedEntry {
+                stream: lanes.first().map(|l| l.primary.clone()).unwrap_or_default(),
+                entry_id: String::new(),
+                reason: "unexpected reply to the fenced read".into(),
+            })
+        };
         let mut c = self.conn().await.map_err(ReadError::Failed)?;
         let mut inv = SCRIPTS.read.prepare_invoke();
-        inv.key(&self.lease)
-            .key(&self.primary)
-            .key(&self.backfill)
-            .key(&self.s.alive)
+        inv.key(&self.lease);
+        for l in &self.lanes {
+            inv.key(&l.primary);
+        }
+        for l in &self.lanes {
+            inv.key(&l.backfill);
+        }
+        inv.key(&self.s.alive)
             .arg(&self.token)
             .arg(self.group())
             .arg(PRIMARY_BATCH)
             .arg(BACKFILL_BATCH)
-            .arg(if pending { "0" } else { ">" });
+            .arg(if pending { "0" } else { ">" })
+            .arg(n)
+            .arg(self.rotate);
         let v: Value = inv
             .invoke_async(&mut c)
             .await
             .map_err(|e| ReadError::Failed(Error::redis("fenced read failed", e)))?;
         let Value::Array(items) = v else {
-            return Err(ReadError::Failed(Error::MalformedEntry {
-                stream: self.primary.clone(),
-                entry_id: String::new(),
-                reason: "unexpected reply to the fenced read".into(),
-            }));
+            return Err(malformed(&self.lanes));
         };
         match items.first().and_then(int) {
             Some(-1) => return Err(ReadError::Refused),
             Some(1) => {}
-            _ => {
-                return Err(ReadError::Failed(Error::MalformedEntry {
-                    stream: self.primary.clone(),
-                    entry_id: String::new(),
-                    reason: "unexpected reply to the fenced read".into(),
-                }));
-            }
+            _ => return Err(malformed(&self.lanes)),
         }
-        let lane = items.get(1).and_then(int).unwrap_or(0);
+        let lane = items.get(1).and_then(int).unwrap_or(0).max(0) as usize;
         let batch = items.get(2).map(entries).unwrap_or_default();
         if lane == 0 || batch.is_empty() {
             return Ok(None);
         }
-        let stream = if lane == 2 {
-            self.backfill.clone()
+        let (i, backfill) = if lane > n {
+            (lane - n - 1, true)
         } else {
-            self.primary.clone()
+            (lane - 1, false)
         };
-        Ok(Some((stream, batch)))
+        let Some(l) = self.lanes.get(i) else {
+            return Err(malformed(&self.lanes));
+        };
+        let at = At {
+            stream: if backfill {
+                l.backfill.clone()
+            } else {
+                l.primary.clone()
+            },
+            category: l.category,
+        };
+        Ok(Some((at, batch)))
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
-    async fn process(&mut self, stream: &str, entry: &Entry) -> Step {
+    async fn process(&mut self, at: &At, entry: &Entry) -> Step {
+        let stream = at.stream.as_str();
         let retry = self.s.plan.config.server.retry.clone();
         loop {
             if self.stop.is_cancelled() {
@@ -339,7 +363,7 @@ impl Worker {
             }
             if entry.fields.is_none() {
                 // Deleted while pending (for example by an operator): nothing to run.
-                return match self.done(stream, &entry.id).await {
+                return match self.done(at, &entry.id).await {
                     Ok(()) => Step::Done,
                     Err(exit) => Step::Exit(exit),
                 };
@@ -361,7 +385,7 @@ impl Worker {
             };
             match result {
                 Ok(_) => {
-                    return match self.done(stream, &entry.id).await {
+                    return match self.done(at, &entry.id).await {
                         Ok(()) => {
                             self.head = None;
                             Step::Done
@@ -399,10 +423,10 @@ impl Worker {
     }
 
     /// Records a handled entry; acknowledges once `max_unacked` are waiting.
-    async fn done(&mut self, stream: &str, id: &str) -> Result<(), Exit> {
-        if self.unacked_stream != stream {
+    async fn done(&mut self, at: &At, id: &str) -> Result<(), Exit> {
+        if self.unacked_at.as_ref() != Some(at) {
             self.flush().await?;
-            self.unacked_stream = stream.to_owned();
+            self.unacked_at = Some(at.clone());
         }
         self.unacked.push(id.to_owned());
         if self.unacked.len() >= self.max_unacked {
@@ -413,10 +437,13 @@ impl Worker {
 
     /// Acknowledges every handled entry not yet acknowledged.
     async fn flush(&mut self) -> Result<(), Exit> {
+        let Some(at) = &self.unacked_at else {
+            return Ok(());
+        };
         if self.unacked.is_empty() {
             return Ok(());
         }
-        self.ack(&self.unacked_stream, &self.unacked).await?;
+        self.ack(at, &self.unacked).await?;
         self.unacked.clear();
         Ok(())
     }
@@ -427,17 +454,17 @@ impl Worker {
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&self, stream: &str, ids: &[String]) -> Result<(), Exit> {
+    async fn ack(&self, at: &At, ids: &[String]) -> Result<(), Exit> {
         let mut backoff = Duration::from_millis(20);
         loop {
             let r: Result<i64, Error> = async {
                 let mut c = self.conn().await?;
                 let mut inv = SCRIPTS.ack.prepare_invoke();
                 inv.key(&self.lease)
-                    .key(stream)
+                    .key(&at.stream)
                     .key(&self.unit)
-                    .key(keys::groups(self.s.category()))
-                    .key(keys::acked(self.group(), self.s.category()))
+                    .key(keys::groups(at.category))
+                    .key(keys::acked(self.group(), at.category))
                     .key(&self.s.alive)
                     .arg(&self.token)
                     .arg(self.group())
@@ -508,16 +535,18 @@ impl Worker {
         let r: Result<i64, Error> = async {
             let mut c = self.conn().await?;
             let mut inv = SCRIPTS.reap.prepare_invoke();
-            inv.key(&self.lease)
-                .key(keys::partition_index(self.s.category()))
-                .key(&self.primary)
-                .key(self.s.backfill_always(&self.key))
-                .key(&self.unit)
-                .key(&self.s.alive)
+            inv.key(&self.lease).key(&self.unit);
+            for l in &self.lanes {
+                inv.key(keys::partition_index(l.category))
+                    .key(&l.primary)
+                    .key(&l.backfill_always);
+            }
+            inv.key(&self.s.alive)
                 .arg(&self.token)
                 .arg(&self.key)
                 .arg(idle_ms)
-                .arg(now_ms());
+                .arg(now_ms())
+                .arg(self.lanes.len());
             inv.invoke_async(&mut c)
                 .await
                 .map_err(|e| Error::redis("reap failed", e))
@@ -569,6 +598,13 @@ impl Worker {
             }
         }
     }
+}
+
+/// Where a batch came from: a stream and its category.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct At {
+    stream: String,
+    category: &'static str,
 }
 
 enum ReadError {
