@@ -12,7 +12,12 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::envelope::{Envelope, Priority};
 use crate::error::Error;
-use crate::handler::{CommandHandler, Context, Dispatched, EventHandler, HandlerDescriptor};
+use crate::handler::{
+    CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
+};
+use crate::process_manager::{
+    MemoryStateStore, PmDispatch, ProcessManager, ProcessManagerDescriptor, StateStore,
+};
 use crate::key::KeyPolicy;
 use crate::message::{Command, MessageDescriptor};
 use crate::outbox::{MemoryOutbox, OutboxStore};
@@ -34,6 +39,7 @@ struct Inner {
     outbox_wake: Arc<Notify>,
     event_handlers: Vec<Arc<dyn EventHandler>>,
     command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
+    process_managers: Vec<(&'static ProcessManagerDescriptor, Arc<dyn Dispatch>)>,
     instance_id: String,
 }
 
@@ -119,6 +125,11 @@ impl Domain {
         &self.inner.instance_id
     }
 
+    /// The process managers this domain runs, with their dispatchers.
+    pub fn process_managers(&self) -> &[(&'static ProcessManagerDescriptor, Arc<dyn Dispatch>)] {
+        &self.inner.process_managers
+    }
+
     /// The event handlers this domain runs.
     pub fn event_handlers(&self) -> &[Arc<dyn EventHandler>] {
         &self.inner.event_handlers
@@ -151,6 +162,8 @@ pub struct DomainBuilder {
     outbox: Option<Arc<dyn OutboxStore>>,
     event_handlers: Vec<Arc<dyn EventHandler>>,
     command_handlers: Vec<Arc<dyn CommandHandler>>,
+    process_managers: Vec<PmEntry>,
+    state_store: Option<Arc<dyn StateStore>>,
     descriptors: Vec<&'static HandlerDescriptor>,
     messages: Vec<&'static MessageDescriptor>,
     skip_discovery: bool,
@@ -213,6 +226,30 @@ impl DomainBuilder {
         self
     }
 
+    /// Runs process manager `P` (declared with `#[process_manager]`). Its
+    /// instances live in the broker's state store (Redis under the Redis
+    /// broker, memory under the inline one) unless one is given with
+    /// [`DomainBuilder::state_store`].
+    pub fn process_manager<P: ProcessManager>(mut self) -> Self {
+        self.process_managers.push(PmEntry {
+            descriptor: P::DESCRIPTOR,
+            make: |store| Arc::new(PmDispatch::<P>::new(store)),
+        });
+        self
+    }
+
+    /// Keeps process-manager instances in this store.
+    pub fn state_store(mut self, store: impl StateStore) -> Self {
+        self.state_store = Some(Arc::new(store));
+        self
+    }
+
+    /// Keeps process-manager instances in this store (shared).
+    pub fn state_store_arc(mut self, store: Arc<dyn StateStore>) -> Self {
+        self.state_store = Some(store);
+        self
+    }
+
     /// Adds a handler declaration by hand (validated like the ones the
     /// macros register).
     pub fn register(mut self, descriptor: &'static HandlerDescriptor) -> Self {
@@ -266,9 +303,12 @@ impl DomainBuilder {
         handlers.extend(self.event_handlers.iter().map(|h| h.descriptor()));
         handlers.extend(self.command_handlers.iter().map(|h| h.descriptor()));
         let mut messages = self.messages;
+        let mut pms: Vec<&'static ProcessManagerDescriptor> =
+            self.process_managers.iter().map(|p| p.descriptor).collect();
         if !self.skip_discovery {
             handlers.extend(registry::registered_handlers());
             messages.extend(registry::registered_messages());
+            pms.extend(registry::registered_process_managers());
         }
         let facts = BrokerFacts {
             name: broker.name(),
@@ -277,7 +317,18 @@ impl DomainBuilder {
                 .contains(Capabilities::STREAM_PARTITIONING),
             inline: broker.is_inline(),
         };
-        let registry = Registry::build(messages, handlers, facts)?;
+        let registry = Registry::build(messages, handlers, pms, facts)?;
+        let store: Arc<dyn StateStore> = match self.state_store {
+            Some(s) => s,
+            None => broker
+                .state_store()
+                .unwrap_or_else(|| Arc::new(MemoryStateStore::new())),
+        };
+        let process_managers = self
+            .process_managers
+            .iter()
+            .map(|p| (p.descriptor, (p.make)(store.clone())))
+            .collect();
         let policy = registry.key_policy(&config.server.priority_lanes.backfill_suffix);
         let mut command_handlers = BTreeMap::new();
         for h in self.command_handlers {
@@ -305,10 +356,17 @@ impl DomainBuilder {
                 outbox_wake: Arc::new(Notify::new()),
                 event_handlers: self.event_handlers,
                 command_handlers,
+                process_managers,
                 instance_id,
             }),
         })
     }
+}
+
+/// A process manager given to the builder.
+struct PmEntry {
+    descriptor: &'static ProcessManagerDescriptor,
+    make: fn(Arc<dyn StateStore>) -> Arc<dyn Dispatch>,
 }
 
 fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {

@@ -22,15 +22,16 @@ use crate::config::Config;
 use crate::domain::Domain;
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::{Context, Dispatched, EventHandler, Fence, HandlerError};
+use crate::handler::{Context, Dispatch, Dispatched, Fence, HandlerDispatch, HandlerError};
 use crate::key::KeyPolicy;
 use crate::outbox::{OutboxProcessor, OutboxStore};
+use crate::process_manager::ProcessManagerDescriptor;
 use crate::registry::Registry;
 
 /// One event handler's subscription.
 pub struct Subscription {
-    /// The handler.
-    pub handler: Arc<dyn EventHandler>,
+    /// The handler (or process manager).
+    pub handler: Arc<dyn Dispatch>,
     /// The handler's name (its consumer group).
     pub name: &'static str,
     /// The category it consumes (the first, for a process manager spanning
@@ -102,7 +103,7 @@ impl ConsumerPlan {
                     key_field.is_some_and(|f| m.has_field(f))
                 };
                 Subscription {
-                    handler: h.clone(),
+                    handler: Arc::new(HandlerDispatch(h.clone())),
                     name: d.name,
                     category: d.category,
                     categories: vec![d.category],
@@ -113,6 +114,10 @@ impl ConsumerPlan {
                 }
             })
             .collect();
+        let mut subscriptions: Vec<Subscription> = subscriptions;
+        for (d, dispatch) in domain.process_managers() {
+            subscriptions.extend(pm_subscriptions(&registry, d, dispatch));
+        }
         ConsumerPlan {
             subscriptions,
             registry,
@@ -178,6 +183,51 @@ impl ConsumerPlan {
         .instrument(span)
         .await
     }
+}
+
+/// The subscriptions of one process manager: one spanning every subscribed
+/// category (units are correlation values) when it is sequential, else one
+/// per category, consumed like an event handler's.
+fn pm_subscriptions(
+    registry: &Registry,
+    d: &'static ProcessManagerDescriptor,
+    dispatch: &Arc<dyn Dispatch>,
+) -> Vec<Subscription> {
+    let mut categories: Vec<&'static str> = d.handles.iter().map(|h| h.message.category).collect();
+    categories.sort_unstable();
+    categories.dedup();
+    if d.sequential {
+        return vec![Subscription {
+            handler: dispatch.clone(),
+            name: d.name,
+            category: categories.first().copied().unwrap_or(""),
+            categories,
+            scope: "*",
+            key_field: None,
+            reads_partitions: true,
+            reads_base: false,
+        }];
+    }
+    categories
+        .into_iter()
+        .map(|c| {
+            let key_field = registry.key_field(c);
+            let here = d.handles.iter().filter(|h| h.message.category == c);
+            let keyed = |h: &crate::process_manager::PmHandle| {
+                key_field.is_some_and(|f| h.message.has_field(f))
+            };
+            Subscription {
+                handler: dispatch.clone(),
+                name: d.name,
+                category: c,
+                categories: vec![c],
+                scope: c,
+                key_field,
+                reads_partitions: here.clone().any(keyed),
+                reads_base: here.clone().any(|h| !keyed(h)),
+            }
+        })
+        .collect()
 }
 
 /// Runs a domain: outbox processor plus consumers.

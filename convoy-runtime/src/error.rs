@@ -99,6 +99,28 @@ pub enum Error {
         message: String,
     },
 
+    /// A process-manager instance's stored state cannot be read or written
+    /// as its type.
+    #[error("the state of process manager `{process_manager}` instance `{instance}` does not match its type; was the state struct changed incompatibly?")]
+    State {
+        /// The process manager.
+        process_manager: String,
+        /// The instance (correlation value).
+        instance: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A process-manager instance kept changing under a handler.
+    #[error("process manager `{process_manager}` instance `{instance}` was changed concurrently on every attempt; declare it sequential_by = true so one engine owns each instance")]
+    StateConflict {
+        /// The process manager.
+        process_manager: String,
+        /// The instance.
+        instance: String,
+    },
+
     /// Talking to Redis failed.
     #[error("redis: {context}")]
     Redis {
@@ -195,6 +217,17 @@ pub enum Problem {
         /// The fields the type has.
         available: Vec<String>,
     },
+    /// A process manager's `correlate` field is missing on a handled event.
+    MissingCorrelateField {
+        /// The process manager.
+        process_manager: String,
+        /// The handled type.
+        type_name: String,
+        /// The `correlate` field.
+        field: String,
+        /// The fields the type has.
+        available: Vec<String>,
+    },
     /// Two handlers partition one category by different keys.
     KeyConflict {
         /// The category.
@@ -267,6 +300,16 @@ impl fmt::Display for Problem {
                     write!(f, " (available fields: {})", available.join(", "))
                 }
             }
+            Problem::MissingCorrelateField {
+                process_manager,
+                type_name,
+                field,
+                available,
+            } => write!(
+                f,
+                "`{process_manager}` correlates `{type_name}` by `{field}` but `{type_name}` has no field `{field}` (available fields: {})",
+                available.join(", ")
+            ),
             Problem::KeyConflict {
                 category,
                 first,

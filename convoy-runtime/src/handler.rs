@@ -81,6 +81,30 @@ pub trait EventHandler: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
 }
 
+/// What a consumer calls for each message: an event handler, or a process
+/// manager with its state loading and saving around the handler.
+pub trait Dispatch: Send + Sync + 'static {
+    /// Runs the message through the handler.
+    fn dispatch<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
+}
+
+/// An event handler as a [`Dispatch`].
+pub(crate) struct HandlerDispatch(pub(crate) std::sync::Arc<dyn EventHandler>);
+
+impl Dispatch for HandlerDispatch {
+    fn dispatch<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>> {
+        self.0.dispatch(envelope, ctx)
+    }
+}
+
 /// A command handler, implemented by `#[command_handler]`.
 pub trait CommandHandler: Send + Sync + 'static {
     /// The handler's compile-time description.

@@ -13,11 +13,16 @@
 //! of one process-manager instance are ever handled at once. Cross-category
 //! order is not promised.
 
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::envelope::Envelope;
-use crate::handler::{BoxFuture, Context, Dispatched, HandlerError};
+use crate::error::Error;
+use crate::handler::{BoxFuture, Context, Dispatch, Dispatched, HandlerError};
 use crate::message::MessageDescriptor;
 
 /// One handled event of a process manager.
@@ -68,4 +73,196 @@ pub trait ProcessManager: Serialize + DeserializeOwned + Default + Send + Sync +
         envelope: &'a Envelope,
         ctx: &'a Context,
     ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
+}
+
+/// A process-manager instance as stored: its state (JSON), its version
+/// (for optimistic concurrency) and whether it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredState {
+    /// Increases by one on every save.
+    pub version: u64,
+    /// The state struct as JSON.
+    pub state: String,
+    /// The instance handled its `end` event; later events are ignored.
+    pub ended: bool,
+    /// The ids of the latest events applied to the state (at most
+    /// [`APPLIED_KEPT`]): a redelivered event (after a crash, at-least-once)
+    /// is recognised and not applied twice.
+    pub applied: Vec<String>,
+}
+
+/// How many applied event ids an instance remembers.
+pub const APPLIED_KEPT: usize = 64;
+
+/// Where process-manager instances live: in memory under the inline
+/// broker, in Redis under the Redis broker.
+pub trait StateStore: Send + Sync + 'static {
+    /// The instance `id` of process manager `pm`, if it exists.
+    fn load<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredState>, Error>>;
+
+    /// Saves the instance if its stored version is still `expected` (0 for a
+    /// new instance); returns false when someone saved it in between.
+    fn save<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+        expected: u64,
+        state: StoredState,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+/// Process-manager state in memory.
+#[derive(Debug, Default)]
+pub struct MemoryStateStore {
+    map: Mutex<HashMap<(String, String), StoredState>>,
+}
+
+impl MemoryStateStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl StateStore for MemoryStateStore {
+    fn load<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredState>, Error>> {
+        let v = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(pm.to_owned(), id.to_owned()))
+            .cloned();
+        Box::pin(async { Ok(v) })
+    }
+
+    fn save<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+        expected: u64,
+        state: StoredState,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (pm.to_owned(), id.to_owned());
+        let current = map.get(&key).map(|s| s.version).unwrap_or(0);
+        let saved = current == expected;
+        if saved {
+            map.insert(
+                key,
+                StoredState {
+                    version: expected + 1,
+                    ..state
+                },
+            );
+        }
+        Box::pin(async move { Ok(saved) })
+    }
+}
+
+/// How many times a handler re-runs on a version conflict before the
+/// attempt fails (and is retried like any failure).
+const CONFLICT_RETRIES: usize = 5;
+
+/// A process manager as a consumer sees it: load the instance, run the
+/// handler on its state, save it with a version check.
+pub(crate) struct PmDispatch<P> {
+    store: Arc<dyn StateStore>,
+    _pm: PhantomData<fn() -> P>,
+}
+
+impl<P: ProcessManager> PmDispatch<P> {
+    pub(crate) fn new(store: Arc<dyn StateStore>) -> Self {
+        PmDispatch {
+            store,
+            _pm: PhantomData,
+        }
+    }
+}
+
+impl<P: ProcessManager> Dispatch for PmDispatch<P> {
+    fn dispatch<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>> {
+        Box::pin(async move {
+            let d = P::DESCRIPTOR;
+            let Some(h) = d
+                .handles
+                .iter()
+                .find(|h| h.message.type_name == envelope.type_name)
+            else {
+                return Ok(Dispatched::NotHandled);
+            };
+            let Some(id) = P::correlation(envelope)? else {
+                tracing::warn!(process_manager = d.name, id = %envelope.id, field = h.correlate, "event carries no correlation value; skipped");
+                return Ok(Dispatched::NotHandled);
+            };
+            for _ in 0..CONFLICT_RETRIES {
+                let loaded = self.store.load(d.name, &id).await?;
+                if let Some(s) = &loaded
+                    && s.applied.iter().any(|a| *a == envelope.id)
+                {
+                    tracing::info!(process_manager = d.name, instance = %id, id = %envelope.id, "event already applied to the instance (redelivered); not applied again");
+                    return Ok(Dispatched::Handled);
+                }
+                let mut applied = loaded.as_ref().map(|s| s.applied.clone()).unwrap_or_default();
+                let (mut state, version) = match loaded {
+                    None if !h.start => {
+                        tracing::info!(process_manager = d.name, instance = %id, r#type = %envelope.type_name, "event for an instance that was never started; skipped");
+                        return Ok(Dispatched::NotHandled);
+                    }
+                    None => (P::default(), 0),
+                    Some(s) if s.ended => {
+                        tracing::debug!(process_manager = d.name, instance = %id, "instance already ended; event ignored");
+                        return Ok(Dispatched::NotHandled);
+                    }
+                    Some(s) => {
+                        let state: P =
+                            serde_json::from_str(&s.state).map_err(|source| Error::State {
+                                process_manager: d.name.to_owned(),
+                                instance: id.clone(),
+                                source,
+                            })?;
+                        (state, s.version)
+                    }
+                };
+                let out = state.dispatch(envelope, ctx).await?;
+                let json = serde_json::to_string(&state).map_err(|source| Error::State {
+                    process_manager: d.name.to_owned(),
+                    instance: id.clone(),
+                    source,
+                })?;
+                applied.push(envelope.id.clone());
+                if applied.len() > APPLIED_KEPT {
+                    applied.remove(0);
+                }
+                let stored = StoredState {
+                    version,
+                    state: json,
+                    ended: h.end,
+                    applied,
+                };
+                if self.store.save(d.name, &id, version, stored).await? {
+                    return Ok(out);
+                }
+                tracing::warn!(process_manager = d.name, instance = %id, "instance changed concurrently; running the handler again on the new state");
+            }
+            Err(HandlerError::from(Error::StateConflict {
+                process_manager: d.name.to_owned(),
+                instance: id,
+            }))
+        })
+    }
 }

@@ -8,6 +8,7 @@ use crate::error::{Error, Problem, Problems};
 use crate::handler::{HandlerDescriptor, HandlerKind};
 use crate::key::KeyPolicy;
 use crate::message::{MessageDescriptor, MessageKind};
+use crate::process_manager::{ProcessManagerDescriptor, ProcessManagerRegistration};
 
 /// An `inventory` entry for one message type (submitted by the derives).
 #[derive(Debug)]
@@ -40,6 +41,16 @@ pub fn registered_handlers() -> Vec<&'static HandlerDescriptor> {
     v
 }
 
+/// Every process manager linked into this binary, sorted by name.
+pub fn registered_process_managers() -> Vec<&'static ProcessManagerDescriptor> {
+    let mut v: Vec<_> = inventory::iter::<ProcessManagerRegistration>
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    v.sort_by_key(|p| p.name);
+    v
+}
+
 /// Whether the target broker can partition streams.
 #[derive(Debug, Clone, Copy)]
 pub struct BrokerFacts<'a> {
@@ -56,6 +67,7 @@ pub struct BrokerFacts<'a> {
 pub struct Registry {
     messages: BTreeMap<&'static str, &'static MessageDescriptor>,
     handlers: Vec<&'static HandlerDescriptor>,
+    process_managers: Vec<&'static ProcessManagerDescriptor>,
     event_keys: BTreeMap<&'static str, &'static str>,
 }
 
@@ -64,6 +76,7 @@ impl Registry {
     pub fn build(
         messages: impl IntoIterator<Item = &'static MessageDescriptor>,
         handlers: impl IntoIterator<Item = &'static HandlerDescriptor>,
+        process_managers: impl IntoIterator<Item = &'static ProcessManagerDescriptor>,
         broker: BrokerFacts<'_>,
     ) -> Result<Registry, Error> {
         let mut problems = Vec::new();
@@ -71,8 +84,15 @@ impl Registry {
         let mut by_name: BTreeMap<&'static str, &'static MessageDescriptor> = BTreeMap::new();
         let mut all_messages: Vec<&'static MessageDescriptor> = messages.into_iter().collect();
         let mut hs: Vec<&'static HandlerDescriptor> = handlers.into_iter().collect();
+        let mut pms: Vec<&'static ProcessManagerDescriptor> =
+            process_managers.into_iter().collect();
+        pms.sort_by_key(|p| p.name);
+        // A process manager's descriptor is an associated const, whose
+        // address may differ between uses: one name is one type.
+        pms.dedup_by(|a, b| a.name == b.name);
         // Handled types are known even when their registration was not linked.
         all_messages.extend(hs.iter().flat_map(|h| h.handles.iter().copied()));
+        all_messages.extend(pms.iter().flat_map(|p| p.handles.iter().map(|h| h.message)));
         all_messages.sort_by(|a, b| (a.type_name, a.rust_path).cmp(&(b.type_name, b.rust_path)));
         for m in all_messages {
             match by_name.get(m.type_name) {
@@ -161,6 +181,53 @@ impl Registry {
             }
         }
 
+        for p in &pms {
+            if hs.iter().any(|h| h.name == p.name) {
+                problems.push(Problem::DuplicateHandler(p.name.to_owned()));
+            }
+            for h in p.handles {
+                let m = h.message;
+                if m.kind != MessageKind::Event {
+                    problems.push(Problem::KindMismatch {
+                        handler: p.name.to_owned(),
+                        type_name: m.type_name.to_owned(),
+                    });
+                }
+                if !m.has_field(h.correlate) {
+                    problems.push(Problem::MissingCorrelateField {
+                        process_manager: p.name.to_owned(),
+                        type_name: m.type_name.to_owned(),
+                        field: h.correlate.to_owned(),
+                        available: m.fields.iter().map(|f| (*f).to_owned()).collect(),
+                    });
+                }
+                if !p.sequential {
+                    continue;
+                }
+                // A sequential process manager partitions each category it
+                // subscribes to by the field its correlate maps there.
+                match keys.get(&(HandlerKind::Event, m.category)) {
+                    Some(&(other, other_field)) if other_field != h.correlate => {
+                        problems.push(Problem::KeyConflict {
+                            category: m.category.to_owned(),
+                            first: (other.to_owned(), other_field.to_owned()),
+                            second: (p.name.to_owned(), h.correlate.to_owned()),
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        keys.insert((HandlerKind::Event, m.category), (p.name, h.correlate));
+                    }
+                }
+            }
+            if p.sequential && !broker.stream_partitioning && !broker.inline {
+                problems.push(Problem::BrokerCapability {
+                    handler: p.name.to_owned(),
+                    broker: broker.name.to_owned(),
+                });
+            }
+        }
+
         if !problems.is_empty() {
             return Err(Error::IncorrectUsage(Problems(problems)));
         }
@@ -172,6 +239,7 @@ impl Registry {
         Ok(Registry {
             messages: by_name,
             handlers: hs,
+            process_managers: pms,
             event_keys,
         })
     }
@@ -184,6 +252,11 @@ impl Registry {
     /// Every validated handler, sorted by name.
     pub fn handlers(&self) -> &[&'static HandlerDescriptor] {
         &self.handlers
+    }
+
+    /// Every validated process manager, sorted by name.
+    pub fn process_managers(&self) -> &[&'static ProcessManagerDescriptor] {
+        &self.process_managers
     }
 
     /// The partition key field of an event category, when partitioned.
@@ -250,7 +323,7 @@ mod tests {
             stream_partitioning: false,
             inline: false,
         };
-        let err = Registry::build([], [&A, &B], plain).expect_err("must fail");
+        let err = Registry::build([], [&A, &B], [], plain).expect_err("must fail");
         let text = err.to_string();
         assert_eq!(err.problems().len(), 4, "{text}");
         assert!(
@@ -278,8 +351,8 @@ mod tests {
             stream_partitioning: false,
             inline: true,
         };
-        let r = Registry::build([], [&B, &C], inline).expect("inline accepts");
+        let r = Registry::build([], [&B, &C], [], inline).expect("inline accepts");
         assert_eq!(r.key_field("order"), Some("order_id"));
-        Registry::build([], [&C], REDIS).expect("redis accepts");
+        Registry::build([], [&C], [], REDIS).expect("redis accepts");
     }
 }

@@ -69,7 +69,7 @@ impl InlineBroker {
         for sub in plan
             .subscriptions
             .iter()
-            .filter(|s| s.category == envelope.category)
+            .filter(|s| s.categories.contains(&envelope.category.as_str()))
         {
             let mut attempt = 1;
             loop {

@@ -77,6 +77,12 @@ pub trait Broker: Send + Sync + 'static {
         false
     }
 
+    /// Where process-manager instances live with this broker (`None`: in
+    /// memory).
+    fn state_store(&self) -> Option<Arc<dyn crate::process_manager::StateStore>> {
+        None
+    }
+
     /// The inline broker itself, when this is it.
     fn as_inline(&self) -> Option<&InlineBroker> {
         None

@@ -18,6 +18,8 @@
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
 //! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
 //! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
+//! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended` |
+//! | `convoy:lease:{pm}:*:{value}` | string | a sequential process manager's lease on a correlation value (all its categories) |
 //! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
 
 /// `{category}:__wake__`.
@@ -63,6 +65,11 @@ pub fn published(category: &str) -> String {
 /// `convoy:acked:{group}:{category}`.
 pub fn acked(group: &str, category: &str) -> String {
     format!("convoy:acked:{group}:{category}")
+}
+
+/// `convoy:pm:{process manager}:{correlation value}`.
+pub fn pm_state(pm: &str, id: &str) -> String {
+    format!("convoy:pm:{pm}:{id}")
 }
 
 /// `convoy:producer:{id}`.

@@ -34,6 +34,8 @@ mod plain;
 mod publish;
 mod reply;
 mod scripts;
+mod state;
+pub use state::RedisStateStore;
 mod wake;
 
 use std::sync::Arc;
@@ -54,7 +56,7 @@ pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
 
 /// The Redis Streams broker. Cheap to share; connects on first use.
 pub struct RedisBroker {
-    client: redis::Client,
+    pub(crate) client: redis::Client,
     url: String,
     response_timeout: Duration,
     conn: OnceCell<ConnectionManager>,
@@ -155,6 +157,10 @@ impl Broker for RedisBroker {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::STREAM_PARTITIONING
+    }
+
+    fn state_store(&self) -> Option<Arc<dyn crate::process_manager::StateStore>> {
+        Some(Arc::new(state::RedisStateStore::new(self)))
     }
 
     fn publish<'a>(

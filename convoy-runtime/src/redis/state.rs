@@ -1,0 +1,103 @@
+//! Process-manager instances in Redis: one hash per instance,
+//! `convoy:pm:{process manager}:{correlation value}` with `version`,
+//! `state` (JSON) and `ended`, saved by a version-checking script.
+
+use redis::aio::ConnectionManager;
+use tokio::sync::OnceCell;
+
+use super::scripts::SCRIPTS;
+use super::{RedisBroker, keys};
+use crate::error::Error;
+use crate::handler::BoxFuture;
+use crate::process_manager::{StateStore, StoredState};
+
+/// Process-manager state kept in Redis.
+pub struct RedisStateStore {
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+}
+
+impl std::fmt::Debug for RedisStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStateStore").finish_non_exhaustive()
+    }
+}
+
+impl RedisStateStore {
+    pub(crate) fn new(broker: &RedisBroker) -> Self {
+        RedisStateStore {
+            client: broker.client.clone(),
+            conn: OnceCell::new(),
+        }
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, Error> {
+        self.conn
+            .get_or_try_init(|| ConnectionManager::new(self.client.clone()))
+            .await
+            .cloned()
+            .map_err(|e| Error::redis("cannot connect the process-manager state store", e))
+    }
+}
+
+impl StateStore for RedisStateStore {
+    fn load<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<StoredState>, Error>> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            #[allow(clippy::type_complexity)]
+            let (version, state, ended, applied): (
+                Option<u64>,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+            ) = redis::cmd("HMGET")
+                    .arg(keys::pm_state(pm, id))
+                    .arg("version")
+                    .arg("state")
+                    .arg("ended")
+                    .arg("applied")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| Error::redis("failed to load a process-manager instance", e))?;
+            Ok(match (version, state) {
+                (Some(version), Some(state)) => Some(StoredState {
+                    version,
+                    state,
+                    ended: ended.as_deref() == Some("1"),
+                    applied: applied
+                        .and_then(|a| serde_json::from_str(&a).ok())
+                        .unwrap_or_default(),
+                }),
+                _ => None,
+            })
+        })
+    }
+
+    fn save<'a>(
+        &'a self,
+        pm: &'a str,
+        id: &'a str,
+        expected: u64,
+        state: StoredState,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let mut c = self.conn().await?;
+            let applied = serde_json::to_string(&state.applied).unwrap_or_else(|_| "[]".into());
+            let saved: i64 = SCRIPTS
+                .save_state
+                .key(keys::pm_state(pm, id))
+                .arg(expected)
+                .arg(state.state)
+                .arg(if state.ended { "1" } else { "0" })
+                .arg(applied)
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| Error::redis("failed to save a process-manager instance", e))?;
+            Ok(saved == 1)
+        })
+    }
+}
