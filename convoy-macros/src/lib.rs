@@ -8,6 +8,8 @@
 //! This file declares only the entry points and their documentation; the
 //! derives live in `message/`, the handler attributes in `handler/`
 //! (`attr.rs` parses, `check.rs` validates, `expand.rs` generates).
+//! `#[process_manager]` lives in `process_manager/`, split the same way;
+//! `tokens.rs` holds parsing and span helpers shared by the attributes.
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -17,7 +19,9 @@ use syn::{DeriveInput, parse_macro_input};
 mod ctxt;
 mod handler;
 mod message;
+mod process_manager;
 mod symbol;
+mod tokens;
 
 use message::Kind;
 
@@ -335,4 +339,218 @@ pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn command_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(Kind::Command, args.into(), item.into()).into()
+}
+
+/// Declares a process manager: implements `convoy_runtime::ProcessManager`
+/// for a state struct and registers it with the runtime.
+///
+/// A process manager follows one business process, such as an order from
+/// placement to shipping, across the events of several categories. Its
+/// state is a struct with `Default` and serde's `Serialize` and
+/// `Deserialize`; each instance is keyed by a correlation value (the order
+/// id), and the runtime loads the instance's state before each event and
+/// saves it after.
+///
+/// The attribute goes on the state struct's inherent `impl` block. Each
+/// method marked `#[handle(..)]` handles the event type it takes:
+/// `async fn name(&mut self, event: E) -> Result<(), Err>` or
+/// `async fn name(&mut self, event: E, ctx: &Context) -> Result<(), Err>`,
+/// where `Err` converts into `convoy_runtime::HandlerError` (any error type,
+/// a `String` or a `&str` does). Every handled type must be an event
+/// (`#[derive(Event)]`), handled by one method; the events may belong to
+/// any number of aggregates. Other items of the block are left alone.
+///
+/// ```
+/// use convoy_runtime::{Aggregate, Context, Event, HandlerError, process_manager};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Aggregate)]
+/// pub struct Order;
+///
+/// #[derive(Aggregate)]
+/// pub struct Payment;
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderPlaced { pub order_id: String, pub total: u64 }
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Payment)]
+/// pub struct PaymentCaptured { pub payment_id: String, pub order_ref: String }
+///
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderShipped { pub order_id: String }
+///
+/// #[derive(Default, Serialize, Deserialize)]
+/// pub struct Fulfilment { order_id: String, paid: bool, shipped: bool }
+///
+/// #[process_manager(sequential_by = true)]
+/// impl Fulfilment {
+///     #[handle(start, correlate = "order_id")]
+///     async fn placed(&mut self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError> {
+///         self.order_id = event.order_id;
+///         Ok(())
+///     }
+///
+///     #[handle(correlate = "order_ref")]
+///     async fn paid(&mut self, event: PaymentCaptured) -> Result<(), HandlerError> {
+///         self.paid = true;
+///         Ok(())
+///     }
+///
+///     #[handle(end, correlate = "order_id")]
+///     async fn shipped(&mut self, event: OrderShipped) -> Result<(), HandlerError> {
+///         if !self.paid {
+///             return Err("shipped before payment".into());
+///         }
+///         self.shipped = true;
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
+///
+/// The process manager's name, also its consumer group, is the module path
+/// of the declaration followed by the type name
+/// (`my_crate::orders::Fulfilment`).
+///
+/// ## sequential_by
+///
+/// `sequential_by = true` serializes each instance: every category the
+/// process manager subscribes to is partitioned by the field its `correlate`
+/// names there (`order` by `order_id`, `payment` by `order_ref` above), and
+/// one engine process at a time owns a correlation value across all of
+/// them, so no two events of one instance are ever handled at the same
+/// time. Different instances run in parallel. Events of one category arrive
+/// in publish order; the order between categories is not promised.
+///
+/// It takes `true` or `false`, not a field name: the fields are the
+/// `correlate`s. Without it (or with `false`) the categories are not
+/// partitioned for the process manager, and the instance's version alone
+/// guards its state against concurrent updates.
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event, HandlerError, ProcessManager, process_manager};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderPlaced { pub order_id: String, pub total: u64 }
+/// #[derive(Default, Serialize, Deserialize)]
+/// pub struct Revenue { total: u64 }
+///
+/// #[process_manager(sequential_by = false)]
+/// impl Revenue {
+///     #[handle(start, correlate = "order_id")]
+///     async fn placed(&mut self, event: OrderPlaced) -> Result<(), HandlerError> {
+///         self.total += event.total;
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() {
+///     assert!(!Revenue::DESCRIPTOR.sequential);
+/// }
+/// ```
+///
+/// ## correlate
+///
+/// Required on every `#[handle]`: `correlate = "order_ref"` names the field
+/// of that event that carries the correlation value. It may differ from one
+/// event type to the next. The field must be a direct field of the event,
+/// of a type that can be a key: strings, integers, `Option`s of them (an
+/// event whose field is `None` belongs to no instance), or a type
+/// implementing `convoy_runtime::PartitionKey`. Both are checked at compile
+/// time, with the error on the `"order_ref"` literal. The field must be
+/// visible from the module of the process manager.
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event, HandlerError, process_manager};
+/// # use serde::{Deserialize, Serialize};
+/// use convoy_runtime::{Envelope, Priority, ProcessManager};
+///
+/// # #[derive(Aggregate)]
+/// # pub struct Payment;
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Payment)]
+/// pub struct PaymentCaptured { pub payment_id: String, pub order_ref: String }
+///
+/// #[derive(Default, Serialize, Deserialize)]
+/// pub struct Receipt { paid: bool }
+///
+/// #[process_manager]
+/// impl Receipt {
+///     #[handle(start, end, correlate = "order_ref")]
+///     async fn paid(&mut self, event: PaymentCaptured) -> Result<(), HandlerError> {
+///         self.paid = true;
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() {
+///     let event = PaymentCaptured { payment_id: "p-1".into(), order_ref: "o-1".into() };
+///     let envelope = Envelope::wrap(&event, None, Priority::Normal, None).unwrap();
+///     assert_eq!(Receipt::correlation(&envelope).unwrap().as_deref(), Some("o-1"));
+///     assert_eq!(Receipt::DESCRIPTOR.handles[0].correlate, "order_ref");
+/// }
+/// ```
+///
+/// ## start and end
+///
+/// `start` marks an event that creates an instance; an event for a
+/// correlation value with no instance yet is skipped (with a log line)
+/// unless it is a `start` event. `end` marks an event that completes the
+/// instance: events for it after that are ignored. Both are optional, and
+/// one event may be both (the instance lives for one event).
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Context, Event, HandlerError, process_manager};
+/// # use serde::{Deserialize, Serialize};
+/// use convoy_runtime::ProcessManager;
+///
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderPlaced { pub order_id: String, pub total: u64 }
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderShipped { pub order_id: String }
+/// #[derive(Event, Serialize, Deserialize)]
+/// #[event(part_of = Order)]
+/// pub struct OrderAmended { pub order_id: String, pub total: u64 }
+///
+/// #[derive(Default, Serialize, Deserialize)]
+/// pub struct Tracking { total: u64 }
+///
+/// #[process_manager(sequential_by = true)]
+/// impl Tracking {
+///     #[handle(start, correlate = "order_id")]
+///     async fn placed(&mut self, event: OrderPlaced) -> Result<(), HandlerError> {
+///         self.total = event.total;
+///         Ok(())
+///     }
+///
+///     #[handle(correlate = "order_id")]
+///     async fn amended(&mut self, event: OrderAmended) -> Result<(), HandlerError> {
+///         self.total = event.total;
+///         Ok(())
+///     }
+///
+///     #[handle(end, correlate = "order_id")]
+///     async fn shipped(&mut self, event: OrderShipped, ctx: &Context) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() {
+///     let flags: Vec<_> = Tracking::DESCRIPTOR.handles.iter().map(|h| (h.start, h.end)).collect();
+///     assert_eq!(flags, [(true, false), (false, false), (false, true)]);
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn process_manager(args: TokenStream, item: TokenStream) -> TokenStream {
+    process_manager::expand(args.into(), item.into()).into()
 }

@@ -15,12 +15,12 @@ use crate::error::Error;
 use crate::handler::{
     CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
 };
-use crate::process_manager::{
-    MemoryStateStore, PmDispatch, ProcessManager, ProcessManagerDescriptor, StateStore,
-};
 use crate::key::KeyPolicy;
 use crate::message::{Command, MessageDescriptor};
 use crate::outbox::{MemoryOutbox, OutboxStore};
+use crate::process_manager::{
+    MemoryStateStore, PmDispatch, ProcessManager, ProcessManagerDescriptor, StateStore,
+};
 use crate::registry::{self, BrokerFacts, Registry};
 use crate::uow::UnitOfWork;
 

@@ -101,7 +101,9 @@ pub enum Error {
 
     /// A process-manager instance's stored state cannot be read or written
     /// as its type.
-    #[error("the state of process manager `{process_manager}` instance `{instance}` does not match its type; was the state struct changed incompatibly?")]
+    #[error(
+        "the state of process manager `{process_manager}` instance `{instance}` does not match its type; was the state struct changed incompatibly?"
+    )]
     State {
         /// The process manager.
         process_manager: String,
@@ -113,7 +115,9 @@ pub enum Error {
     },
 
     /// A process-manager instance kept changing under a handler.
-    #[error("process manager `{process_manager}` instance `{instance}` was changed concurrently on every attempt; declare it sequential_by = true so one engine owns each instance")]
+    #[error(
+        "process manager `{process_manager}` instance `{instance}` was changed concurrently on every attempt; declare it sequential_by = true so one engine owns each instance"
+    )]
     StateConflict {
         /// The process manager.
         process_manager: String,

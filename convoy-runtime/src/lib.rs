@@ -48,4 +48,6 @@ pub use tokio_util::sync::CancellationToken;
 pub use uow::UnitOfWork;
 
 #[doc(inline)]
-pub use convoy_macros::{Aggregate, Command, Event, command_handler, event_handler};
+pub use convoy_macros::{
+    Aggregate, Command, Event, command_handler, event_handler, process_manager,
+};

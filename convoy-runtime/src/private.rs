@@ -5,6 +5,7 @@ pub use ::inventory;
 
 pub use crate::handler::{BoxFuture, Dispatched, HandlerDescriptor, HandlerKind};
 pub use crate::message::{KeyProbe, MessageDescriptor, MessageKind, ViaFallback, ViaPartitionKey};
+pub use crate::process_manager::{PmHandle, ProcessManagerDescriptor, ProcessManagerRegistration};
 pub use crate::registry::{HandlerRegistration, MessageRegistration};
 
 /// Turns a handler method's `Result<(), E>` into the runtime's result.

@@ -212,12 +212,15 @@ impl<P: ProcessManager> Dispatch for PmDispatch<P> {
             for _ in 0..CONFLICT_RETRIES {
                 let loaded = self.store.load(d.name, &id).await?;
                 if let Some(s) = &loaded
-                    && s.applied.iter().any(|a| *a == envelope.id)
+                    && s.applied.contains(&envelope.id)
                 {
                     tracing::info!(process_manager = d.name, instance = %id, id = %envelope.id, "event already applied to the instance (redelivered); not applied again");
                     return Ok(Dispatched::Handled);
                 }
-                let mut applied = loaded.as_ref().map(|s| s.applied.clone()).unwrap_or_default();
+                let mut applied = loaded
+                    .as_ref()
+                    .map(|s| s.applied.clone())
+                    .unwrap_or_default();
                 let (mut state, version) = match loaded {
                     None if !h.start => {
                         tracing::info!(process_manager = d.name, instance = %id, r#type = %envelope.type_name, "event for an instance that was never started; skipped");

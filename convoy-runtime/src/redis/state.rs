@@ -55,14 +55,14 @@ impl StateStore for RedisStateStore {
                 Option<String>,
                 Option<String>,
             ) = redis::cmd("HMGET")
-                    .arg(keys::pm_state(pm, id))
-                    .arg("version")
-                    .arg("state")
-                    .arg("ended")
-                    .arg("applied")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| Error::redis("failed to load a process-manager instance", e))?;
+                .arg(keys::pm_state(pm, id))
+                .arg("version")
+                .arg("state")
+                .arg("ended")
+                .arg("applied")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| Error::redis("failed to load a process-manager instance", e))?;
             Ok(match (version, state) {
                 (Some(version), Some(state)) => Some(StoredState {
                     version,

@@ -1,0 +1,103 @@
+//! Small parsing and span helpers shared by the attribute macros.
+//!
+//! `process_manager/` uses these; `handler/` still has private copies of the
+//! same four helpers (`field_ident`, `rest_of_value` and `not_yet` in
+//! `handler/attr.rs`, `span_range` in `handler/expand.rs`) and can switch to
+//! this module without any change in behaviour.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::Ident;
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+
+use crate::symbol::Symbol;
+
+/// Fails at `key` when the argument `name` was already given.
+pub(crate) fn not_yet<T>(slot: &Option<T>, key: Span, name: Symbol) -> syn::Result<()> {
+    match slot {
+        Some(_) => Err(syn::Error::new(
+            key,
+            format!("`{name}` given more than once"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Parses a field name, the content of a `"field"` literal; a keyword
+/// (`"type"`) becomes a raw identifier (`r#type`), as the field is declared.
+pub(crate) fn field_ident(input: ParseStream<'_>) -> syn::Result<Ident> {
+    let ident = input.call(Ident::parse_any)?;
+    let name = ident.to_string();
+    if name.starts_with("r#") || syn::parse_str::<Ident>(&name).is_ok() {
+        return Ok(ident);
+    }
+    match name.as_str() {
+        "self" | "Self" | "super" | "crate" | "_" => Err(input.error("not a field name")),
+        _ => Ok(Ident::new_raw(&name, ident.span())),
+    }
+}
+
+/// The tokens up to the next top-level comma: a value of the wrong shape,
+/// consumed whole so that the error covers all of it.
+pub(crate) fn rest_of_value(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    let mut value = TokenStream::new();
+    while !input.is_empty() && !input.peek(syn::Token![,]) {
+        value.extend([input.parse::<TokenTree>()?]);
+    }
+    Ok(value)
+}
+
+/// The spans of the first and last token of `tokens`. Generated tokens
+/// placed before a user's type get the first span and those after it the
+/// last, so that rustc, which joins spans itself, underlines exactly the
+/// user's tokens (stable proc macros cannot join spans).
+pub(crate) fn span_range(tokens: impl ToTokens) -> (Span, Span) {
+    let mut spans = tokens.into_token_stream().into_iter().map(|t| t.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    let last = spans.last().unwrap_or(first);
+    (first, last)
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::parse::Parser;
+
+    use super::*;
+
+    #[test]
+    fn field_names() {
+        let parse = |s: &str| field_ident.parse_str(s).map(|i| i.to_string());
+        assert_eq!(parse("order_id").expect("plain"), "order_id");
+        assert_eq!(parse("type").expect("keyword"), "r#type");
+        assert_eq!(parse("r#type").expect("raw"), "r#type");
+        for bad in ["self", "crate", "_", "a b", "a.b", "0"] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rest_of_value_stops_at_the_comma() {
+        let parser = |input: ParseStream<'_>| {
+            let value = rest_of_value(input)?;
+            let rest: TokenStream = input.parse()?;
+            Ok((value.to_string(), rest.to_string()))
+        };
+        let (value, rest) = parser.parse2(quote!(a::b<c, d>, e)).expect("parses");
+        // Tokens are not trees of generics: the value stops at the first comma.
+        assert_eq!(value, "a :: b < c");
+        assert_eq!(rest, ", d > , e");
+        let (value, rest) = parser.parse2(quote!((x, y) z)).expect("parses");
+        assert_eq!(value, "(x , y) z");
+        assert_eq!(rest, "");
+    }
+
+    #[test]
+    fn duplicates_fail_at_the_second_key() {
+        const KEY: Symbol = Symbol("key");
+        assert!(not_yet(&None::<()>, Span::call_site(), KEY).is_ok());
+        let err = not_yet(&Some(()), Span::call_site(), KEY).expect_err("duplicate");
+        assert_eq!(err.to_string(), "`key` given more than once");
+    }
+}
