@@ -141,8 +141,7 @@ async fn report(store: &dyn StateStore) -> Result<bool, Box<dyn std::error::Erro
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
     let done = match std::env::var("CONVOY_REDIS_URL") {
