@@ -421,3 +421,106 @@ async fn crash_failover_of_an_instance_owner_loses_nothing() {
     );
     drop(b);
 }
+
+#[test]
+fn a_sequential_process_manager_needs_a_partitioning_broker() {
+    #[derive(Debug)]
+    struct PlainBroker;
+    impl convoy_runtime::Broker for PlainBroker {
+        fn name(&self) -> &str {
+            "plain"
+        }
+        fn capabilities(&self) -> convoy_runtime::Capabilities {
+            convoy_runtime::Capabilities::NONE
+        }
+        fn publish<'a>(
+            &'a self,
+            _producer: &'a str,
+            _batch: &'a [convoy_runtime::broker::Publication],
+        ) -> convoy_runtime::handler::BoxFuture<'a, Result<(), convoy_runtime::broker::PublishError>>
+        {
+            Box::pin(async { Ok(()) })
+        }
+        fn run(
+            self: Arc<Self>,
+            _plan: Arc<convoy_runtime::engine::ConsumerPlan>,
+            _shutdown: convoy_runtime::CancellationToken,
+        ) -> convoy_runtime::handler::BoxFuture<'static, Result<(), convoy_runtime::Error>>
+        {
+            Box::pin(async { Ok(()) })
+        }
+    }
+    let err = Domain::builder()
+        .broker(PlainBroker)
+        .process_manager::<Fulfilment>()
+        .init()
+        .expect_err("rejected");
+    assert!(
+        err.to_string().contains(
+            "declares sequential_by but the broker `plain` does not advertise STREAM_PARTITIONING"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_category_stream_appearing_after_the_lease_joins_the_unit() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let d = engine_domain(&url, "solo");
+    let engine = d.engine().spawn();
+    let mut uow = d.unit_of_work();
+    uow.raise(OrderPlaced {
+        order_id: "o7".into(),
+        amount: 100,
+    })
+    .expect("raise");
+    uow.commit().await.expect("commit");
+    let mut c = server.connection().await.expect("conn");
+    let lease_key = format!("convoy:lease:{}:*:o7", name());
+    let start = std::time::Instant::now();
+    let lease = loop {
+        let l: Option<String> = redis::cmd("GET")
+            .arg(&lease_key)
+            .query_async(&mut c)
+            .await
+            .expect("get");
+        if let Some(l) = l {
+            break l;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "o7 never leased");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Only now does the payment stream for o7 appear.
+    let mut uow = d.unit_of_work();
+    uow.raise(PaymentCaptured {
+        order_ref: "o7".into(),
+        amount: 40,
+    })
+    .expect("raise");
+    uow.raise(OrderShipped {
+        order_id: "o7".into(),
+    })
+    .expect("raise");
+    uow.commit().await.expect("commit");
+    let start = std::time::Instant::now();
+    loop {
+        let s = states(&server, &["o7"]).await;
+        if s.get("o7").is_some_and(|f| f.paid == 40 && f.shipped) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "state: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now: Option<String> = redis::cmd("GET")
+        .arg(&lease_key)
+        .query_async(&mut c)
+        .await
+        .expect("get");
+    assert_eq!(
+        now,
+        Some(lease),
+        "the same lease and generation covered the new stream"
+    );
+    engine.shutdown().await.expect("shutdown");
+}
