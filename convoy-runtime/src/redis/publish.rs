@@ -10,7 +10,7 @@ use crate::error::Error;
 /// How long the producer's high-water mark is kept (7 days).
 const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Approximate cap of each category's wake stream.
-const WAKE_MAXLEN: u64 = 100_000;
+pub(super) const WAKE_MAXLEN: u64 = 100_000;
 
 pub(super) async fn publish(
     broker: &RedisBroker,

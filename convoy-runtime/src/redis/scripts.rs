@@ -188,7 +188,10 @@ mod tests {
         let release: i64 = SCRIPTS
             .release
             .key(LEASE)
+            .key("cat:__wake__")
             .arg(&old)
+            .arg("k")
+            .arg(1000)
             .invoke_async(&mut c)
             .await
             .expect("release");
@@ -203,11 +206,23 @@ mod tests {
         let released: i64 = SCRIPTS
             .release
             .key(LEASE)
+            .key("cat:__wake__")
             .arg(&new)
+            .arg("k")
+            .arg(1000)
             .invoke_async(&mut c)
             .await
             .expect("release");
         assert_eq!(released, 1);
+        let woken: i64 = redis::cmd("XLEN")
+            .arg("cat:__wake__")
+            .query_async(&mut c)
+            .await
+            .expect("xlen");
+        assert_eq!(
+            woken, 1,
+            "a release wakes the other instances; a refused one does not"
+        );
         assert_eq!(acquire(&mut c, "a").await.as_deref(), Some("a:3"));
     }
 }

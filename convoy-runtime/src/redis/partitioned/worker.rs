@@ -582,7 +582,12 @@ impl Worker {
         let r: Result<i64, Error> = async {
             let mut c = self.conn().await?;
             let mut inv = SCRIPTS.release.prepare_invoke();
-            inv.key(&self.lease).arg(&self.token);
+            let category = self.lanes.first().map(|l| l.category).unwrap_or_default();
+            inv.key(&self.lease)
+                .key(keys::wake_stream(category))
+                .arg(&self.token)
+                .arg(&self.key)
+                .arg(super::super::publish::WAKE_MAXLEN);
             inv.invoke_async(&mut c)
                 .await
                 .map_err(|e| Error::redis("lease release failed", e))
@@ -594,7 +599,7 @@ impl Worker {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; it expires on its own")
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; it lapses with this instance's liveness, or this instance takes it back")
             }
         }
     }
