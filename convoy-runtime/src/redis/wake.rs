@@ -13,13 +13,20 @@ use tokio_util::sync::CancellationToken;
 use super::reply::{first_stream_entries, text};
 use super::{BLOCK, RedisBroker, keys};
 
+/// A wake-up: a key with new events, or a key whose lease was just released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Wake {
+    pub(crate) key: String,
+    pub(crate) released: bool,
+}
+
 /// Follows the wake streams of `categories` and reports the keys they name,
 /// in batches. After a reconnect it reports `None` ("wake everything"),
 /// since the gap may have held wake-ups.
 pub(crate) async fn follow(
     broker: Arc<RedisBroker>,
     categories: Vec<String>,
-    tx: mpsc::Sender<Option<Vec<String>>>,
+    tx: mpsc::Sender<Option<Vec<Wake>>>,
     shutdown: CancellationToken,
 ) {
     let streams: Vec<String> = categories.iter().map(|c| keys::wake_stream(c)).collect();
@@ -78,9 +85,13 @@ pub(crate) async fn follow(
                         for e in entries {
                             ids[i] = e.id.clone();
                             if let Some(f) = &e.fields {
+                                let released = f.iter().any(|(k, _)| k == "r");
                                 for (k, v) in f {
                                     if k == "k" {
-                                        batch.push(String::from_utf8_lossy(v).into_owned());
+                                        batch.push(Wake {
+                                            key: String::from_utf8_lossy(v).into_owned(),
+                                            released,
+                                        });
                                     }
                                 }
                             }

@@ -8,7 +8,7 @@
 -- Returns 1 when released, 0 otherwise.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'k', ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'k', ARGV[2], 'r', '1')
   return 1
 end
 return 0

@@ -133,7 +133,9 @@ pub(crate) struct Coordinator {
     shared: Arc<Shared>,
     exits: mpsc::UnboundedReceiver<(String, String)>,
     units: HashMap<String, UnitHandle>,
-    elsewhere: HashSet<String>,
+    /// Keys found held by another live instance, and when: not probed
+    /// again for a lease TTL (unless released meanwhile).
+    elsewhere: HashMap<String, Instant>,
     live: usize,
     partitions: usize,
     warned: bool,
@@ -157,7 +159,7 @@ impl Coordinator {
             }),
             exits: rx,
             units: HashMap::new(),
-            elsewhere: HashSet::new(),
+            elsewhere: HashMap::new(),
             live: 1,
             partitions: 0,
             warned: false,
@@ -254,18 +256,21 @@ impl Coordinator {
         self.units.retain(|_, u| !u.task.is_finished());
     }
 
-    async fn on_wake(&mut self, keys: Vec<String>, shutdown: &CancellationToken) {
+    async fn on_wake(&mut self, wakes: Vec<wake::Wake>, shutdown: &CancellationToken) {
         self.prune();
         let mut unknown = Vec::new();
         let mut seen = HashSet::new();
-        for k in keys {
-            if !seen.insert(k.clone()) {
+        for w in wakes {
+            if w.released {
+                self.elsewhere.remove(&w.key);
+            }
+            if !seen.insert(w.key.clone()) {
                 continue;
             }
-            if let Some(u) = self.units.get(&k) {
+            if let Some(u) = self.units.get(&w.key) {
                 u.wake.notify_one();
-            } else if !self.elsewhere.contains(&k) {
-                unknown.push(k);
+            } else if !self.elsewhere.contains_key(&w.key) {
+                unknown.push(w.key);
             }
         }
         if unknown.is_empty() {
@@ -301,7 +306,8 @@ impl Coordinator {
             self.lapsed().await;
             return;
         }
-        self.elsewhere.clear();
+        let ttl = s.ttl();
+        self.elsewhere.retain(|_, at| at.elapsed() < ttl);
         self.partitions = members.len();
         let threshold = s
             .plan
@@ -327,7 +333,7 @@ impl Coordinator {
         if owned < target {
             let mut candidates: Vec<String> = members
                 .into_iter()
-                .filter(|k| !self.units.contains_key(k))
+                .filter(|k| !self.units.contains_key(k) && !self.elsewhere.contains_key(k))
                 .collect();
             shuffle(&mut candidates, &s.owner);
             // Try a sample bounded by the deficit: in a steady state the
@@ -335,7 +341,7 @@ impl Coordinator {
             // however many partitions there are; after a crash, free units
             // are everywhere and a sample finds them.
             let deficit = target - owned;
-            candidates.truncate((deficit * 2).max(16));
+            candidates.truncate((deficit * 2).max(64));
             self.acquire(candidates, deficit, shutdown).await;
         } else if owned > target {
             let mut surplus = owned - target;
@@ -491,7 +497,7 @@ impl Coordinator {
         for (key, item) in candidates.into_iter().zip(results) {
             let Value::Array(fields) = item else { continue };
             let Some(token) = fields.first().and_then(text) else {
-                self.elsewhere.insert(key);
+                self.elsewhere.insert(key, Instant::now());
                 continue;
             };
             let Some(generation) = token.rsplit(':').next().and_then(|g| g.parse::<u64>().ok())
