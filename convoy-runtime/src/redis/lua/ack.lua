@@ -23,11 +23,16 @@ redis.call('HDEL', KEYS[3], 'head', 'attempts')
 redis.call('HSET', KEYS[3], 'active', ARGV[3])
 redis.call('INCRBY', KEYS[5], n)
 
-local groups = redis.call('SMEMBERS', KEYS[4])
-if #groups <= 1 then
-  redis.call('XDEL', KEYS[2], unpack(ids))
+if redis.call('SCARD', KEYS[4]) <= 1 then
+  -- The only group reading this stream: this consumer handles and
+  -- acknowledges entries in id order, so everything up to the last id is
+  -- done. One trim removes them all (cheaper than deleting id by id).
+  local ms, seq = string.match(ids[#ids], '(%d+)-(%d+)')
+  redis.call('XTRIM', KEYS[2], 'MINID', ms .. '-' .. (tonumber(seq) + 1))
   return n
 end
+
+local groups = redis.call('SMEMBERS', KEYS[4])
 
 -- Several groups read this stream: keep every entry some group still needs.
 local known = {}

@@ -194,6 +194,12 @@ impl Worker {
 
     async fn consume(&mut self) -> Exit {
         let mut pending_mode = true;
+        // After a short batch of a single-stream unit the stream is known to
+        // be drained: wait for a wake-up instead of reading it empty again
+        // (the wake-up keeps its permit, so none is lost meanwhile).
+        let mut drained = false;
+        let single_stream =
+            self.lanes.len() == 1 && self.lanes.iter().all(|l| l.backfill.is_empty());
         let mut last_active = Instant::now();
         let mut backoff = Duration::from_millis(20);
         let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
@@ -225,7 +231,11 @@ impl Worker {
             if let Err(exit) = self.flush().await {
                 return exit;
             }
-            let read = self.read(pending_mode).await;
+            let read = if std::mem::take(&mut drained) {
+                Ok(None)
+            } else {
+                self.read(pending_mode).await
+            };
             let (lane_stream, batch) = match read {
                 Ok(Some(b)) => {
                     backoff = Duration::from_millis(20);
@@ -266,11 +276,13 @@ impl Worker {
                 }
             };
             self.idle.store(false, Ordering::Relaxed);
+            drained = single_stream && !pending_mode && batch.len() < PRIMARY_BATCH;
             for entry in batch {
                 match self.process(&lane_stream, &entry).await {
                     Step::Done => last_active = Instant::now(),
                     Step::Halted => {
                         pending_mode = true;
+                        drained = false;
                         break;
                     }
                     Step::Exit(e) => return e,

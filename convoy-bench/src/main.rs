@@ -1,0 +1,259 @@
+//! convoy-bench: measures convoy side by side with an unordered plain Redis
+//! consumer group, in the same run, on the same server.
+//!
+//! ```text
+//! cargo run --release -p convoy-bench -- all
+//! cargo run --release -p convoy-bench -- throughput --keys 64 --instances 1 --json
+//! ```
+//!
+//! Without `--redis-url` it starts its own `redis-server` on a free port
+//! (through `convoy_runtime::testing::RedisServer`). Results go to stdout
+//! (tables, or JSON with `--json`), progress to stderr.
+
+mod baseline;
+mod harness;
+mod model;
+mod report;
+mod scenario;
+mod stats;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use clap::{Parser, Subcommand};
+use convoy_runtime::testing::RedisServer;
+
+use crate::report::{Report, Section};
+use crate::scenario::Env;
+use crate::scenario::balance::BalanceArgs;
+use crate::scenario::failover::{FailoverArgs, LeaseArgs};
+use crate::scenario::idle::IdleArgs;
+use crate::scenario::latency::LatencyArgs;
+use crate::scenario::throughput::ThroughputArgs;
+
+/// Benchmark convoy against a plain Redis consumer group.
+#[derive(Parser, Debug)]
+#[command(name = "convoy-bench", version, about)]
+struct Cli {
+    /// What to measure.
+    #[command(subcommand)]
+    scenario: Scenario,
+    /// Print the results as JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Measure against this Redis instead of starting a redis-server. The
+    /// database in the URL is flushed before every case: point it at a
+    /// scratch database.
+    #[arg(long, global = true, env = "CONVOY_BENCH_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Allow flushing the database of --redis-url even when it holds keys.
+    #[arg(long, global = true)]
+    allow_flush: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Scenario {
+    /// N pre-published events over K keys, E engines: events/s, Redis calls
+    /// per event, per-key order.
+    Throughput(ThroughputArgs),
+    /// Steady light load: publish-to-handle p50/p99/max.
+    Latency(LatencyArgs),
+    /// An idle engine owning P drained partitions: Redis calls/s, CPU,
+    /// pick-up latency.
+    Idle(IdleArgs),
+    /// kill -9 an engine owning partitions: time until its keys resume.
+    Failover {
+        #[command(flatten)]
+        args: FailoverArgs,
+        #[command(flatten)]
+        lease: LeaseArgs,
+    },
+    /// Instances starting later: partitions owned per instance over time.
+    Balance {
+        #[command(flatten)]
+        args: BalanceArgs,
+        #[command(flatten)]
+        lease: LeaseArgs,
+    },
+    /// Every scenario, one after the other.
+    All {
+        #[command(flatten)]
+        throughput: ThroughputArgs,
+        #[command(flatten)]
+        latency: LatencyArgs,
+        #[command(flatten)]
+        idle: IdleArgs,
+        #[command(flatten)]
+        failover: FailoverArgs,
+        #[command(flatten)]
+        balance: BalanceArgs,
+        #[command(flatten)]
+        lease: LeaseArgs,
+    },
+    /// Runs one engine until SIGTERM (the failover scenario's child).
+    #[command(hide = true)]
+    Engine(EngineArgs),
+}
+
+/// Options of the hidden child engine.
+#[derive(clap::Args, Debug)]
+struct EngineArgs {
+    /// The engine's instance id.
+    #[arg(long)]
+    instance: String,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    /// Exit on its own after this many seconds (in case the parent died).
+    #[arg(long, default_value_t = 300)]
+    max_secs: u64,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    if let Scenario::Engine(args) = &cli.scenario {
+        let url = cli
+            .redis_url
+            .as_deref()
+            .ok_or_else(|| anyhow!("the engine subcommand needs --redis-url"))?;
+        return runtime.block_on(child_engine(url, args));
+    }
+    // Started outside the runtime: it blocks while redis-server boots.
+    let (server, url) = match &cli.redis_url {
+        Some(url) => (None, url.clone()),
+        None => {
+            let server = RedisServer::start().map_err(|e| anyhow!("{e}"))?;
+            let url = server.url();
+            (Some(server), url)
+        }
+    };
+    let where_ = match &server {
+        Some(s) => format!("own redis-server on 127.0.0.1:{}", s.port()),
+        None => convoy_runtime::config::redact_url(&url),
+    };
+    let report = runtime.block_on(run(&cli, &url, where_))?;
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("cannot encode the report")?
+        );
+    } else {
+        print!("{}", report.to_text());
+    }
+    drop(runtime);
+    drop(server);
+    Ok(())
+}
+
+async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
+    let mut env = Env::connect(url).await?;
+    if cli.redis_url.is_some() && !cli.allow_flush {
+        let keys = harness::dbsize(&mut env.admin).await?;
+        if keys > 0 {
+            bail!(
+                "the database of --redis-url holds {keys} keys and the benchmark flushes it before every case; use an empty database or pass --allow-flush"
+            );
+        }
+    }
+    let redis_version = stats::redis_version(&mut env.admin).await?;
+    let load_before = load_average();
+    let mut sections = Vec::new();
+    let mut timed = |section: Result<Section>, start: Instant| -> Result<()> {
+        let mut s = section?;
+        s.seconds = start.elapsed().as_secs_f64();
+        sections.push(s);
+        Ok(())
+    };
+    match &cli.scenario {
+        Scenario::Throughput(a) => {
+            let t = Instant::now();
+            timed(scenario::throughput::run(&mut env, a).await, t)?;
+        }
+        Scenario::Latency(a) => {
+            let t = Instant::now();
+            timed(scenario::latency::run(&mut env, a).await, t)?;
+        }
+        Scenario::Idle(a) => {
+            let t = Instant::now();
+            timed(scenario::idle::run(&mut env, a).await, t)?;
+        }
+        Scenario::Failover { args, lease } => {
+            let t = Instant::now();
+            timed(scenario::failover::run(&mut env, args, *lease).await, t)?;
+        }
+        Scenario::Balance { args, lease } => {
+            let t = Instant::now();
+            timed(scenario::balance::run(&mut env, args, *lease).await, t)?;
+        }
+        Scenario::All {
+            throughput,
+            latency,
+            idle,
+            failover,
+            balance,
+            lease,
+        } => {
+            let t = Instant::now();
+            timed(scenario::throughput::run(&mut env, throughput).await, t)?;
+            let t = Instant::now();
+            timed(scenario::latency::run(&mut env, latency).await, t)?;
+            let t = Instant::now();
+            timed(scenario::idle::run(&mut env, idle).await, t)?;
+            let t = Instant::now();
+            timed(scenario::failover::run(&mut env, failover, *lease).await, t)?;
+            let t = Instant::now();
+            timed(scenario::balance::run(&mut env, balance, *lease).await, t)?;
+        }
+        Scenario::Engine(_) => bail!("the engine subcommand runs on its own"),
+    }
+    env.reset().await?;
+    Ok(Report {
+        redis_version,
+        redis: where_,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load_before,
+        load_after: load_average(),
+        sections,
+    })
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The failover scenario's child: one engine running the benchmark's
+/// handler until SIGTERM or `max_secs`.
+async fn child_engine(url: &str, args: &EngineArgs) -> Result<()> {
+    let domain = harness::engine_domain(
+        url,
+        args.lease.timing(),
+        &args.instance,
+        model::ProbeState::new(),
+    )?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    let max = Duration::from_secs(args.max_secs);
+    domain
+        .engine()
+        .run_until(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::time::sleep(max) => {}
+            }
+        })
+        .await
+        .map_err(|e| anyhow!("child engine failed: {e}"))
+}

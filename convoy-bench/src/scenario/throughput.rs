@@ -1,0 +1,365 @@
+//! Throughput: N pre-published events over K keys, a trivial handler, E
+//! engine instances; events/s, Redis commands per event, per-key order.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{Env, progress};
+use crate::baseline;
+use crate::harness::{self, Tuning};
+use crate::model::{self, ProbeState, key_name};
+use crate::report::{Cell, Row, Section, Table};
+use crate::stats::{CommandStats, CpuMark, CpuUse};
+
+/// Options of the throughput scenario.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ThroughputArgs {
+    /// Events per case, pre-published before the consumers start.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: usize,
+    /// Key counts K to run (comma separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64, 1024])]
+    pub keys: Vec<usize>,
+    /// Engine instance counts E to run (comma separated); the baseline runs
+    /// as many consumers.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2])]
+    pub instances: Vec<usize>,
+    /// `max_unacked` values convoy runs with (comma separated): 1 is
+    /// convoy's default (ack after each event), larger values acknowledge
+    /// that many handled events per fenced call.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
+    pub max_unacked: Vec<usize>,
+    /// Longest one side of one case may run; a side still running then is
+    /// stopped and its rate taken from what it handled.
+    #[arg(long, default_value_t = 60)]
+    pub case_timeout_secs: u64,
+}
+
+/// What one side of one case measured.
+#[derive(Debug, Clone, Serialize)]
+struct Side {
+    handled: u64,
+    seconds: f64,
+    timed_out: bool,
+    publish_seconds: f64,
+    publish_calls: u64,
+    stats: CommandStatsSummary,
+    cpu: CpuUse,
+    order: String,
+    order_ok: bool,
+    longest_pause_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CommandStatsSummary {
+    calls: u64,
+    scripts: u64,
+    round_trips: u64,
+    top: Vec<String>,
+    top_usec: Vec<String>,
+}
+
+impl Side {
+    fn rate(&self) -> f64 {
+        self.handled as f64 / self.seconds.max(1e-9)
+    }
+
+    fn per_event(&self, n: u64) -> f64 {
+        n as f64 / (self.handled.max(1) as f64)
+    }
+
+    /// CPU (share of a core over the run) as µs per handled event.
+    fn cpu_us_per_event(&self, share: f64) -> f64 {
+        share * self.seconds * 1e6 / self.handled.max(1) as f64
+    }
+}
+
+fn summary(stats: &CommandStats, events: u64) -> CommandStatsSummary {
+    CommandStatsSummary {
+        calls: stats.total_calls(),
+        scripts: stats.script_calls(),
+        round_trips: stats.round_trips(),
+        top: stats.top_per(8, events.max(1) as f64),
+        top_usec: stats.top_usec_per(6, events.max(1) as f64),
+    }
+}
+
+/// Runs every (K, E) case: the baseline once, convoy once per
+/// `max_unacked`.
+pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
+    if args.events == 0 || args.keys.contains(&0) || args.instances.contains(&0) {
+        bail!("--events, --keys and --instances must be above 0");
+    }
+    if args.max_unacked.is_empty() || args.max_unacked.contains(&0) {
+        bail!("--max-unacked needs values above 0");
+    }
+    let mut section = Section::new("throughput");
+    let base = Tuning::defaults();
+    section.param("events per case (N)", args.events);
+    section.param("keys (K)", format!("{:?}", args.keys));
+    section.param("engine instances (E)", format!("{:?}", args.instances));
+    section.param("convoy max_unacked (mu)", format!("{:?}", args.max_unacked));
+    section.param(
+        "convoy",
+        format!(
+            "N events spread round robin over K keys, pre-published through the outbox into partition streams; E in-process engines, {}",
+            base.describe_lease()
+        ),
+    );
+    section.param(
+        "baseline",
+        format!(
+            "the same envelopes XADDed to one stream; E consumers, XREADGROUP COUNT {} + one multi-id XACK per batch",
+            baseline::BATCH
+        ),
+    );
+    section.param(
+        "handler",
+        "trivial: decode, record the key's last seq, return",
+    );
+    section.param("case timeout", format!("{} s", args.case_timeout_secs));
+    let timeout = Duration::from_secs(args.case_timeout_secs);
+    let mut breakdown = Vec::new();
+    let mut server_time = Vec::new();
+    for &k in &args.keys {
+        for &e in &args.instances {
+            let case = format!("K={k} E={e}");
+            progress("throughput", format!("{case}: baseline"));
+            let b = baseline_side(env, args.events, k, e, timeout).await?;
+            progress(
+                "throughput",
+                format!("{case}: baseline {:.0} events/s", b.rate()),
+            );
+            for &mu in &args.max_unacked {
+                let case = format!("{case} mu={mu}");
+                progress("throughput", format!("{case}: convoy"));
+                let tuning = base.with_max_unacked(mu);
+                let c = convoy_side(env, args.events, k, e, tuning, timeout).await?;
+                progress(
+                    "throughput",
+                    format!("{case}: convoy {:.0} events/s", c.rate()),
+                );
+                push_rows(&mut section, &case, &c, &b, args.events, k == 64 && e == 1);
+                let mut cells = vec![case.clone()];
+                cells.extend(c.stats.top.iter().cloned());
+                breakdown.push(cells);
+                let mut cells = vec![case.clone()];
+                cells.extend(c.stats.top_usec.iter().cloned());
+                server_time.push(cells);
+            }
+        }
+    }
+    section.tables.push(Table::breakdown(
+        "convoy: Redis calls per event by command (INFO commandstats, inside scripts included), most first",
+        "convoy case",
+        breakdown,
+    ));
+    section.tables.push(Table::breakdown(
+        "convoy: Redis server time per event by command, µs (INFO commandstats usec; evalsha includes the commands its scripts called), most first",
+        "convoy case",
+        server_time,
+    ));
+    section.note("mu = max_unacked: 1 acknowledges after every event (a crash re-runs at most the event in flight, convoy's default); 100 acknowledges once per fenced read batch (up to 100 events may re-run).");
+    section.note("events/s: N divided by the time from starting the consumers to the N-th handled event (startup and lease taking included).");
+    section.note("longest pause: the longest time between two consecutive handled events (of any key) during the run; a stall shows here.");
+    section.note("Redis calls/event: every command Redis ran (INFO commandstats deltas, commands called inside Lua scripts included) per event; round trips/event: convoy's script runs (each per-event step is one script; the wake-up read and heartbeat commands are left out), the baseline's commands.");
+    section.note("Redis CPU / consumer CPU µs/event: used_cpu_user+sys of redis-server, and of this process (engines or baseline consumers), over the run, per event.");
+    section.note("publish events/s: convoy's outbox processor (publish script, 512 records per call) vs pipelined XADDs of the same envelopes.");
+    section.note("per-key order: the handler keeps each key's last seq and flags a decrease; the baseline is unordered, its figure shows what happens without convoy.");
+    Ok(section)
+}
+
+fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, targeted: bool) {
+    let mut case_label = case.to_owned();
+    for (who, s) in [("convoy", c), ("baseline", b)] {
+        if s.timed_out {
+            case_label.push_str(&format!(" ({who} timed out at {}/{n})", s.handled));
+        }
+    }
+    let case = case_label.as_str();
+    let mut rate = Row::new(case, "events/s", c.rate(), b.rate());
+    if targeted {
+        let met = rate.ratio.is_some_and(|r| r >= 0.5);
+        rate = rate.target(">= 0.5x baseline", met);
+    }
+    section.rows.push(rate);
+    section.rows.push(Row::new(
+        case,
+        "longest pause ms",
+        c.longest_pause_ms,
+        b.longest_pause_ms,
+    ));
+    section.rows.push(Row::new(
+        case,
+        "Redis calls/event",
+        c.per_event(c.stats.calls),
+        b.per_event(b.stats.calls),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "round trips/event",
+        c.per_event(c.stats.round_trips),
+        b.per_event(b.stats.round_trips),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "Redis CPU µs/event",
+        c.cpu_us_per_event(c.cpu.redis),
+        b.cpu_us_per_event(b.cpu.redis),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "consumer CPU µs/event",
+        c.cpu_us_per_event(c.cpu.process),
+        b.cpu_us_per_event(b.cpu.process),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "publish events/s",
+        n as f64 / c.publish_seconds.max(1e-9),
+        n as f64 / b.publish_seconds.max(1e-9),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "publish Redis calls/event",
+        c.publish_calls as f64 / n as f64,
+        b.publish_calls as f64 / n as f64,
+    ));
+    section.rows.push(
+        Row::new(
+            case,
+            "per-key order",
+            Cell::Text(c.order.clone()),
+            Cell::Text(b.order.clone()),
+        )
+        .target("no key goes backwards", c.order_ok),
+    );
+}
+
+async fn convoy_side(
+    env: &mut Env,
+    n: usize,
+    k: usize,
+    e: usize,
+    tuning: Tuning,
+    timeout: Duration,
+) -> Result<Side> {
+    env.reset().await?;
+    let state = ProbeState::new();
+    let events = model::spread(k, n);
+    let publisher = harness::publisher(&env.url)?;
+    let published = env.stats().await?;
+    let t = Instant::now();
+    harness::publish(&publisher, &events).await?;
+    let publish_seconds = t.elapsed().as_secs_f64();
+    let publish_calls = env.stats().await?.since(&published).total_calls();
+    drop(events);
+    let before = env.stats().await?;
+    let cpu = CpuMark::now(&mut env.admin).await?;
+    let start = Instant::now();
+    let engines = harness::start_engines(&env.url, tuning, "e", e, &state)?;
+    let done = harness::wait_for(timeout, Duration::from_millis(1), || {
+        state.handled() >= n as u64
+    })
+    .await;
+    let seconds = start.elapsed().as_secs_f64();
+    let handled = state.handled();
+    let cpu = cpu.since(&mut env.admin).await?;
+    let stats = env.stats().await?.since(&before);
+    harness::stop_engines(engines).await?;
+    let (order, order_ok) = check(&state, k, n);
+    let longest_pause_ms = state.longest_pause().as_secs_f64() * 1000.0;
+    Ok(Side {
+        handled,
+        seconds,
+        timed_out: !done,
+        publish_seconds,
+        publish_calls,
+        stats: summary(&stats, handled),
+        cpu,
+        order,
+        order_ok,
+        longest_pause_ms,
+    })
+}
+
+async fn baseline_side(
+    env: &mut Env,
+    n: usize,
+    k: usize,
+    e: usize,
+    timeout: Duration,
+) -> Result<Side> {
+    env.reset().await?;
+    let state = ProbeState::new();
+    let events = model::spread(k, n);
+    let published = env.stats().await?;
+    let t = Instant::now();
+    baseline::prepublish(&mut env.admin, &events).await?;
+    let publish_seconds = t.elapsed().as_secs_f64();
+    let publish_calls = env.stats().await?.since(&published).total_calls();
+    drop(events);
+    baseline::create_group(&mut env.admin, "0").await?;
+    let before = env.stats().await?;
+    let cpu = CpuMark::now(&mut env.admin).await?;
+    let stop = CancellationToken::new();
+    let start = Instant::now();
+    let consumers = baseline::start_consumers(
+        &env.client,
+        "c",
+        e,
+        Duration::from_millis(100),
+        &state,
+        &stop,
+    )
+    .await?;
+    let done = harness::wait_for(timeout, Duration::from_millis(1), || {
+        state.handled() >= n as u64
+    })
+    .await;
+    let seconds = start.elapsed().as_secs_f64();
+    let handled = state.handled();
+    let cpu = cpu.since(&mut env.admin).await?;
+    let stats = env.stats().await?.since(&before);
+    stop.cancel();
+    baseline::join(consumers).await?;
+    let (order, _) = check(&state, k, n);
+    let longest_pause_ms = state.longest_pause().as_secs_f64() * 1000.0;
+    Ok(Side {
+        handled,
+        seconds,
+        timed_out: !done,
+        publish_seconds,
+        publish_calls,
+        stats: summary(&stats, handled),
+        cpu,
+        order,
+        order_ok: true,
+        longest_pause_ms,
+    })
+}
+
+/// The order verdict, plus completeness: every key reached its last seq.
+fn check(state: &ProbeState, k: usize, n: usize) -> (String, bool) {
+    let order = state.order();
+    let mut incomplete = 0;
+    for i in 0..k {
+        // Key i has events seq 0..count-1 where count = ceil((n - i) / k).
+        let count = (n + k - 1 - i) / k;
+        if count == 0 {
+            continue;
+        }
+        let last = (count - 1) as u64;
+        if state.key(&key_name(i)).is_none_or(|s| s.last_seq != last) {
+            incomplete += 1;
+        }
+    }
+    let mut text = order.describe();
+    if incomplete > 0 {
+        text.push_str(&format!(", {incomplete} keys incomplete"));
+    }
+    (text, order.decreases == 0)
+}
