@@ -128,21 +128,24 @@ mod tests {
             vec![Value::Int(-1)],
             "stale read refused"
         );
-        let ack: i64 = SCRIPTS
+        let ack: Vec<i64> = SCRIPTS
             .ack
             .key(LEASE)
             .key(STREAM)
             .key(UNIT)
             .key("convoy:groups:cat")
+            .key("convoy:acked:g:cat")
             .key(ALIVE_A)
-            .arg(&old)
             .arg("g")
+            .arg(1)
+            .arg(&old)
+            .arg("ha")
             .arg(1)
             .arg("0-1")
             .invoke_async(&mut c)
             .await
             .expect("ack");
-        assert_eq!(ack, -1, "stale ack refused");
+        assert_eq!(ack, vec![-1], "stale ack refused");
         let fail: Vec<i64> = SCRIPTS
             .fail
             .key(LEASE)

@@ -4,6 +4,7 @@
 //! shares them fairly with the other live instances, and runs one
 //! [`worker`] per owned unit.
 
+mod acks;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     /// time the last successful liveness renewal was sent, plus the TTL,
     /// minus a margin. No worker starts an event past it.
     pub(crate) deadline: AtomicU64,
+    /// Where workers queue their fenced acknowledgements.
+    pub(crate) acks: mpsc::UnboundedSender<acks::AckRequest>,
 }
 
 impl Shared {
@@ -132,6 +135,7 @@ pub(crate) struct UnitHandle {
 pub(crate) struct Coordinator {
     shared: Arc<Shared>,
     exits: mpsc::UnboundedReceiver<(String, String)>,
+    acks: Option<mpsc::UnboundedReceiver<acks::AckRequest>>,
     units: HashMap<String, UnitHandle>,
     /// Keys found held by another live instance, and when: not probed
     /// again for a lease TTL (unless released meanwhile).
@@ -146,6 +150,7 @@ impl Coordinator {
         let owner = plan.instance_id.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let alive = keys::alive(plan.subscriptions[index].name, &owner);
+        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Coordinator {
             shared: Arc::new(Shared {
                 broker,
@@ -156,7 +161,9 @@ impl Coordinator {
                 exits: tx,
                 alive,
                 deadline: AtomicU64::new(0),
+                acks: acks_tx,
             }),
+            acks: Some(acks_rx),
             exits: rx,
             units: HashMap::new(),
             elsewhere: HashMap::new(),
@@ -183,6 +190,9 @@ impl Coordinator {
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
+        }
+        if let Some(rx) = self.acks.take() {
+            tokio::spawn(acks::run(s.broker.clone(), s.group(), s.alive.clone(), rx));
         }
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         let listener = tokio::spawn(wake::follow(

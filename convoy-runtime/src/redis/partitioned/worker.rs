@@ -66,6 +66,10 @@ struct Worker {
     unacked_at: Option<At>,
     /// Acknowledge once this many entries are handled (1: after each).
     max_unacked: usize,
+    /// The head had failures recorded in Redis; the next ack clears them.
+    failures_recorded: bool,
+    /// When the unit's last activity was last written to Redis.
+    touched: Option<Instant>,
     lanes: Vec<Lane>,
     /// The lane a read looks at first (rotates between categories).
     rotate: usize,
@@ -82,6 +86,7 @@ pub(super) fn spawn(
     stop: CancellationToken,
 ) -> UnitHandle {
     let token = fence.to_string();
+    let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
         lanes: s.lanes(&key),
@@ -100,6 +105,8 @@ pub(super) fn spawn(
         unacked: Vec::new(),
         unacked_at: None,
         max_unacked: 1,
+        failures_recorded,
+        touched: None,
     };
     w.max_unacked = max_unacked;
     UnitHandle {
@@ -408,6 +415,7 @@ impl Worker {
                 Err(err) => match self.flush_then_fail(&entry.id, &err).await {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
+                        self.failures_recorded = true;
                         if halted {
                             tracing::error!(
                                 handler = self.group(),
@@ -449,15 +457,14 @@ impl Worker {
 
     /// Acknowledges every handled entry not yet acknowledged.
     async fn flush(&mut self) -> Result<(), Exit> {
-        let Some(at) = &self.unacked_at else {
+        let Some(at) = self.unacked_at.clone() else {
             return Ok(());
         };
         if self.unacked.is_empty() {
             return Ok(());
         }
-        self.ack(at, &self.unacked).await?;
-        self.unacked.clear();
-        Ok(())
+        let ids = std::mem::take(&mut self.unacked);
+        self.ack(&at, &ids).await
     }
 
     async fn flush_then_fail(&mut self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
@@ -466,35 +473,46 @@ impl Worker {
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&self, at: &At, ids: &[String]) -> Result<(), Exit> {
+    async fn ack(&mut self, at: &At, ids: &[String]) -> Result<(), Exit> {
         let mut backoff = Duration::from_millis(20);
         loop {
-            let r: Result<i64, Error> = async {
-                let mut c = self.conn().await?;
-                let mut inv = SCRIPTS.ack.prepare_invoke();
-                inv.key(&self.lease)
-                    .key(&at.stream)
-                    .key(&self.unit)
-                    .key(keys::groups(at.category))
-                    .key(keys::acked(self.group(), at.category))
-                    .key(&self.s.alive)
-                    .arg(&self.token)
-                    .arg(self.group())
-                    .arg(now_ms())
-                    .arg(ids);
-                inv.invoke_async(&mut c)
+            // The last activity only feeds reaping: write it at most a few
+            // times per reap period.
+            let touch_every = (self.s.plan.config.server.partitioning.reap_idle() / 4)
+                .min(Duration::from_secs(1));
+            let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let request = super::acks::AckRequest {
+                lease: self.lease.clone(),
+                stream: at.stream.clone(),
+                unit: self.unit.clone(),
+                category: at.category,
+                token: self.token.clone(),
+                ids: ids.to_vec(),
+                clear_head: self.failures_recorded,
+                touch,
+                reply,
+            };
+            let r: Result<i64, String> = match self.s.acks.send(request) {
+                Ok(()) => answer
                     .await
-                    .map_err(|e| Error::redis("fenced ack failed", e))
-            }
-            .await;
+                    .unwrap_or_else(|_| Err("the ack batcher stopped".to_owned())),
+                Err(_) => Err("the ack batcher stopped".to_owned()),
+            };
             match r {
                 Ok(-1) => return Err(Exit::Lost),
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    if touch {
+                        self.touched = Some(Instant::now());
+                    }
+                    self.failures_recorded = false;
+                    return Ok(());
+                }
                 Err(e) => {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "ack failed; retrying");
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "ack failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }

@@ -1,0 +1,87 @@
+//! Fenced acknowledgements, batched across the units of one instance: the
+//! workers that finish an event at the same time share one script call,
+//! while each still waits for its own acknowledgement before its next event
+//! (so a crash re-runs at most the event in flight, with `max_unacked = 1`).
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::scripts::SCRIPTS;
+use super::super::{RedisBroker, keys, now_ms};
+
+/// The most acknowledgements one call carries.
+const MAX_BATCH: usize = 256;
+
+/// One unit's acknowledgement.
+pub(crate) struct AckRequest {
+    pub(crate) lease: String,
+    pub(crate) stream: String,
+    pub(crate) unit: String,
+    pub(crate) category: &'static str,
+    pub(crate) token: String,
+    pub(crate) ids: Vec<String>,
+    /// Clear the head's failure count (it had failures).
+    pub(crate) clear_head: bool,
+    /// Record the unit's last activity.
+    pub(crate) touch: bool,
+    /// `Ok(-1)` refused by the fence, `Ok(n)` acknowledged, `Err` not known.
+    pub(crate) reply: oneshot::Sender<Result<i64, String>>,
+}
+
+/// Sends the queued acknowledgements, as many per call as are waiting,
+/// until every sender is gone.
+pub(crate) async fn run(
+    broker: Arc<RedisBroker>,
+    group: &'static str,
+    alive: String,
+    mut rx: mpsc::UnboundedReceiver<AckRequest>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let mut inv = SCRIPTS.ack.prepare_invoke();
+        inv.arg(group).arg(now_ms());
+        for r in &batch {
+            inv.key(&r.lease)
+                .key(&r.stream)
+                .key(&r.unit)
+                .key(keys::groups(r.category))
+                .key(keys::acked(group, r.category))
+                .arg(&r.token)
+                .arg(match (r.clear_head, r.touch) {
+                    (true, true) => "ha",
+                    (true, false) => "h",
+                    (false, true) => "a",
+                    (false, false) => "-",
+                })
+                .arg(r.ids.len())
+                .arg(&r.ids);
+        }
+        inv.key(&alive);
+        let result: Result<Vec<i64>, String> = match broker.conn().await {
+            Ok(mut c) => inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(|e| crate::error::chain(&e)),
+            Err(e) => Err(crate::error::chain(&e)),
+        };
+        match result {
+            Ok(answers) => {
+                for (r, n) in batch.into_iter().zip(answers) {
+                    let _ = r.reply.send(Ok(n));
+                }
+            }
+            Err(e) => {
+                for r in batch {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
