@@ -524,3 +524,61 @@ async fn a_category_stream_appearing_after_the_lease_joins_the_unit() {
     );
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_instance_is_reaped_across_its_categories() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let mut config = test_config(&url);
+    config.server.partitioning.reap_idle_ms = 300;
+    let d = Domain::builder()
+        .config(config)
+        .instance_id("reaper")
+        .process_manager::<Fulfilment>()
+        .init()
+        .expect("init");
+    let engine = d.engine().spawn();
+    let mut uow = d.unit_of_work();
+    uow.raise(OrderPlaced { order_id: "o5".into(), amount: 100 }).expect("raise");
+    uow.raise(PaymentCaptured { order_ref: "o5".into(), amount: 10 }).expect("raise");
+    uow.commit().await.expect("commit");
+    let mut c = server.connection().await.expect("conn");
+    let start = std::time::Instant::now();
+    loop {
+        let in_orders: bool = redis::cmd("SISMEMBER")
+            .arg("order:__partitions__")
+            .arg("o5")
+            .query_async(&mut c)
+            .await
+            .expect("sismember");
+        let in_payments: bool = redis::cmd("SISMEMBER")
+            .arg("payment:__partitions__")
+            .arg("o5")
+            .query_async(&mut c)
+            .await
+            .expect("sismember");
+        let streams: i64 = redis::cmd("EXISTS")
+            .arg("order:o5")
+            .arg("payment:o5")
+            .query_async(&mut c)
+            .await
+            .expect("exists");
+        let state = states(&server, &["o5"]).await;
+        if !in_orders && !in_payments && streams == 0 && state.get("o5").is_some_and(|f| f.paid == 10) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "o5 was not retired: {state:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The instance's state outlives the retirement of its partitions, and a
+    // later event brings the unit back.
+    let mut uow = d.unit_of_work();
+    uow.raise(PaymentCaptured { order_ref: "o5".into(), amount: 5 }).expect("raise");
+    uow.commit().await.expect("commit");
+    let start = std::time::Instant::now();
+    while !states(&server, &["o5"]).await.get("o5").is_some_and(|f| f.paid == 15) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the later payment was not applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    engine.shutdown().await.expect("shutdown");
+}
