@@ -539,8 +539,16 @@ async fn a_drained_instance_is_reaped_across_its_categories() {
         .expect("init");
     let engine = d.engine().spawn();
     let mut uow = d.unit_of_work();
-    uow.raise(OrderPlaced { order_id: "o5".into(), amount: 100 }).expect("raise");
-    uow.raise(PaymentCaptured { order_ref: "o5".into(), amount: 10 }).expect("raise");
+    uow.raise(OrderPlaced {
+        order_id: "o5".into(),
+        amount: 100,
+    })
+    .expect("raise");
+    uow.raise(PaymentCaptured {
+        order_ref: "o5".into(),
+        amount: 10,
+    })
+    .expect("raise");
     uow.commit().await.expect("commit");
     let mut c = server.connection().await.expect("conn");
     let start = std::time::Instant::now();
@@ -564,20 +572,38 @@ async fn a_drained_instance_is_reaped_across_its_categories() {
             .await
             .expect("exists");
         let state = states(&server, &["o5"]).await;
-        if !in_orders && !in_payments && streams == 0 && state.get("o5").is_some_and(|f| f.paid == 10) {
+        if !in_orders
+            && !in_payments
+            && streams == 0
+            && state.get("o5").is_some_and(|f| f.paid == 10)
+        {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "o5 was not retired: {state:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "o5 was not retired: {state:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The instance's state outlives the retirement of its partitions, and a
     // later event brings the unit back.
     let mut uow = d.unit_of_work();
-    uow.raise(PaymentCaptured { order_ref: "o5".into(), amount: 5 }).expect("raise");
+    uow.raise(PaymentCaptured {
+        order_ref: "o5".into(),
+        amount: 5,
+    })
+    .expect("raise");
     uow.commit().await.expect("commit");
     let start = std::time::Instant::now();
-    while !states(&server, &["o5"]).await.get("o5").is_some_and(|f| f.paid == 15) {
-        assert!(start.elapsed() < Duration::from_secs(30), "the later payment was not applied");
+    while !states(&server, &["o5"])
+        .await
+        .get("o5")
+        .is_some_and(|f| f.paid == 15)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the later payment was not applied"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     engine.shutdown().await.expect("shutdown");
