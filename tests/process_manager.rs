@@ -595,14 +595,14 @@ async fn a_drained_instance_is_reaped_across_its_categories() {
     .expect("raise");
     uow.commit().await.expect("commit");
     let start = std::time::Instant::now();
-    while !states(&server, &["o5"])
-        .await
-        .get("o5")
-        .is_some_and(|f| f.paid == 15)
-    {
+    loop {
+        let state = states(&server, &["o5"]).await;
+        if state.get("o5").is_some_and(|f| f.paid == 15) {
+            break;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "the later payment was not applied"
+            "the later payment was not applied: {state:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
