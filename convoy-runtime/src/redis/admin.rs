@@ -22,7 +22,7 @@
 //!
 //! # Safety against running engines
 //!
-//! [`Admin::skip`] and [`Admin::dead_letter`] are one Lua script each, so
+//! [`Admin::skip`] and [`Admin::dead_letter`] each run one Lua script (`head_action.lua`), so
 //! they are atomic against the owner (whose every read, ack and failure
 //! record is a script too). Without `force` they refuse unless the unit is
 //! halted on exactly the head they would act on: the owner is then idle and
@@ -998,21 +998,15 @@ impl Admin {
         } = *req;
         let primary = keys::partition_stream(category, key);
         let backfill = self.backfill(category, key);
-        let script = match op {
-            HeadOp::Skip => &SCRIPTS.skip,
-            HeadOp::DeadLetter => &SCRIPTS.dead_letter_head,
-        };
-        let mut inv = script.prepare_invoke();
+        let mut inv = SCRIPTS.head_action.prepare_invoke();
         inv.key(keys::unit(group, category, key))
             .key(keys::lease(group, category, key))
             .key(&primary)
             .key(&backfill)
             .key(keys::groups(category))
-            .key(AUDIT_STREAM);
-        if op == HeadOp::DeadLetter {
-            inv.key(keys::partition_dlq(category, key));
-        }
-        inv.key(keys::wake_stream(category));
+            .key(AUDIT_STREAM)
+            .key(keys::partition_dlq(category, key))
+            .key(keys::wake_stream(category));
         inv.arg(group)
             .arg(if force { "1" } else { "0" })
             .arg(operator)
@@ -1020,7 +1014,8 @@ impl Admin {
             .arg(category)
             .arg(key)
             .arg(expect_entry.unwrap_or(""))
-            .arg(WAKE_MAXLEN);
+            .arg(WAKE_MAXLEN)
+            .arg(op.as_str());
         let mut c = self.conn.clone();
         let v: Value = inv
             .invoke_async(&mut c)

@@ -17,8 +17,7 @@ pub(crate) struct Scripts {
     pub(crate) plain_ack: Script,
     pub(crate) dead_letter: Script,
     pub(crate) save_state: Script,
-    pub(crate) skip: Script,
-    pub(crate) dead_letter_head: Script,
+    pub(crate) head_action: Script,
     pub(crate) replay: Script,
 }
 
@@ -34,8 +33,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     plain_ack: Script::new(include_str!("lua/plain_ack.lua")),
     dead_letter: Script::new(include_str!("lua/dead_letter.lua")),
     save_state: Script::new(include_str!("lua/save_state.lua")),
-    skip: Script::new(include_str!("lua/skip.lua")),
-    dead_letter_head: Script::new(include_str!("lua/dead_letter_head.lua")),
+    head_action: Script::new(include_str!("lua/head_action.lua")),
     replay: Script::new(include_str!("lua/replay.lua")),
 });
 

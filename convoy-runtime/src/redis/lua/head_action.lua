@@ -1,9 +1,13 @@
--- Operator skip of a partition's head for one consumer group, atomic
--- against the owner (every owner operation is a script too).
+-- Operator action on a partition's head for one consumer group, atomic
+-- against the owner (every owner operation is a script too): skip it, or
+-- move it to the key's dead letter stream (ARGV[9] = 'skip' or
+-- 'dead_letter'). A dead letter carries the head's fields plus `dlq_group`,
+-- `dlq_source`, `dlq_entry`, `dlq_error`, `dlq_time` and `dlq_operator`.
 --
 -- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
 -- KEYS[4] backfill stream, KEYS[5] the category's set of registered groups,
--- KEYS[6] the audit stream, KEYS[7] the category's wake stream
+-- KEYS[6] the audit stream, KEYS[7] the key's dead letter stream,
+-- KEYS[8] the category's wake stream
 -- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
 -- ARGV[7] the head the operator confirmed ('' for whatever it is),
@@ -20,7 +24,7 @@
 -- still complete its side effects. The next owner takes the unit at a newer
 -- generation and reclaims what is pending.
 --
--- Skipping acknowledges a pending head (or moves the group past an
+-- Both acknowledge a pending head (or moves the group past an
 -- undelivered one), deletes it when this is the category's only group,
 -- clears the halt and the head's failure count, appends an audit record,
 -- and writes a wake-up for the key: a halted owner waits for one, then sees
@@ -31,12 +35,15 @@
 --   {'changed', head}                  the head is not ARGV[7]
 --   {'not_halted', head}               running partition, no force
 --   {'head_moved', head, halt_entry}   halted on another entry, no force
+--   {'deleted', head}                  dead_letter only: the head's entry
+--                                      no longer exists (skip it instead)
 --   {'ok', head, lane, forced, fenced token or '', deleted, audit id,
---    was pending}
+--    was pending[, dead letter id]}
 
 local unit, lease = KEYS[1], KEYS[2]
 local streams = {KEYS[3], KEYS[4]}
 local group = ARGV[1]
+local op = ARGV[9]
 
 local function fields(flat)
   local f = {}
@@ -57,7 +64,6 @@ local function first_pending(stream)
   return r[1][1]
 end
 
--- The first undelivered entry, and whether the group exists on the stream.
 local function first_new(stream)
   if redis.call('EXISTS', stream) == 0 then
     return nil, false
@@ -105,7 +111,8 @@ if ARGV[7] ~= '' and ARGV[7] ~= head then
   return {'changed', head}
 end
 
-local state = redis.call('HMGET', unit, 'halted', 'halt_entry')
+local state = redis.call('HMGET', unit, 'halted', 'halt_entry', 'halt_error',
+  'last_error')
 local halted = state[1] == '1'
 local on_halt = halted and pending and state[2] == head
 if not on_halt and ARGV[2] ~= '1' then
@@ -113,6 +120,12 @@ if not on_halt and ARGV[2] ~= '1' then
     return {'not_halted', head}
   end
   return {'head_moved', head, state[2] or ''}
+end
+
+local stream = streams[lane]
+local entry = redis.call('XRANGE', stream, head, head)
+if op == 'dead_letter' and #entry == 0 then
+  return {'deleted', head}
 end
 
 local forced = '0'
@@ -127,7 +140,31 @@ if not on_halt then
   end
 end
 
-local stream = streams[lane]
+local dlq = nil
+if op == 'dead_letter' then
+  local err = ''
+  if on_halt then
+    err = state[3] or ''
+  end
+  if err == '' then
+    err = state[4] or ''
+  end
+  local copy = entry[1][2]
+  copy[#copy + 1] = 'dlq_group'
+  copy[#copy + 1] = group
+  copy[#copy + 1] = 'dlq_source'
+  copy[#copy + 1] = stream
+  copy[#copy + 1] = 'dlq_entry'
+  copy[#copy + 1] = head
+  copy[#copy + 1] = 'dlq_error'
+  copy[#copy + 1] = err
+  copy[#copy + 1] = 'dlq_time'
+  copy[#copy + 1] = ARGV[4]
+  copy[#copy + 1] = 'dlq_operator'
+  copy[#copy + 1] = ARGV[3]
+  dlq = redis.call('XADD', KEYS[7], '*', unpack(copy))
+end
+
 if pending then
   redis.call('XACK', stream, group, head)
 elseif has_group then
@@ -142,9 +179,17 @@ end
 redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
   'halt_entry', 'head', 'attempts')
 redis.call('HSET', unit, 'active', ARGV[4])
-redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
 
-local audit = redis.call('XADD', KEYS[6], '*', 'op', 'skip', 'category', ARGV[5],
-  'key', ARGV[6], 'group', group, 'entry', head, 'operator', ARGV[3],
-  'time', ARGV[4], 'forced', forced, 'stream', stream, 'fenced', fenced)
+local record = {'op', op, 'category', ARGV[5], 'key', ARGV[6], 'group', group,
+  'entry', head, 'operator', ARGV[3], 'time', ARGV[4], 'forced', forced,
+  'stream', stream, 'fenced', fenced}
+if dlq then
+  record[#record + 1] = 'dlq_entry'
+  record[#record + 1] = dlq
+end
+local audit = redis.call('XADD', KEYS[6], '*', unpack(record))
+if dlq then
+  return {'ok', head, lane, forced, fenced, deleted, audit, pending and 1 or 0, dlq}
+end
 return {'ok', head, lane, forced, fenced, deleted, audit, pending and 1 or 0}
