@@ -71,6 +71,23 @@ async fn owners(server: &RedisServer, keys: usize) -> BTreeMap<String, usize> {
     count
 }
 
+/// Waits until the unit's state hash says it is halted.
+async fn wait_halted(c: &redis::aio::MultiplexedConnection, unit: &str, what: &str) {
+    wait_until(WAIT, what, || {
+        let mut c = c.clone();
+        let unit = unit.to_owned();
+        async move {
+            c.hget::<_, _, Option<String>>(&unit, "halted")
+                .await
+                .ok()
+                .flatten()
+                .as_deref()
+                == Some("1")
+        }
+    })
+    .await;
+}
+
 async fn ordering_with_engines(n: usize, max_unacked: usize) {
     let server = server();
     let url = server.url();
@@ -169,19 +186,7 @@ async fn poison_halts_only_its_partition() {
     .await;
     let mut c = server.connection().await.expect("conn");
     let unit = format!("convoy:unit:{}:ledger:c1", group());
-    wait_until(WAIT, "c1 halted", || {
-        let mut c = c.clone();
-        let unit = unit.clone();
-        async move {
-            c.hget::<_, _, Option<String>>(&unit, "halted")
-                .await
-                .ok()
-                .flatten()
-                .as_deref()
-                == Some("1")
-        }
-    })
-    .await;
+    wait_halted(&c, &unit, "c1 halted").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let seen = rec.seen("c1").await.expect("seen");
     assert_eq!(
@@ -474,19 +479,7 @@ async fn malformed_and_unknown_entries_fail_without_crashing() {
     })
     .await;
     let unit = format!("convoy:unit:{}:ledger:c9", group());
-    wait_until(WAIT, "the unknown type halts its partition", || {
-        let mut c = c.clone();
-        let unit = unit.clone();
-        async move {
-            c.hget::<_, _, Option<String>>(&unit, "halted")
-                .await
-                .ok()
-                .flatten()
-                .as_deref()
-                == Some("1")
-        }
-    })
-    .await;
+    wait_halted(&c, &unit, "the unknown type halts its partition").await;
     let err: String = c.hget(&unit, "halt_error").await.expect("error");
     assert!(err.contains("unknown message type `Nope`"), "{err}");
     wait_until(WAIT, "the malformed base entry is dead-lettered", || {
