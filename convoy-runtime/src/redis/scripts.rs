@@ -137,7 +137,7 @@ mod tests {
             .arg("g")
             .arg(1)
             .arg(&old)
-            .arg("ha")
+            .arg("hat")
             .arg(1)
             .arg("0-1")
             .invoke_async(&mut c)

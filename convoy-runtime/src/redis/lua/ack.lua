@@ -13,7 +13,8 @@
 -- count (for lag); the last KEY is the owner's liveness key
 -- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, flags
 -- ('h': the head had failures, clear them; 'a': record the unit's last
--- activity; both, or '-'), number of ids, the entry ids
+-- activity; 't': trim what every group consumed; '-' alone: none), number
+-- of ids, the entry ids
 --
 -- Returns per request: -1 when the lease is not held with this token by a
 -- live owner, else the number of entries acknowledged.
@@ -107,7 +108,9 @@ while a <= #ARGV do
       redis.call('HSET', unit, 'active', now)
     end
     counts[acked] = (counts[acked] or 0) + done
-    trim(stream, groups_key, ids[#ids])
+    if string.find(flags, 't', 1, true) then
+      trim(stream, groups_key, ids[#ids])
+    end
     out[#out + 1] = done
   end
 end

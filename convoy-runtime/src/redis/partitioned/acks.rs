@@ -25,8 +25,25 @@ pub(crate) struct AckRequest {
     pub(crate) clear_head: bool,
     /// Record the unit's last activity.
     pub(crate) touch: bool,
+    /// Remove from the stream what every group has consumed.
+    pub(crate) trim: bool,
     /// `Ok(-1)` refused by the fence, `Ok(n)` acknowledged, `Err` not known.
     pub(crate) reply: oneshot::Sender<Result<i64, String>>,
+}
+
+/// The flags of one request, as ack.lua reads them.
+fn flags(r: &AckRequest) -> String {
+    let mut f = String::from("-");
+    if r.clear_head {
+        f.push('h');
+    }
+    if r.touch {
+        f.push('a');
+    }
+    if r.trim {
+        f.push('t');
+    }
+    f
 }
 
 /// Sends the queued acknowledgements, as many per call as are waiting,
@@ -54,12 +71,7 @@ pub(crate) async fn run(
                 .key(keys::groups(r.category))
                 .key(keys::acked(group, r.category))
                 .arg(&r.token)
-                .arg(match (r.clear_head, r.touch) {
-                    (true, true) => "ha",
-                    (true, false) => "h",
-                    (false, true) => "a",
-                    (false, false) => "-",
-                })
+                .arg(flags(r))
                 .arg(r.ids.len())
                 .arg(&r.ids);
         }

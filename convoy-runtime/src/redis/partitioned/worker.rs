@@ -70,6 +70,13 @@ struct Worker {
     failures_recorded: bool,
     /// When the unit's last activity was last written to Redis.
     touched: Option<Instant>,
+    /// Entries of the current batch not yet started: the stream is trimmed
+    /// with the acknowledgement of a batch's last entry (and before the
+    /// worker waits or leaves), not with every one.
+    batch_left: usize,
+    /// The last entry acknowledged without a trim, when the stream still
+    /// holds acknowledged entries.
+    trim_owed: Option<(At, String)>,
     lanes: Vec<Lane>,
     /// The lane a read looks at first (rotates between categories).
     rotate: usize,
@@ -107,6 +114,8 @@ pub(super) fn spawn(
         max_unacked: 1,
         failures_recorded,
         touched: None,
+        batch_left: 0,
+        trim_owed: None,
     };
     w.max_unacked = max_unacked;
     UnitHandle {
@@ -284,7 +293,9 @@ impl Worker {
             };
             self.idle.store(false, Ordering::Relaxed);
             drained = single_stream && !pending_mode && batch.len() < PRIMARY_BATCH;
+            self.batch_left = batch.len();
             for entry in batch {
+                self.batch_left -= 1;
                 match self.process(&lane_stream, &entry).await {
                     Step::Done => last_active = Instant::now(),
                     Step::Halted => {
@@ -450,21 +461,32 @@ impl Worker {
         }
         self.unacked.push(id.to_owned());
         if self.unacked.len() >= self.max_unacked {
-            self.flush().await?;
+            self.flush_trimming(self.batch_left == 0).await?;
         }
         Ok(())
     }
 
-    /// Acknowledges every handled entry not yet acknowledged.
+    /// Acknowledges every handled entry not yet acknowledged, and trims.
     async fn flush(&mut self) -> Result<(), Exit> {
+        self.flush_trimming(true).await
+    }
+
+    /// Acknowledges every handled entry not yet acknowledged; `trim` also
+    /// removes from the stream what every group has consumed.
+    async fn flush_trimming(&mut self, trim: bool) -> Result<(), Exit> {
+        if self.unacked.is_empty() {
+            // Nothing to acknowledge; settle a trim still owed (acknowledging
+            // an acknowledged entry again changes nothing).
+            if trim && let Some((at, last)) = self.trim_owed.clone() {
+                return self.ack(&at, &[last], true).await;
+            }
+            return Ok(());
+        }
         let Some(at) = self.unacked_at.clone() else {
             return Ok(());
         };
-        if self.unacked.is_empty() {
-            return Ok(());
-        }
         let ids = std::mem::take(&mut self.unacked);
-        self.ack(&at, &ids).await
+        self.ack(&at, &ids, trim).await
     }
 
     async fn flush_then_fail(&mut self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
@@ -473,7 +495,7 @@ impl Worker {
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&mut self, at: &At, ids: &[String]) -> Result<(), Exit> {
+    async fn ack(&mut self, at: &At, ids: &[String], trim: bool) -> Result<(), Exit> {
         let mut backoff = Duration::from_millis(20);
         loop {
             // The last activity only feeds reaping: write it at most a few
@@ -491,6 +513,7 @@ impl Worker {
                 ids: ids.to_vec(),
                 clear_head: self.failures_recorded,
                 touch,
+                trim,
                 reply,
             };
             let r: Result<i64, String> = match self.s.acks.send(request) {
@@ -506,6 +529,10 @@ impl Worker {
                         self.touched = Some(Instant::now());
                     }
                     self.failures_recorded = false;
+                    self.trim_owed = match (trim, ids.last()) {
+                        (false, Some(last)) => Some((at.clone(), last.clone())),
+                        _ => None,
+                    };
                     return Ok(());
                 }
                 Err(e) => {
