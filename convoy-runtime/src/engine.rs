@@ -53,6 +53,7 @@ pub struct Subscription {
     /// Whether some handled type does not carry the key field (or the
     /// category is not partitioned): those events live in `{category}`.
     pub reads_base: bool,
+    pub(crate) metrics: crate::metrics::HandlerMetrics,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -111,6 +112,7 @@ impl ConsumerPlan {
                     key_field,
                     reads_partitions: d.handles.iter().any(keyed),
                     reads_base: d.handles.iter().any(|m| !keyed(m)),
+                    metrics: crate::metrics::HandlerMetrics::new(d.name),
                 }
             })
             .collect();
@@ -166,12 +168,12 @@ impl ConsumerPlan {
             let out = match sub.handler.dispatch(envelope, &ctx).await {
                 Ok(out) => out,
                 Err(e) => {
-                    crate::metrics::failed(sub.name, started.elapsed());
+                    sub.metrics.failed(started.elapsed());
                     return Err(e);
                 }
             };
             if out == Dispatched::Handled {
-                crate::metrics::handled(sub.name, started.elapsed());
+                sub.metrics.handled(started.elapsed());
             }
             let raised = ctx.take_raised().into_envelopes();
             if !raised.is_empty() {
@@ -206,6 +208,7 @@ fn pm_subscriptions(
             key_field: None,
             reads_partitions: true,
             reads_base: false,
+            metrics: crate::metrics::HandlerMetrics::new(d.name),
         }];
     }
     categories
@@ -225,6 +228,7 @@ fn pm_subscriptions(
                 key_field,
                 reads_partitions: here.clone().any(keyed),
                 reads_base: here.clone().any(|h| !keyed(h)),
+                metrics: crate::metrics::HandlerMetrics::new(d.name),
             }
         })
         .collect()

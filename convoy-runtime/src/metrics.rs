@@ -41,14 +41,39 @@ pub const LAG: &str = "convoy_lag";
 /// Gauge: 1 while a category is over the partition warning threshold.
 pub const PARTITION_WARNING: &str = "convoy_partition_warning";
 
-pub(crate) fn handled(handler: &'static str, took: Duration) {
-    ::metrics::counter!(EVENTS_HANDLED, "handler" => handler).increment(1);
-    ::metrics::histogram!(HANDLE_SECONDS, "handler" => handler).record(took.as_secs_f64());
+/// One handler's per-event metrics, registered once (when the engine
+/// starts, so install the recorder before that).
+#[derive(Clone)]
+pub(crate) struct HandlerMetrics {
+    handled: ::metrics::Counter,
+    failed: ::metrics::Counter,
+    seconds: ::metrics::Histogram,
 }
 
-pub(crate) fn failed(handler: &'static str, took: Duration) {
-    ::metrics::counter!(EVENTS_FAILED, "handler" => handler).increment(1);
-    ::metrics::histogram!(HANDLE_SECONDS, "handler" => handler).record(took.as_secs_f64());
+impl std::fmt::Debug for HandlerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerMetrics").finish_non_exhaustive()
+    }
+}
+
+impl HandlerMetrics {
+    pub(crate) fn new(handler: &'static str) -> Self {
+        HandlerMetrics {
+            handled: ::metrics::counter!(EVENTS_HANDLED, "handler" => handler),
+            failed: ::metrics::counter!(EVENTS_FAILED, "handler" => handler),
+            seconds: ::metrics::histogram!(HANDLE_SECONDS, "handler" => handler),
+        }
+    }
+
+    pub(crate) fn handled(&self, took: Duration) {
+        self.handled.increment(1);
+        self.seconds.record(took.as_secs_f64());
+    }
+
+    pub(crate) fn failed(&self, took: Duration) {
+        self.failed.increment(1);
+        self.seconds.record(took.as_secs_f64());
+    }
 }
 
 pub(crate) fn owned(handler: &'static str, n: usize) {

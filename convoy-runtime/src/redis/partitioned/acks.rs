@@ -3,6 +3,7 @@
 //! while each still waits for its own acknowledgement before its next event
 //! (so a crash re-runs at most the event in flight, with `max_unacked = 1`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -15,11 +16,11 @@ const MAX_BATCH: usize = 256;
 
 /// One unit's acknowledgement.
 pub(crate) struct AckRequest {
-    pub(crate) lease: String,
-    pub(crate) stream: String,
-    pub(crate) unit: String,
+    pub(crate) lease: Arc<str>,
+    pub(crate) stream: Arc<str>,
+    pub(crate) unit: Arc<str>,
     pub(crate) category: &'static str,
-    pub(crate) token: String,
+    pub(crate) token: Arc<str>,
     pub(crate) ids: Vec<String>,
     /// Clear the head's failure count (it had failures).
     pub(crate) clear_head: bool,
@@ -54,6 +55,8 @@ pub(crate) async fn run(
     alive: String,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
+    // The per-category key names, formatted once.
+    let mut names: HashMap<&'static str, (String, String)> = HashMap::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -65,12 +68,15 @@ pub(crate) async fn run(
         let mut inv = SCRIPTS.ack.prepare_invoke();
         inv.arg(group).arg(now_ms());
         for r in &batch {
-            inv.key(&r.lease)
-                .key(&r.stream)
-                .key(&r.unit)
-                .key(keys::groups(r.category))
-                .key(keys::acked(group, r.category))
-                .arg(&r.token)
+            let (groups, acked) = names
+                .entry(r.category)
+                .or_insert_with(|| (keys::groups(r.category), keys::acked(group, r.category)));
+            inv.key(&*r.lease)
+                .key(&*r.stream)
+                .key(&*r.unit)
+                .key(&*groups)
+                .key(&*acked)
+                .arg(&*r.token)
                 .arg(flags(r))
                 .arg(r.ids.len())
                 .arg(&r.ids);

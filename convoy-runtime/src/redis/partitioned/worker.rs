@@ -82,6 +82,8 @@ struct Worker {
     rotate: usize,
     lease: String,
     unit: String,
+    /// The same names, shared with each acknowledgement request.
+    ack_names: (Arc<str>, Arc<str>, Arc<str>),
 }
 
 pub(super) fn spawn(
@@ -100,6 +102,11 @@ pub(super) fn spawn(
         rotate: 0,
         lease: s.lease_key(&key),
         unit: s.unit_key(&key),
+        ack_names: (
+            Arc::from(s.lease_key(&key)),
+            Arc::from(s.unit_key(&key)),
+            Arc::from(token.as_str()),
+        ),
         s,
         key,
         fence,
@@ -367,11 +374,11 @@ impl Worker {
             return Err(malformed(&self.lanes));
         };
         let at = At {
-            stream: if backfill {
-                l.backfill.clone()
+            stream: Arc::from(if backfill {
+                l.backfill.as_str()
             } else {
-                l.primary.clone()
-            },
+                l.primary.as_str()
+            }),
             category: l.category,
         };
         Ok(Some((at, batch)))
@@ -379,7 +386,7 @@ impl Worker {
 
     /// Handles one entry to the end: success and ack, halt, or exit.
     async fn process(&mut self, at: &At, entry: &Entry) -> Step {
-        let stream = at.stream.as_str();
+        let stream: &str = &at.stream;
         let retry = self.s.plan.config.server.retry.clone();
         loop {
             if self.stop.is_cancelled() {
@@ -505,11 +512,11 @@ impl Worker {
             let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
             let (reply, answer) = tokio::sync::oneshot::channel();
             let request = super::acks::AckRequest {
-                lease: self.lease.clone(),
+                lease: self.ack_names.0.clone(),
                 stream: at.stream.clone(),
-                unit: self.unit.clone(),
+                unit: self.ack_names.1.clone(),
                 category: at.category,
-                token: self.token.clone(),
+                token: self.ack_names.2.clone(),
                 ids: ids.to_vec(),
                 clear_head: self.failures_recorded,
                 touch,
@@ -665,7 +672,7 @@ impl Worker {
 /// Where a batch came from: a stream and its category.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct At {
-    stream: String,
+    stream: Arc<str>,
     category: &'static str,
 }
 
