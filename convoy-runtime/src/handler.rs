@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::envelope::{Envelope, Priority};
 use crate::key::KeyPolicy;
-use crate::message::{Command, MessageDescriptor};
+use crate::message::MessageDescriptor;
 use crate::uow::PendingEvents;
 
 /// A boxed future, as returned by generated dispatch code.
@@ -259,12 +259,6 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         std::mem::take(&mut *pending)
     }
-}
-
-/// Dispatches a command synchronously (helper for generated code).
-#[doc(hidden)]
-pub fn command_type_name<C: Command>() -> &'static str {
-    <C as crate::message::Message>::DESCRIPTOR.type_name
 }
 
 /// The error a handler returns. Any error type converts into it with `?`.

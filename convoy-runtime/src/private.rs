@@ -18,22 +18,6 @@ where
     result.map(|()| Dispatched::Handled).map_err(Into::into)
 }
 
-/// Const string equality, for compile-time assertions in generated code.
-pub const fn str_eq(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut i = 0;
-    while i < a.len() {
-        if a[i] != b[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
 /// A handled message type as dispatch code sees it: its descriptor and its
 /// decoder.
 ///
