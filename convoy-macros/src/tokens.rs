@@ -1,9 +1,5 @@
-//! Small parsing and span helpers shared by the attribute macros.
-//!
-//! `process_manager/` uses these; `handler/` still has private copies of the
-//! same four helpers (`field_ident`, `rest_of_value` and `not_yet` in
-//! `handler/attr.rs`, `span_range` in `handler/expand.rs`) and can switch to
-//! this module without any change in behaviour.
+//! Small parsing and span helpers shared by the attribute macros
+//! (`handler/` and `process_manager/`).
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::ToTokens;

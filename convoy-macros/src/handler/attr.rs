@@ -5,7 +5,7 @@
 //! Parsing fails fast at the first problem inside the arguments, spanned on
 //! the smallest wrong token.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
@@ -13,7 +13,8 @@ use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, token};
 
 use crate::ctxt::Ctxt;
 use crate::message::{Kind, aggregate_path};
-use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, PART_OF, SEQUENTIAL_BY, Symbol};
+use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, PART_OF, SEQUENTIAL_BY};
+use crate::tokens::{field_ident, not_yet, rest_of_value};
 
 mod kw {
     syn::custom_keyword!(part_of);
@@ -112,17 +113,6 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
     })
 }
 
-/// Fails at `key` when the argument was already given.
-fn not_yet<T>(slot: &Option<T>, key: Span, name: Symbol) -> syn::Result<()> {
-    match slot {
-        Some(_) => Err(syn::Error::new(
-            key,
-            format!("`{name}` given more than once"),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Parses the value of `sequential_by`: a field name in double quotes.
 fn key_field(kind: Kind, input: ParseStream<'_>) -> syn::Result<KeyField> {
     if !input.peek(LitStr) {
@@ -151,20 +141,6 @@ fn key_field(kind: Kind, input: ParseStream<'_>) -> syn::Result<KeyField> {
     })
 }
 
-/// Parses a field name; a keyword (`"type"`) becomes a raw identifier
-/// (`r#type`), as the field is declared.
-fn field_ident(input: ParseStream<'_>) -> syn::Result<Ident> {
-    let ident = input.call(Ident::parse_any)?;
-    let name = ident.to_string();
-    if name.starts_with("r#") || syn::parse_str::<Ident>(&name).is_ok() {
-        return Ok(ident);
-    }
-    match name.as_str() {
-        "self" | "Self" | "super" | "crate" | "_" => Err(input.error("not a field name")),
-        _ => Ok(Ident::new_raw(&name, ident.span())),
-    }
-}
-
 /// Parses the value of `handles`: message types in brackets.
 fn handled_types(key: Span, input: ParseStream<'_>) -> syn::Result<Handles> {
     if !input.peek(token::Bracket) {
@@ -184,16 +160,6 @@ fn handled_types(key: Span, input: ParseStream<'_>) -> syn::Result<Handles> {
         brackets,
         types,
     })
-}
-
-/// The tokens up to the next top-level comma: a value of the wrong shape,
-/// consumed whole so that the error covers all of it.
-fn rest_of_value(input: ParseStream<'_>) -> syn::Result<TokenStream> {
-    let mut value = TokenStream::new();
-    while !input.is_empty() && !input.peek(Token![,]) {
-        value.extend([input.parse::<TokenTree>()?]);
-    }
-    Ok(value)
 }
 
 /// Whether `attr` is `#[handle]` (in any form).

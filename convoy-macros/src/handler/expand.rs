@@ -7,6 +7,7 @@ use syn::{Item, PathArguments, Type};
 
 use super::check::{self, Call, Handler};
 use crate::message::Kind;
+use crate::tokens::span_range;
 
 /// The handler trait impl, its descriptor and registration, and the
 /// compile-time checks, all inside one `const _: () = { .. };`.
@@ -220,17 +221,6 @@ fn handler_trait(kind: Kind) -> TokenStream {
         Kind::Event => quote!(::convoy_runtime::EventHandler),
         Kind::Command => quote!(::convoy_runtime::CommandHandler),
     }
-}
-
-/// The spans of the first and last token of `tokens`. Generated tokens
-/// placed before a user's type get the first span and those after it the
-/// last, so that rustc, which joins spans itself, underlines exactly the
-/// user's tokens (stable proc macros cannot join spans).
-fn span_range(tokens: impl ToTokens) -> (Span, Span) {
-    let mut spans = tokens.into_token_stream().into_iter().map(|t| t.span());
-    let first = spans.next().unwrap_or_else(Span::call_site);
-    let last = spans.last().unwrap_or(first);
-    (first, last)
 }
 
 #[cfg(test)]
