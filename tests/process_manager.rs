@@ -344,6 +344,23 @@ async fn on_redis_one_instance_never_runs_two_events_at_once_and_instances_run_i
         .await
         .expect("get");
     assert!(lease.is_some(), "o1 is leased as one unit");
+    // Operators' tools see the unit's owner through either category.
+    let admin = convoy_runtime::redis::admin::Admin::connect(&url)
+        .await
+        .expect("admin");
+    for category in ["order", "payment"] {
+        let report = admin.partitions(category).await.expect("partitions");
+        let o1 = report
+            .partitions
+            .iter()
+            .find(|p| p.key == "o1" && p.group == name())
+            .expect("o1 listed");
+        assert!(o1.owner_alive, "{category}: {o1:?}");
+        assert!(
+            o1.owner.as_deref().is_some_and(|o| o == "a" || o == "b"),
+            "{category}: {o1:?}"
+        );
+    }
     for e in [a, b, pe] {
         e.shutdown().await.expect("shutdown");
     }

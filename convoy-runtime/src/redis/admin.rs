@@ -642,10 +642,11 @@ impl Admin {
             _ => {
                 let mut halted = Vec::new();
                 if let Some(key) = key {
+                    let scopes = self.scopes(&registered, category).await?;
                     let mut pipe = redis::pipe();
-                    for g in &registered {
+                    for (g, scope) in registered.iter().zip(&scopes) {
                         pipe.cmd("HGET")
-                            .arg(keys::unit(g, category, key))
+                            .arg(keys::unit(g, scope, key))
                             .arg("halted");
                     }
                     let mut c = self.conn.clone();
@@ -727,6 +728,7 @@ impl Admin {
         keys_: &[String],
         groups: &[String],
     ) -> Result<Vec<PartitionStatus>, AdminError> {
+        let scopes = self.scopes(groups, category).await?;
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for k in keys_ {
@@ -736,10 +738,10 @@ impl Admin {
             pipe.cmd("XLEN").arg(&backfill);
             pipe.cmd("XINFO").arg("GROUPS").arg(&primary);
             pipe.cmd("XINFO").arg("GROUPS").arg(&backfill);
-            for g in groups {
-                let lease = keys::lease(g, category, k);
+            for (g, scope) in groups.iter().zip(&scopes) {
+                let lease = keys::lease(g, scope, k);
                 pipe.cmd("GET").arg(&lease);
-                pipe.cmd("HGETALL").arg(keys::unit(g, category, k));
+                pipe.cmd("HGETALL").arg(keys::unit(g, scope, k));
             }
         }
         let mut c = self.conn.clone();
@@ -822,6 +824,32 @@ impl Admin {
         Ok(())
     }
 
+    /// How each group names its units: `*` for a sequential process
+    /// manager (a correlation value spanning categories), else the category.
+    async fn scopes(&self, groups: &[String], category: &str) -> Result<Vec<String>, AdminError> {
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for g in groups {
+            pipe.cmd("GET").arg(keys::scope(g));
+        }
+        let mut c = self.conn.clone();
+        let found: Vec<Option<String>> = pipe
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read unit scopes", e))?;
+        Ok(found
+            .into_iter()
+            .map(|s| s.unwrap_or_else(|| category.to_owned()))
+            .collect())
+    }
+
+    async fn scope(&self, group: &str, category: &str) -> Result<String, AdminError> {
+        let mut v = self.scopes(&[group.to_owned()], category).await?;
+        Ok(v.pop().unwrap_or_else(|| category.to_owned()))
+    }
+
     /// The unit's status and its head entry, decoded (see the module docs
     /// for what the head is).
     pub async fn inspect(
@@ -832,7 +860,8 @@ impl Admin {
     ) -> Result<Inspection, AdminError> {
         let primary = keys::partition_stream(category, key);
         let backfill = self.backfill(category, key);
-        let lease = keys::lease(group, category, key);
+        let scope = self.scope(group, category).await?;
+        let lease = keys::lease(group, &scope, key);
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for s in [&primary, &backfill] {
@@ -846,7 +875,7 @@ impl Admin {
                 .arg(1);
         }
         pipe.cmd("GET").arg(&lease);
-        pipe.cmd("HGETALL").arg(keys::unit(group, category, key));
+        pipe.cmd("HGETALL").arg(keys::unit(group, &scope, key));
         let mut c = self.conn.clone();
         let v: Vec<Value> = pipe
             .query_async(&mut c)
@@ -998,9 +1027,10 @@ impl Admin {
         } = *req;
         let primary = keys::partition_stream(category, key);
         let backfill = self.backfill(category, key);
+        let scope = self.scope(group, category).await?;
         let mut inv = SCRIPTS.head_action.prepare_invoke();
-        inv.key(keys::unit(group, category, key))
-            .key(keys::lease(group, category, key))
+        inv.key(keys::unit(group, &scope, key))
+            .key(keys::lease(group, &scope, key))
             .key(&primary)
             .key(&backfill)
             .key(keys::groups(category))

@@ -15,6 +15,7 @@
 //! | `convoy:lease:{group}:{category}:{key}` | string | the unit's fence token `{owner}:{generation}`, valid while the owner is alive |
 //! | `convoy:alive:{group}:{owner}` | string, PX | an instance's liveness: one key renewed per heartbeat for all its units |
 //! | `convoy:unit:{group}:{category}:{key}` | hash | `gen` (durable), `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
+//! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
 //! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
 //! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
@@ -50,6 +51,11 @@ pub fn alive(group: &str, owner: &str) -> String {
 /// `convoy:unit:{group}:{category}:{key}`.
 pub fn unit(group: &str, category: &str, key: &str) -> String {
     format!("convoy:unit:{group}:{category}:{key}")
+}
+
+/// `convoy:scope:{group}`.
+pub fn scope(group: &str) -> String {
+    format!("convoy:scope:{group}")
 }
 
 /// `convoy:instances:{group}`.

@@ -254,6 +254,13 @@ impl Coordinator {
                 .arg(s.group())
                 .ignore();
         }
+        if s.sub().scope == "*" {
+            // Tells operators' tools how this group names its units.
+            pipe.cmd("SET")
+                .arg(keys::scope(s.group()))
+                .arg("*")
+                .ignore();
+        }
         let _: () = pipe
             .query_async(&mut conn)
             .await
