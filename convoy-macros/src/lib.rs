@@ -20,6 +20,7 @@ mod ctxt;
 mod handler;
 mod message;
 mod process_manager;
+mod signature;
 mod symbol;
 mod tokens;
 

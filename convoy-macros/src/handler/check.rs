@@ -16,12 +16,13 @@ use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{
     FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
-    ReceiverKind, ReturnType, Safety, Type,
+    ReceiverKind, ReturnType, Type,
 };
 
 use super::attr::{self, Args, KeyField};
 use crate::ctxt::Ctxt;
 use crate::message::Kind;
+use crate::signature::{Problems, check_qualifiers};
 
 /// A validated handler declaration.
 pub(crate) struct Handler<'a> {
@@ -246,26 +247,6 @@ fn reject_marker(cx: &Ctxt, attrs: &[syn::Attribute]) {
     }
 }
 
-/// Records the problems of one method, remembering whether there were any.
-struct Problems<'c> {
-    cx: &'c Ctxt,
-    found: bool,
-}
-
-impl Problems<'_> {
-    /// A problem with `tokens` (spanned across all of them).
-    fn on(&mut self, tokens: impl ToTokens, message: impl std::fmt::Display) {
-        self.cx.error_spanned_by(tokens, message);
-        self.found = true;
-    }
-
-    /// A problem at `span`.
-    fn at(&mut self, span: Span, message: impl std::fmt::Display) {
-        self.cx.error_at(span, message);
-        self.found = true;
-    }
-}
-
 /// Checks a `#[handle]` method:
 /// `async fn name(&self, message: T [, ctx: &Context]) -> Result<(), E>`.
 fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<Handled<'a>> {
@@ -278,35 +259,7 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
     let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
     let mut problems = Problems { cx, found: false };
 
-    if let Some(constness) = &sig.constness {
-        problems.on(constness, "`#[handle]` methods cannot be `const`");
-    }
-    if sig.asyncness.is_none() {
-        problems.on(
-            sig.fn_token,
-            format!("`#[handle]` methods must be `async`: {shape}"),
-        );
-    }
-    if let Safety::Unsafe(unsafety) = &sig.safety {
-        problems.on(unsafety, "`#[handle]` methods cannot be `unsafe`");
-    }
-    if let Some(abi) = &sig.abi {
-        problems.on(abi, "`#[handle]` methods cannot have an ABI");
-    }
-    if !sig.generics.params.is_empty() {
-        problems.on(
-            &sig.generics,
-            "`#[handle]` methods cannot be generic: each handles one concrete type",
-        );
-    } else if let Some(where_clause) = &sig.generics.where_clause {
-        problems.on(
-            where_clause,
-            "`#[handle]` methods cannot be generic: each handles one concrete type",
-        );
-    }
-    if let Some(variadic) = &sig.variadic {
-        problems.on(variadic, "`#[handle]` methods cannot be variadic");
-    }
+    check_qualifiers(&mut problems, sig, &shape);
 
     let mut inputs = sig.inputs.iter();
     match inputs.next() {

@@ -10,18 +10,18 @@
 //! there.
 
 use std::collections::BTreeSet;
-use std::fmt::Display;
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{
     Attribute, FnArg, Ident, ImplItem, ImplItemFn, Item, ItemImpl, PathArguments, ReceiverKind,
-    ReturnType, Safety, Type,
+    ReturnType, Type,
 };
 
 use super::attr::{self, Args, Correlate, HandleAttrs};
 use crate::ctxt::Ctxt;
+use crate::signature::{Problems, check_qualifiers};
 
 /// A validated process manager declaration.
 pub(crate) struct ProcessManager<'a> {
@@ -214,24 +214,6 @@ fn reject_marker(cx: &Ctxt, attrs: &[Attribute]) {
     }
 }
 
-/// Records the problems of one method, remembering whether there were any.
-struct Problems<'c> {
-    cx: &'c Ctxt,
-    found: bool,
-}
-
-impl Problems<'_> {
-    fn on(&mut self, tokens: impl ToTokens, message: impl Display) {
-        self.cx.error_spanned_by(tokens, message);
-        self.found = true;
-    }
-
-    fn at(&mut self, span: Span, message: impl Display) {
-        self.cx.error_at(span, message);
-        self.found = true;
-    }
-}
-
 /// Checks a `#[handle]` method:
 /// `async fn name(&mut self, event: T [, ctx: &Context]) -> Result<(), E>`.
 /// Returns the event type, when it could be read, and, when the method is
@@ -248,35 +230,7 @@ fn handler_method<'a>(
     let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
     let mut problems = Problems { cx, found: false };
 
-    if let Some(constness) = &sig.constness {
-        problems.on(constness, "`#[handle]` methods cannot be `const`");
-    }
-    if sig.asyncness.is_none() {
-        problems.on(
-            sig.fn_token,
-            format!("`#[handle]` methods must be `async`: {shape}"),
-        );
-    }
-    if let Safety::Unsafe(unsafety) = &sig.safety {
-        problems.on(unsafety, "`#[handle]` methods cannot be `unsafe`");
-    }
-    if let Some(abi) = &sig.abi {
-        problems.on(abi, "`#[handle]` methods cannot have an ABI");
-    }
-    if !sig.generics.params.is_empty() {
-        problems.on(
-            &sig.generics,
-            "`#[handle]` methods cannot be generic: each handles one concrete type",
-        );
-    } else if let Some(where_clause) = &sig.generics.where_clause {
-        problems.on(
-            where_clause,
-            "`#[handle]` methods cannot be generic: each handles one concrete type",
-        );
-    }
-    if let Some(variadic) = &sig.variadic {
-        problems.on(variadic, "`#[handle]` methods cannot be variadic");
-    }
+    check_qualifiers(&mut problems, sig, &shape);
 
     let mut inputs = sig.inputs.iter();
     match inputs.next() {
