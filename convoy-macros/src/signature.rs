@@ -4,8 +4,9 @@
 use std::fmt::Display;
 
 use proc_macro2::Span;
+use proc_macro2::TokenStream;
 use quote::ToTokens;
-use syn::{Safety, Signature};
+use syn::{FnArg, ReturnType, Safety, Signature, Type};
 
 use crate::ctxt::Ctxt;
 
@@ -61,5 +62,105 @@ pub(crate) fn check_qualifiers(problems: &mut Problems<'_>, sig: &Signature, sha
     }
     if let Some(variadic) = &sig.variadic {
         problems.on(variadic, "`#[handle]` methods cannot be variadic");
+    }
+}
+
+/// What the arguments and the return type of a `#[handle]` method say.
+pub(crate) struct Arguments<'a> {
+    /// The handled type, when it could be read.
+    pub(crate) message: Option<&'a Type>,
+    /// The method takes the context after the message.
+    pub(crate) with_ctx: bool,
+    /// The declared return type, when it is not `()`.
+    pub(crate) output: Option<&'a Type>,
+}
+
+/// Checks what follows the receiver: the `noun` by value, an optional
+/// `ctx: &Context` (the argument after the `before_ctx`), nothing more, and
+/// a `Result` return type. `shape` is the expected signature.
+pub(crate) fn check_arguments<'a>(
+    problems: &mut Problems<'_>,
+    sig: &'a Signature,
+    mut inputs: impl Iterator<Item = &'a FnArg>,
+    noun: &str,
+    before_ctx: &str,
+    shape: &str,
+) -> Arguments<'a> {
+    let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
+    let message = match inputs.next() {
+        Some(FnArg::Typed(arg)) => match &*arg.ty {
+            Type::Reference(r) => {
+                problems.on(
+                    r.and_token,
+                    format!("the {noun} is passed by value: remove the `&`"),
+                );
+                None
+            }
+            Type::ImplTrait(_) | Type::Infer(_) => {
+                problems.on(&arg.ty, format!("name the {noun} type here: {shape}"));
+                None
+            }
+            ty => Some(ty),
+        },
+        Some(other) => {
+            problems.on(other, format!("expected the {noun} argument: {shape}"));
+            None
+        }
+        None => {
+            problems.at(
+                sig.paren_token.span.join(),
+                format!("missing the {noun} argument: {shape}"),
+            );
+            None
+        }
+    };
+
+    let with_ctx = match inputs.next() {
+        None => false,
+        Some(FnArg::Typed(arg)) => {
+            match &*arg.ty {
+                Type::Reference(r) if r.mutability.is_none() => {}
+                other => problems.on(
+                    other,
+                    format!(
+                        "the argument after the {before_ctx} is the handler context, taken by shared reference: `ctx: &Context`"
+                    ),
+                ),
+            }
+            true
+        }
+        Some(other) => {
+            problems.on(
+                other,
+                format!(
+                    "the argument after the {before_ctx} is the handler context: `ctx: &Context`"
+                ),
+            );
+            true
+        }
+    };
+    let extra: TokenStream = inputs.map(ToTokens::to_token_stream).collect();
+    if !extra.is_empty() {
+        problems.on(&extra, format!("too many arguments: {shape}"));
+    }
+
+    let output = match &sig.output {
+        ReturnType::Type(_, ty) if matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
+            problems.on(ty, returns);
+            None
+        }
+        ReturnType::Type(_, ty) => Some(&**ty),
+        ReturnType::Default => {
+            problems.at(
+                sig.paren_token.span.close(),
+                format!("{returns}: add `-> Result<(), HandlerError>`"),
+            );
+            None
+        }
+    };
+    Arguments {
+        message,
+        with_ctx,
+        output,
     }
 }

@@ -16,13 +16,13 @@ use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{
     FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
-    ReceiverKind, ReturnType, Type,
+    ReceiverKind, Type,
 };
 
 use super::attr::{self, Args, KeyField};
 use crate::ctxt::Ctxt;
 use crate::message::Kind;
-use crate::signature::{Problems, check_qualifiers};
+use crate::signature::{Arguments, Problems, check_arguments, check_qualifiers};
 
 /// A validated handler declaration.
 pub(crate) struct Handler<'a> {
@@ -256,7 +256,6 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
         "`async fn {}(&self, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
         sig.ident
     );
-    let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
     let mut problems = Problems { cx, found: false };
 
     check_qualifiers(&mut problems, sig, &shape);
@@ -277,73 +276,11 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
         ),
     }
 
-    let message_ty = match inputs.next() {
-        Some(FnArg::Typed(arg)) => match &*arg.ty {
-            Type::Reference(r) => {
-                problems.on(
-                    r.and_token,
-                    format!("the {noun} is passed by value: remove the `&`"),
-                );
-                None
-            }
-            Type::ImplTrait(_) | Type::Infer(_) => {
-                problems.on(&arg.ty, format!("name the {noun} type here: {shape}"));
-                None
-            }
-            ty => Some(ty),
-        },
-        Some(other) => {
-            problems.on(other, format!("expected the {noun} argument: {shape}"));
-            None
-        }
-        None => {
-            problems.at(
-                sig.paren_token.span.join(),
-                format!("missing the {noun} argument: {shape}"),
-            );
-            None
-        }
-    };
-
-    let with_ctx = match inputs.next() {
-        None => false,
-        Some(FnArg::Typed(arg)) => {
-            match &*arg.ty {
-                Type::Reference(r) if r.mutability.is_none() => {}
-                other => problems.on(
-                    other,
-                    "the argument after the message is the handler context, taken by shared reference: `ctx: &Context`",
-                ),
-            }
-            true
-        }
-        Some(other) => {
-            problems.on(
-                other,
-                "the argument after the message is the handler context: `ctx: &Context`",
-            );
-            true
-        }
-    };
-    let extra: TokenStream = inputs.map(ToTokens::to_token_stream).collect();
-    if !extra.is_empty() {
-        problems.on(&extra, format!("too many arguments: {shape}"));
-    }
-
-    let output = match &sig.output {
-        ReturnType::Type(_, ty) if matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
-            problems.on(ty, returns);
-            None
-        }
-        ReturnType::Type(_, ty) => Some(&**ty),
-        ReturnType::Default => {
-            problems.at(
-                sig.paren_token.span.close(),
-                format!("{returns}: add `-> Result<(), HandlerError>`"),
-            );
-            None
-        }
-    };
+    let Arguments {
+        message: message_ty,
+        with_ctx,
+        output,
+    } = check_arguments(&mut problems, sig, inputs, noun, "message", &shape);
 
     if problems.found {
         return None;

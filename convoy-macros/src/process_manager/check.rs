@@ -16,12 +16,12 @@ use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{
     Attribute, FnArg, Ident, ImplItem, ImplItemFn, Item, ItemImpl, PathArguments, ReceiverKind,
-    ReturnType, Type,
+    Type,
 };
 
 use super::attr::{self, Args, Correlate, HandleAttrs};
 use crate::ctxt::Ctxt;
-use crate::signature::{Problems, check_qualifiers};
+use crate::signature::{Arguments, Problems, check_arguments, check_qualifiers};
 
 /// A validated process manager declaration.
 pub(crate) struct ProcessManager<'a> {
@@ -227,7 +227,6 @@ fn handler_method<'a>(
         "`async fn {}(&mut self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
         sig.ident
     );
-    let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
     let mut problems = Problems { cx, found: false };
 
     check_qualifiers(&mut problems, sig, &shape);
@@ -251,70 +250,11 @@ fn handler_method<'a>(
         ),
     }
 
-    let event_ty = match inputs.next() {
-        Some(FnArg::Typed(arg)) => match &*arg.ty {
-            Type::Reference(r) => {
-                problems.on(r.and_token, "the event is passed by value: remove the `&`");
-                None
-            }
-            Type::ImplTrait(_) | Type::Infer(_) => {
-                problems.on(&arg.ty, format!("name the event type here: {shape}"));
-                None
-            }
-            ty => Some(ty),
-        },
-        Some(other) => {
-            problems.on(other, format!("expected the event argument: {shape}"));
-            None
-        }
-        None => {
-            problems.at(
-                sig.paren_token.span.join(),
-                format!("missing the event argument: {shape}"),
-            );
-            None
-        }
-    };
-
-    let with_ctx = match inputs.next() {
-        None => false,
-        Some(FnArg::Typed(arg)) => {
-            match &*arg.ty {
-                Type::Reference(r) if r.mutability.is_none() => {}
-                other => problems.on(
-                    other,
-                    "the argument after the event is the handler context, taken by shared reference: `ctx: &Context`",
-                ),
-            }
-            true
-        }
-        Some(other) => {
-            problems.on(
-                other,
-                "the argument after the event is the handler context: `ctx: &Context`",
-            );
-            true
-        }
-    };
-    let extra: TokenStream = inputs.map(ToTokens::to_token_stream).collect();
-    if !extra.is_empty() {
-        problems.on(&extra, format!("too many arguments: {shape}"));
-    }
-
-    let output = match &sig.output {
-        ReturnType::Type(_, ty) if matches!(&**ty, Type::Tuple(t) if t.elems.is_empty()) => {
-            problems.on(ty, returns);
-            None
-        }
-        ReturnType::Type(_, ty) => Some(&**ty),
-        ReturnType::Default => {
-            problems.at(
-                sig.paren_token.span.close(),
-                format!("{returns}: add `-> Result<(), HandlerError>`"),
-            );
-            None
-        }
-    };
+    let Arguments {
+        message: event_ty,
+        with_ctx,
+        output,
+    } = check_arguments(&mut problems, sig, inputs, "event", "event", &shape);
 
     if problems.found {
         return (event_ty, None);
