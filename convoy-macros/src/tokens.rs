@@ -44,6 +44,45 @@ pub(crate) fn rest_of_value(input: ParseStream<'_>) -> syn::Result<TokenStream> 
     Ok(value)
 }
 
+/// `into_handler_result(__convoy_result)` spanned across a method's
+/// declared return type `output`, so that an error type that does not
+/// convert into `HandlerError` is reported there. (`identity(..)` only gives
+/// the argument a span running from the type's first token to its last.)
+pub(crate) fn into_result_spanned(output: impl ToTokens) -> TokenStream {
+    let (first, last) = span_range(output);
+    let into = quote::quote_spanned!(first=> ::convoy_runtime::__private::into_handler_result);
+    let identity = quote::quote_spanned!(first=> ::core::convert::identity);
+    let args = quote::quote_spanned!(last=> (__convoy_result));
+    quote::quote!(#into(#identity #args))
+}
+
+/// One branch of a generated `dispatch`: when the envelope carries the type
+/// of `descriptor_const` (a `Handled` const), decode it as `ty`, run `call`
+/// (an expression using `__convoy_message`) and convert its result with
+/// `into_result`, as one boxed future spanned at `box_span` (for a method,
+/// its name, so that a handler future that is not `Send` is reported there,
+/// with rustc's note on the offending `.await`).
+pub(crate) fn dispatch_branch(
+    ty: impl ToTokens,
+    descriptor_const: impl ToTokens,
+    call: TokenStream,
+    into_result: TokenStream,
+    box_span: Span,
+) -> TokenStream {
+    let c = descriptor_const;
+    let body = quote::quote! {
+        let __convoy_message: #ty = (#c.decode)(__convoy_envelope)?;
+        let __convoy_result = #call;
+        #into_result
+    };
+    let boxed = quote::quote_spanned!(box_span=> ::std::boxed::Box::pin(async move { #body }));
+    quote::quote! {
+        if __convoy_envelope.type_name == #c.descriptor.type_name {
+            return #boxed;
+        }
+    }
+}
+
 /// The spans of the first and last token of `tokens`. Generated tokens
 /// placed before a user's type get the first span and those after it the
 /// last, so that rustc, which joins spans itself, underlines exactly the

@@ -7,7 +7,7 @@ use syn::{Item, PathArguments, Type};
 
 use super::check::{self, Call, Handler};
 use crate::message::Kind;
-use crate::tokens::span_range;
+use crate::tokens::{dispatch_branch, into_result_spanned, span_range};
 
 /// The handler trait impl, its descriptor and registration, and the
 /// compile-time checks, all inside one `const _: () = { .. };`.
@@ -73,42 +73,19 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                 quote!(#head #ty #tail)
             }
         };
-        // For a method, the conversion of its result is spanned across the
-        // declared return type, so an error type that does not convert into
-        // `HandlerError` is reported there. (`identity(..)` only gives the
-        // argument a span running from the type's first token to its last.)
         let into_result = match &h.call {
-            Call::Method { output, .. } => {
-                let (first, last) = span_range(output);
-                let into = quote_spanned!(first=> ::convoy_runtime::__private::into_handler_result);
-                let identity = quote_spanned!(first=> ::core::convert::identity);
-                let args = quote_spanned!(last=> (__convoy_result));
-                quote!(#into(#identity #args))
-            }
+            Call::Method { output, .. } => into_result_spanned(output),
             Call::HandleTrait => {
                 quote!(::convoy_runtime::__private::into_handler_result(
                     __convoy_result
                 ))
             }
         };
-        // One boxed future per message type. For a method it is spanned at
-        // the method's name, so a handler future that is not `Send` is
-        // reported there (with rustc's note on the offending `.await`).
         let box_span = match &h.call {
             Call::Method { ident, .. } => ident.span(),
             Call::HandleTrait => Span::call_site(),
         };
-        let body = quote! {
-            let __convoy_message: #ty = (#c.decode)(__convoy_envelope)?;
-            let __convoy_result = #call;
-            #into_result
-        };
-        let boxed = quote_spanned!(box_span=> ::std::boxed::Box::pin(async move { #body }));
-        quote! {
-            if __convoy_envelope.type_name == #c.descriptor.type_name {
-                return #boxed;
-            }
-        }
+        dispatch_branch(ty, c, call, into_result, box_span)
     });
 
     let checks = check::field_checks(handler);

@@ -6,7 +6,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::{Item, PathArguments, Type};
 
 use super::check::{self, ProcessManager};
-use crate::tokens::span_range;
+use crate::tokens::{dispatch_branch, into_result_spanned, span_range};
 
 /// The `ProcessManager` impl, its registration and the correlation
 /// functions, all inside one `const _: () = { .. };`.
@@ -65,27 +65,8 @@ pub(crate) fn process_manager(pm: &ProcessManager<'_>) -> TokenStream {
         let ty = h.ty;
         let method = h.method;
         let ctx = h.with_ctx.then(|| quote!(, __convoy_ctx));
-        // The conversion of the result is spanned across the declared return
-        // type, so an error type that does not convert into `HandlerError`
-        // is reported there. (`identity(..)` only gives the argument a span
-        // running from the type's first token to its last.)
-        let (first, last) = span_range(h.output);
-        let into = quote_spanned!(first=> ::convoy_runtime::__private::into_handler_result);
-        let identity = quote_spanned!(first=> ::core::convert::identity);
-        let result = quote_spanned!(last=> (__convoy_result));
-        let body = quote! {
-            let __convoy_message: #ty = (#c.decode)(__convoy_envelope)?;
-            let __convoy_result = Self::#method(self, __convoy_message #ctx).await;
-            #into(#identity #result)
-        };
-        // Spanned at the method's name, so that a handler future that is not
-        // `Send` is reported there (with rustc's note on the `.await`).
-        let boxed = quote_spanned!(method.span()=> ::std::boxed::Box::pin(async move { #body }));
-        quote! {
-            if __convoy_envelope.type_name == #c.descriptor.type_name {
-                return #boxed;
-            }
-        }
+        let call = quote!(Self::#method(self, __convoy_message #ctx).await);
+        dispatch_branch(ty, c, call, into_result_spanned(h.output), method.span())
     });
 
     let correlation_fns = check::correlation_fns(pm);
