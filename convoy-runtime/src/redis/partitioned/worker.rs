@@ -767,8 +767,10 @@ impl Worker {
             Ok(1) => Ok(true),
             Ok(_) => Ok(false),
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; will try again later");
-                Ok(false)
+                // It may have run (the unit retired, its lease gone): give
+                // the unit up rather than act on a lease that may be gone.
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; giving the unit up (it may have been retired)");
+                Err(Exit::Release)
             }
         }
     }
