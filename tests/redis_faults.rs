@@ -295,3 +295,71 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
         .expect("every event handled once, in order");
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() {
+    let _ = snapshotter();
+    let sut = RedisServer::start().expect("redis");
+    let url = sut.url();
+    let rec = Recorder::new(&url, "gone").expect("recorder");
+    let events: Vec<Posted> = (0..3).map(|seq| Posted::new("g0", seq)).collect();
+    publish(
+        &publisher(test_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
+    // An earlier owner read all three (they are pending for it), then the
+    // middle entry was deleted by hand.
+    let group = group(&url);
+    let mut c = sut.connection().await.expect("conn");
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("ledger:g0")
+        .arg(group)
+        .arg("0")
+        .query_async(&mut c)
+        .await
+        .expect("group");
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("old:1")
+        .arg("STREAMS")
+        .arg("ledger:g0")
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .expect("read as the old owner");
+    let ids: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
+        .arg("ledger:g0")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .expect("xrange");
+    let _: i64 = c.xdel("ledger:g0", &[&ids[1].0]).await.expect("xdel");
+    let missing_before = counter(convoy_runtime::metrics::MISSING_ENTRIES);
+
+    let engine = domain(
+        test_config(&url),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    wait_until(WAIT, "g0#2 handled", || async {
+        rec.seen("g0").await.is_ok_and(|s| s.len() == 2)
+    })
+    .await;
+    assert_eq!(
+        rec.seen("g0").await.expect("seen"),
+        vec!["g0#0".to_owned(), "g0#2".to_owned()]
+    );
+    assert_eq!(
+        counter(convoy_runtime::metrics::MISSING_ENTRIES),
+        missing_before + 1,
+        "the deleted entry is counted"
+    );
+    engine.shutdown().await.expect("shutdown");
+}
