@@ -82,9 +82,6 @@ impl Match {
     }
 }
 
-/// The file stems of convoy's Lua scripts, with their source (the same
-/// files `redis/scripts.rs` loads, so the hashes follow every edit).
-
 /// The SHA1 (lowercase hex) of one of convoy's own Lua scripts, by its file
 /// stem in `convoy-runtime/src/redis/lua/`: `"read"` (the fenced read),
 /// `"ack"`, `"claim"`, `"fail"`, `"acquire"`, `"release"`, `"reap"`,
