@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 
 use convoy_runtime::CancellationToken as Token;
+use convoy_runtime::broker::ConsumerPlan;
 use convoy_runtime::broker::{Capabilities, Publication, PublishError};
-use convoy_runtime::engine::ConsumerPlan;
 use convoy_runtime::handler::{BoxFuture, HandlerDescriptor, HandlerKind};
 use convoy_runtime::outbox::OutboxStatus;
 use convoy_runtime::{

@@ -462,7 +462,7 @@ fn a_sequential_process_manager_needs_a_partitioning_broker() {
         }
         fn run(
             self: Arc<Self>,
-            _plan: Arc<convoy_runtime::engine::ConsumerPlan>,
+            _plan: Arc<convoy_runtime::broker::ConsumerPlan>,
             _shutdown: convoy_runtime::CancellationToken,
         ) -> convoy_runtime::handler::BoxFuture<'static, Result<(), convoy_runtime::Error>>
         {

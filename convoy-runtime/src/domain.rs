@@ -1,28 +1,34 @@
 //! The domain: configuration, broker, outbox and handlers, validated
-//! together by [`DomainBuilder::init`].
+//! together by [`DomainBuilder::init`] (the checks themselves are in
+//! `registry/checks.rs`). [`Domain::engine`] lives with the engine.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio::sync::Notify;
-
 use crate::broker::{Broker, Capabilities, InlineBroker};
 use crate::config::Config;
-use crate::engine::Engine;
 use crate::envelope::{Envelope, Priority};
 use crate::error::Error;
 use crate::handler::{
     CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
 };
 use crate::key::KeyPolicy;
-use crate::message::{Command, MessageDescriptor};
-use crate::outbox::{MemoryOutbox, OutboxStore};
+use crate::message::{Command, Message, MessageDescriptor};
+use crate::outbox::{MemoryOutbox, OutboxHandle, OutboxStore};
 use crate::process_manager::{
     MemoryStateStore, PmDispatch, ProcessManager, ProcessManagerDescriptor, StateStore,
 };
+use crate::redis::RedisBroker;
 use crate::registry::{self, BrokerFacts, Registry};
 use crate::uow::UnitOfWork;
+
+/// An event handler as the domain keeps it: its descriptor, and what the
+/// consumers call.
+pub(crate) type HandlerEntry = (&'static HandlerDescriptor, Arc<dyn Dispatch>);
+
+/// A process manager as the domain keeps it.
+pub(crate) type PmEntry = (&'static ProcessManagerDescriptor, Arc<dyn Dispatch>);
 
 /// A validated domain. Cheap to clone.
 #[derive(Clone)]
@@ -35,11 +41,10 @@ struct Inner {
     registry: Arc<Registry>,
     policy: Arc<KeyPolicy>,
     broker: Arc<dyn Broker>,
-    outbox: Arc<dyn OutboxStore>,
-    outbox_wake: Arc<Notify>,
-    event_handlers: Vec<Arc<dyn EventHandler>>,
+    outbox: OutboxHandle,
+    event_handlers: Vec<HandlerEntry>,
     command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
-    process_managers: Vec<(&'static ProcessManagerDescriptor, Arc<dyn Dispatch>)>,
+    process_managers: Vec<PmEntry>,
     instance_id: String,
 }
 
@@ -61,12 +66,7 @@ impl Domain {
 
     /// A new unit of work.
     pub fn unit_of_work(&self) -> UnitOfWork {
-        UnitOfWork::new(self.clone())
-    }
-
-    /// The engine that publishes the outbox and runs the event handlers.
-    pub fn engine(&self) -> Engine {
-        Engine::new(self.clone())
+        UnitOfWork::new(self.inner.outbox.clone(), self.inner.policy.clone())
     }
 
     /// Dispatches a command synchronously to its command handler. Events the
@@ -74,7 +74,7 @@ impl Domain {
     /// when it succeeds. (`sequential_by` on a command handler is checked at
     /// init but has no effect: commands never reach the outbox.)
     pub async fn process<C: Command>(&self, command: C) -> Result<(), Error> {
-        let d = <C as crate::message::Message>::DESCRIPTOR;
+        let d = <C as Message>::DESCRIPTOR;
         let handler = self
             .inner
             .command_handlers
@@ -89,7 +89,9 @@ impl Domain {
         );
         match handler.dispatch(&envelope, &ctx).await {
             Ok(Dispatched::Handled) => {
-                self.append_to_outbox(ctx.take_raised().into_envelopes())
+                self.inner
+                    .outbox
+                    .append(ctx.take_raised().into_envelopes())
                     .await
             }
             Ok(Dispatched::NotHandled) => Err(Error::NoCommandHandler(d.type_name.to_owned())),
@@ -117,7 +119,7 @@ impl Domain {
 
     /// The outbox.
     pub fn outbox(&self) -> &Arc<dyn OutboxStore> {
-        &self.inner.outbox
+        self.inner.outbox.store()
     }
 
     /// This engine instance's id (the owner id in leases and fences).
@@ -126,12 +128,12 @@ impl Domain {
     }
 
     /// The process managers this domain runs, with their dispatchers.
-    pub fn process_managers(&self) -> &[(&'static ProcessManagerDescriptor, Arc<dyn Dispatch>)] {
+    pub(crate) fn process_managers(&self) -> &[PmEntry] {
         &self.inner.process_managers
     }
 
     /// The event handlers this domain runs.
-    pub fn event_handlers(&self) -> &[Arc<dyn EventHandler>] {
+    pub(crate) fn event_handlers(&self) -> &[HandlerEntry] {
         &self.inner.event_handlers
     }
 
@@ -139,17 +141,9 @@ impl Domain {
         &self.inner.policy
     }
 
-    pub(crate) fn outbox_wake(&self) -> &Arc<Notify> {
-        &self.inner.outbox_wake
-    }
-
-    pub(crate) async fn append_to_outbox(&self, envelopes: Vec<Envelope>) -> Result<(), Error> {
-        if envelopes.is_empty() {
-            return Ok(());
-        }
-        self.inner.outbox.append(envelopes).await?;
-        self.inner.outbox_wake.notify_one();
-        Ok(())
+    /// The outbox with the wake-up of its processor.
+    pub(crate) fn outbox_handle(&self) -> &OutboxHandle {
+        &self.inner.outbox
     }
 }
 
@@ -160,9 +154,9 @@ pub struct DomainBuilder {
     error: Option<Error>,
     broker: Option<Arc<dyn Broker>>,
     outbox: Option<Arc<dyn OutboxStore>>,
-    event_handlers: Vec<Arc<dyn EventHandler>>,
+    event_handlers: Vec<HandlerEntry>,
     command_handlers: Vec<Arc<dyn CommandHandler>>,
-    process_managers: Vec<PmEntry>,
+    process_managers: Vec<PmFactory>,
     state_store: Option<Arc<dyn StateStore>>,
     descriptors: Vec<&'static HandlerDescriptor>,
     messages: Vec<&'static MessageDescriptor>,
@@ -216,7 +210,8 @@ impl DomainBuilder {
 
     /// Runs this event handler.
     pub fn handler(mut self, handler: impl EventHandler) -> Self {
-        self.event_handlers.push(Arc::new(handler));
+        let handler = Arc::new(handler);
+        self.event_handlers.push((handler.descriptor(), handler));
         self
     }
 
@@ -231,7 +226,7 @@ impl DomainBuilder {
     /// broker, memory under the inline one) unless one is given with
     /// [`DomainBuilder::state_store`].
     pub fn process_manager<P: ProcessManager>(mut self) -> Self {
-        self.process_managers.push(PmEntry {
+        self.process_managers.push(PmFactory {
             descriptor: P::DESCRIPTOR,
             make: |store| Arc::new(PmDispatch::<P>::new(store)),
         });
@@ -300,7 +295,7 @@ impl DomainBuilder {
             None => broker_from_config(&config)?,
         };
         let mut handlers: Vec<&'static HandlerDescriptor> = self.descriptors;
-        handlers.extend(self.event_handlers.iter().map(|h| h.descriptor()));
+        handlers.extend(self.event_handlers.iter().map(|(d, _)| *d));
         handlers.extend(self.command_handlers.iter().map(|h| h.descriptor()));
         let mut messages = self.messages;
         let mut pms: Vec<&'static ProcessManagerDescriptor> =
@@ -310,12 +305,11 @@ impl DomainBuilder {
             messages.extend(registry::registered_messages());
             pms.extend(registry::registered_process_managers());
         }
+        let caps = broker.capabilities();
         let facts = BrokerFacts {
             name: broker.name(),
-            stream_partitioning: broker
-                .capabilities()
-                .contains(Capabilities::STREAM_PARTITIONING),
-            inline: broker.is_inline(),
+            stream_partitioning: caps.contains(Capabilities::STREAM_PARTITIONING),
+            serial_delivery: caps.contains(Capabilities::SERIAL_DELIVERY),
         };
         let registry = Registry::build(messages, handlers, pms, facts)?;
         let store: Arc<dyn StateStore> = match self.state_store {
@@ -352,8 +346,9 @@ impl DomainBuilder {
                 registry: Arc::new(registry),
                 policy: Arc::new(policy),
                 broker,
-                outbox: self.outbox.unwrap_or_else(|| Arc::new(MemoryOutbox::new())),
-                outbox_wake: Arc::new(Notify::new()),
+                outbox: OutboxHandle::new(
+                    self.outbox.unwrap_or_else(|| Arc::new(MemoryOutbox::new())),
+                ),
                 event_handlers: self.event_handlers,
                 command_handlers,
                 process_managers,
@@ -364,7 +359,7 @@ impl DomainBuilder {
 }
 
 /// A process manager given to the builder.
-struct PmEntry {
+struct PmFactory {
     descriptor: &'static ProcessManagerDescriptor,
     make: fn(Arc<dyn StateStore>) -> Arc<dyn Dispatch>,
 }
@@ -380,9 +375,9 @@ fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
                 file: "<code>".into(),
                 message: format!("[broker] tls_ca_file {path:?} cannot be read: {e}"),
             })?;
-            crate::redis::RedisBroker::from_url_with_ca(url, pem)?
+            RedisBroker::from_url_with_ca(url, pem)?
         }
-        None => crate::redis::RedisBroker::from_url(url)?,
+        None => RedisBroker::from_url(url)?,
     };
     let broker: Arc<dyn Broker> = Arc::new(broker);
     Ok(broker)

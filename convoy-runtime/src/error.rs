@@ -135,6 +135,46 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// Redis answered a script with something this version does not
+    /// understand.
+    #[error(
+        "unexpected reply from redis to the {script} script: {reply}; is the server a Redis 7 or later?"
+    )]
+    UnexpectedReply {
+        /// The script (its file stem in `lua/`).
+        script: &'static str,
+        /// The reply, rendered.
+        reply: String,
+    },
+
+    /// The domain's broker cannot do what was asked.
+    #[error("{operation} is not supported by the `{broker}` broker; {hint}")]
+    Unsupported {
+        /// What was asked.
+        operation: &'static str,
+        /// The broker's name.
+        broker: String,
+        /// What to do instead.
+        hint: &'static str,
+    },
+
+    /// A task of the engine ended before it could answer (it panicked, or
+    /// stopped).
+    #[error("the {task} stopped unexpectedly: {reason}")]
+    TaskFailed {
+        /// Which task.
+        task: &'static str,
+        /// Why, as far as is known.
+        reason: String,
+    },
+
+    /// The metrics exporter could not be installed.
+    #[error("cannot serve metrics: {message}")]
+    Metrics {
+        /// What went wrong.
+        message: String,
+    },
+
     /// The engine stopped because the shutdown signal fired.
     #[error("the engine is shutting down")]
     Shutdown,
@@ -180,7 +220,7 @@ impl Error {
 
 /// Renders an error with its chain of causes (`outer: cause: root`), for
 /// logs.
-pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {

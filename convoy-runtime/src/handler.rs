@@ -3,18 +3,14 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Mutex;
-
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::envelope::{Envelope, Priority};
+use crate::error::Error;
+pub use crate::future::BoxFuture;
 use crate::key::KeyPolicy;
-use crate::message::MessageDescriptor;
-use crate::uow::PendingEvents;
-
-/// A boxed future, as returned by generated dispatch code.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::message::{Event, MessageDescriptor};
+use crate::raise::PendingEvents;
 
 /// What kind of handler a descriptor describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,9 +77,9 @@ pub trait EventHandler: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
 }
 
-/// What a consumer calls for each message: an event handler, or a process
-/// manager with its state loading and saving around the handler.
-pub trait Dispatch: Send + Sync + 'static {
+/// What a consumer calls for each message: an event handler as it is, or a
+/// process manager with its state loading and saving around the handler.
+pub(crate) trait Dispatch: Send + Sync + 'static {
     /// Runs the message through the handler.
     fn dispatch<'a>(
         &'a self,
@@ -92,16 +88,13 @@ pub trait Dispatch: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Dispatched, HandlerError>>;
 }
 
-/// An event handler as a [`Dispatch`].
-pub(crate) struct HandlerDispatch(pub(crate) std::sync::Arc<dyn EventHandler>);
-
-impl Dispatch for HandlerDispatch {
+impl<H: EventHandler> Dispatch for H {
     fn dispatch<'a>(
         &'a self,
         envelope: &'a Envelope,
         ctx: &'a Context,
     ) -> BoxFuture<'a, Result<Dispatched, HandlerError>> {
-        self.0.dispatch(envelope, ctx)
+        EventHandler::dispatch(self, envelope, ctx)
     }
 }
 
@@ -169,7 +162,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context for handling `envelope` in `handler`.
+    /// A context for handling `envelope` in `handler` (made by the
+    /// consumers; public to drive a handler by hand in a test).
+    #[doc(hidden)]
     pub fn new(
         handler: &'static str,
         envelope: &Envelope,
@@ -190,6 +185,7 @@ impl Context {
     }
 
     /// Sets the fence of the partition being consumed.
+    #[doc(hidden)]
     pub fn with_fence(mut self, fence: Fence) -> Self {
         self.fence = Some(fence);
         self
@@ -234,16 +230,12 @@ impl Context {
     /// Raises a follow-up event. It is added to the outbox, with its key
     /// validated, only if the handler succeeds; the correlation id of the
     /// message being handled is carried over.
-    pub fn raise<E: crate::message::Event>(&self, event: E) -> Result<(), crate::Error> {
+    pub fn raise<E: Event>(&self, event: E) -> Result<(), Error> {
         self.raise_with_priority(event, Priority::Normal)
     }
 
     /// Raises a follow-up event with a priority (see [`Context::raise`]).
-    pub fn raise_with_priority<E: crate::message::Event>(
-        &self,
-        event: E,
-        priority: Priority,
-    ) -> Result<(), crate::Error> {
+    pub fn raise_with_priority<E: Event>(&self, event: E, priority: Priority) -> Result<(), Error> {
         let mut pending = self
             .pending
             .lock()

@@ -66,12 +66,16 @@ pub fn check_key(value: Option<&str>, backfill_suffix: &str) -> Result<(), KeyRu
 }
 
 /// Whether `v` has the reserved `__name__` form.
-pub fn is_sentinel(v: &str) -> bool {
+pub(crate) fn is_sentinel(v: &str) -> bool {
     v.len() > 4 && v.starts_with("__") && v.ends_with("__")
 }
 
 /// Which field partitions each category, and the lane suffix that keys must
 /// avoid. Built by `Domain::init` from the validated handlers.
+///
+/// Not a stable API: public only so that a [`Context`](crate::Context) can
+/// be made by hand to drive a handler in a test.
+#[doc(hidden)]
 #[derive(Debug, Clone, Default)]
 pub struct KeyPolicy {
     pub(crate) category_keys: BTreeMap<&'static str, &'static str>,

@@ -12,7 +12,7 @@
 //! A domain on the inline broker (in-process, no services); the same code
 //! runs on Redis with `[broker] url = "redis://..."` in `domain.toml`.
 //!
-//! ```
+//! ```standalone_crate
 //! use std::sync::{Arc, Mutex};
 //!
 //! use convoy_runtime::{Aggregate, Context, Domain, Event, HandlerError, event_handler};
@@ -61,28 +61,81 @@
 //! # }
 //! ```
 
+//!
+//! # Features
+//!
+//! | feature | what |
+//! | --- | --- |
+//! | `testing` | the test kit in [`testing`]: a real `redis-server` started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
+//! | `prometheus` | [`metrics::install_prometheus`]: a Prometheus scrape endpoint for convoy's metrics |
+//!
+//! Neither is on by default.
+//!
+//! # Design
+//!
+//! The runtime is built in layers; each module imports only from the
+//! layers below it (a test, `tests/module_layers.rs`, fails on any import
+//! cycle between its files).
+//!
+//! | layer | files | what |
+//! | --- | --- | --- |
+//! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config.rs`, `metrics.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, `BoxFuture`, the one retry back-off |
+//! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
+//! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes |
+//! | 4. brokers | `broker/inline.rs`, `redis/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools). A broker never imports the domain, the engine or the unit of work |
+//! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`) |
+//!
+//! Where each rule of the specification is enforced:
+//!
+//! | rule | where |
+//! | --- | --- |
+//! | the key field exists, and its type can be a key | at compile time, by the macros (`convoy-macros`) |
+//! | every rule of `Domain::init`, one function each (`check_one_key_per_category`, `check_broker_partitions`, ...) | `registry/checks.rs` |
+//! | a key value's rules (not null or empty, no `:`, not `dlq`, the backfill suffix or `__name__`) | `key.rs` (`check_key`), applied at raise in `raise.rs` and again at publish in `outbox/processor.rs` |
+//! | where a published event goes | `routing.rs`, with the names of `names.rs` |
+//! | single active consumer per unit: leases, fences, incarnations, generations | `redis/lua/acquire.lua`, `redis/lua/fence.lua`, and their bindings in `redis/scripts/` |
+//! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
+//! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
+//! | operators' actions, atomic against the owner | `redis/admin/` and `redis/lua/head_action.lua` |
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[allow(unused_extern_crates)]
 // lets generated `::convoy_runtime` paths resolve in this crate's own tests
 extern crate self as convoy_runtime;
 
-pub mod broker;
+// 1. vocabulary
+mod backoff;
 pub mod config;
-pub mod domain;
-pub mod engine;
 pub mod envelope;
 mod error;
-pub mod handler;
+mod future;
 pub mod key;
 pub mod message;
 pub mod metrics;
-pub mod outbox;
+
+// 2. handler contracts
+pub mod handler;
 pub mod process_manager;
-pub mod redis;
+mod raise;
 pub mod registry;
-pub mod routing;
-pub mod uow;
+
+// 3. delivery contracts
+pub mod broker;
+mod names;
+pub mod outbox;
+mod routing;
+
+// 4. brokers (the inline broker lives in `broker/inline.rs`)
+pub mod redis;
+
+// 5. assembly
+mod domain;
+mod engine;
+mod uow;
 
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 #[doc(hidden)]
@@ -95,6 +148,7 @@ pub use domain::{Domain, DomainBuilder};
 pub use engine::{Engine, EngineHandle};
 pub use envelope::{Envelope, Priority};
 pub use error::{Error, Problem, Problems};
+pub use future::BoxFuture;
 pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError};
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};

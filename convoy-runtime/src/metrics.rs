@@ -127,12 +127,12 @@ pub(crate) fn lag(handler: &'static str, category: &'static str, n: i64) {
 /// `http://{addr}/metrics`. Call it once, inside the tokio runtime, before
 /// the engine starts.
 #[cfg(feature = "prometheus")]
-pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<(), crate::Error> {
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<(), crate::error::Error> {
     ::metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .install()
-        .map_err(|e| crate::Error::Config {
-            file: "<code>".into(),
+        .map_err(|e| crate::error::Error::Metrics {
             message: format!("cannot serve Prometheus metrics on {addr}: {e}"),
         })
 }

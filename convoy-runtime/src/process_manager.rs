@@ -22,7 +22,8 @@ use serde::de::DeserializeOwned;
 
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::{BoxFuture, Context, Dispatch, Dispatched, HandlerError};
+use crate::future::BoxFuture;
+use crate::handler::{Context, Dispatch, Dispatched, HandlerError};
 use crate::message::MessageDescriptor;
 
 /// One handled event of a process manager.

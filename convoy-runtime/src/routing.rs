@@ -1,18 +1,20 @@
 //! Where a published event goes: the one routing function of the outbox
-//! processor, and the names of every stream and key derived from a category.
+//! processor (the "publish" column of the README's rule table). The names
+//! themselves come from [`names`](crate::names).
 
 use crate::broker::Capabilities;
 use crate::config::PriorityLanesConfig;
 use crate::envelope::Priority;
+use crate::names;
 
 /// The physical destination of one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     /// The stream to append to.
-    pub stream: String,
+    pub(crate) stream: String,
     /// The partition key when it was applied (the stream is a partition and
     /// the key must be added to the category's partition index).
-    pub partition: Option<String>,
+    pub(crate) partition: Option<String>,
 }
 
 /// Routes an event of `category` with an (already validated) `key`.
@@ -22,7 +24,7 @@ pub struct Route {
 /// - otherwise (no key, or the broker lacks the capability: the key is
 ///   carried on the envelope but not applied): `{category}`, or
 ///   `{category}:{backfill}` for a low-priority event with lanes on.
-pub fn route(
+pub(crate) fn route(
     category: &str,
     key: Option<&str>,
     priority: Priority,
@@ -31,44 +33,17 @@ pub fn route(
 ) -> Route {
     let backfill = lanes.enabled && priority == Priority::Low;
     let key = key.filter(|_| caps.contains(Capabilities::STREAM_PARTITIONING));
-    let base = match key {
-        Some(k) => partition_stream(category, k),
-        None => category.to_owned(),
-    };
-    let stream = if backfill {
-        format!("{base}:{}", lanes.backfill_suffix)
-    } else {
-        base
+    let suffix = &lanes.backfill_suffix;
+    let stream = match (key, backfill) {
+        (Some(k), false) => names::partition_stream(category, k),
+        (Some(k), true) => names::backfill_stream(category, k, suffix),
+        (None, false) => category.to_owned(),
+        (None, true) => names::base_backfill_stream(category, suffix),
     };
     Route {
         stream,
         partition: key.map(str::to_owned),
     }
-}
-
-/// `{category}:{key}`: a key's primary lane.
-pub fn partition_stream(category: &str, key: &str) -> String {
-    format!("{category}:{key}")
-}
-
-/// `{category}:{key}:{suffix}`: a key's backfill lane.
-pub fn backfill_stream(category: &str, key: &str, suffix: &str) -> String {
-    format!("{category}:{key}:{suffix}")
-}
-
-/// `{category}:__partitions__`: the set of a category's live partition keys.
-pub fn partition_index(category: &str) -> String {
-    format!("{category}:__partitions__")
-}
-
-/// `{category}:dlq`: dead letters of ordinary handlers.
-pub fn category_dlq(category: &str) -> String {
-    format!("{category}:dlq")
-}
-
-/// `{category}:{key}:dlq`: where an operator moves a halted partition's head.
-pub fn partition_dlq(category: &str, key: &str) -> String {
-    format!("{category}:{key}:dlq")
 }
 
 #[cfg(test)]

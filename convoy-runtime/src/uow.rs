@@ -1,89 +1,32 @@
 //! The unit of work: events raised by an operation, validated as they are
 //! raised and added to the outbox together on commit.
 
-use crate::domain::Domain;
-use crate::envelope::{Envelope, Priority};
+use std::sync::Arc;
+
+use crate::envelope::Priority;
 use crate::error::Error;
-use crate::key::{KeyPolicy, check_key};
-use crate::message::{Event, Message};
-
-/// Events raised but not yet committed.
-#[derive(Debug, Default)]
-pub struct PendingEvents {
-    envelopes: Vec<Envelope>,
-}
-
-impl PendingEvents {
-    /// Validates `event`'s partition key and keeps it.
-    ///
-    /// The key is the value of the category's `sequential_by` field; a value
-    /// that breaks a key rule fails here and nothing is kept.
-    pub fn push<E: Event>(
-        &mut self,
-        event: &E,
-        policy: &KeyPolicy,
-        priority: Priority,
-        correlation_id: Option<String>,
-    ) -> Result<(), Error> {
-        let key = extract_key(event, policy)?;
-        self.envelopes
-            .push(Envelope::wrap(event, key, priority, correlation_id)?);
-        Ok(())
-    }
-
-    /// How many events are pending.
-    pub fn len(&self) -> usize {
-        self.envelopes.len()
-    }
-
-    /// Whether no event is pending.
-    pub fn is_empty(&self) -> bool {
-        self.envelopes.is_empty()
-    }
-
-    pub(crate) fn into_envelopes(self) -> Vec<Envelope> {
-        self.envelopes
-    }
-}
-
-/// The validated partition key of `event` under `policy`: `None` when its
-/// category is not partitioned (or the type does not carry the key field).
-pub fn extract_key<E: Message>(event: &E, policy: &KeyPolicy) -> Result<Option<String>, Error> {
-    let d = E::DESCRIPTOR;
-    let Some(field) = policy.key_field(d.category) else {
-        return Ok(None);
-    };
-    let Some(value) = event.partition_key(field) else {
-        return Ok(None);
-    };
-    match check_key(value.as_deref(), policy.backfill_suffix()) {
-        Ok(()) => Ok(value),
-        Err(rule) => Err(Error::InvalidKey {
-            type_name: d.type_name.to_owned(),
-            field: field.to_owned(),
-            value: match &value {
-                Some(v) => format!("{v:?}"),
-                None => "null".to_owned(),
-            },
-            rule,
-        }),
-    }
-}
+use crate::key::KeyPolicy;
+use crate::message::Event;
+use crate::outbox::OutboxHandle;
+use crate::raise::PendingEvents;
 
 /// A unit of work: raise events, then commit them to the outbox at once.
 ///
 /// Dropping it without `commit` discards the events.
 #[derive(Debug)]
 pub struct UnitOfWork {
-    domain: Domain,
+    outbox: OutboxHandle,
+    policy: Arc<KeyPolicy>,
     pending: PendingEvents,
     correlation_id: Option<String>,
 }
 
 impl UnitOfWork {
-    pub(crate) fn new(domain: Domain) -> Self {
+    /// A unit of work committing to `outbox`, checking keys with `policy`.
+    pub(crate) fn new(outbox: OutboxHandle, policy: Arc<KeyPolicy>) -> Self {
         UnitOfWork {
-            domain,
+            outbox,
+            policy,
             pending: PendingEvents::default(),
             correlation_id: None,
         }
@@ -109,9 +52,8 @@ impl UnitOfWork {
         event: E,
         priority: Priority,
     ) -> Result<(), Error> {
-        let policy = self.domain.key_policy();
         self.pending
-            .push(&event, policy, priority, self.correlation_id.clone())
+            .push(&event, &self.policy, priority, self.correlation_id.clone())
     }
 
     /// How many events are waiting for commit.
@@ -129,7 +71,7 @@ impl UnitOfWork {
     pub async fn commit(self) -> Result<usize, Error> {
         let envelopes = self.pending.into_envelopes();
         let n = envelopes.len();
-        self.domain.append_to_outbox(envelopes).await?;
+        self.outbox.append(envelopes).await?;
         Ok(n)
     }
 }

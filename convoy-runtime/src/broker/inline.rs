@@ -1,14 +1,16 @@
+//! The inline broker: in-process, one queue, one event at a time.
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::plan::ConsumerPlan;
 use super::{Broker, Capabilities, Publication, PublishError};
-use crate::engine::ConsumerPlan;
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
 
 /// An event an inline handler gave up on after its retries.
 #[derive(Debug, Clone)]
@@ -22,9 +24,9 @@ pub struct DeadLetter {
 }
 
 /// The in-process broker: one queue, delivered in strict submission order,
-/// one event at a time. It does not advertise `STREAM_PARTITIONING`;
-/// `sequential_by` is an accepted no-op here because nothing runs in
-/// parallel.
+/// one event at a time. It does not advertise `STREAM_PARTITIONING` but
+/// `SERIAL_DELIVERY`: `sequential_by` is an accepted no-op here because
+/// nothing runs in parallel.
 #[derive(Debug, Default)]
 pub struct InlineBroker {
     queue: Mutex<VecDeque<Envelope>>,
@@ -55,7 +57,7 @@ impl InlineBroker {
 
     /// Delivers every queued event (and those queued meanwhile); returns how
     /// many events were delivered.
-    pub async fn drain(&self, plan: &ConsumerPlan) -> usize {
+    pub(crate) async fn drain(&self, plan: &ConsumerPlan) -> usize {
         let mut n = 0;
         while let Some(e) = self.pop() {
             self.deliver(plan, &e).await;
@@ -104,15 +106,7 @@ impl Broker for InlineBroker {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-    }
-
-    fn is_inline(&self) -> bool {
-        true
-    }
-
-    fn as_inline(&self) -> Option<&InlineBroker> {
-        Some(self)
+        Capabilities::SERIAL_DELIVERY
     }
 
     fn publish<'a>(

@@ -1,22 +1,36 @@
 //! Brokers: where the outbox publishes and from which handlers consume.
 //!
 //! - [`InlineBroker`]: in-process, strict submission order, no services;
-//!   `sequential_by` is an accepted no-op there.
+//!   it advertises [`Capabilities::SERIAL_DELIVERY`], so `sequential_by` is
+//!   an accepted no-op there.
 //! - `RedisBroker` (in [`crate::redis`]): Redis Streams with partition
-//!   streams, leases and fences.
+//!   streams, leases and fences; it advertises
+//!   [`Capabilities::STREAM_PARTITIONING`].
+//!
+//! # Writing a broker
+//!
+//! Implement [`Broker`]: [`publish`](Broker::publish) receives batches of
+//! already routed [`Publication`]s from the outbox processor, in order, and
+//! [`run`](Broker::run) consumes for every [`Subscription`] of the
+//! [`ConsumerPlan`] it is given, calling [`ConsumerPlan::invoke`] for each
+//! event (which runs the handler, records metrics and commits the events
+//! the handler raised). A broker never sees the domain, the engine or a
+//! unit of work.
 
 mod inline;
+mod plan;
 
 pub use inline::{DeadLetter, InlineBroker};
+pub use plan::{ConsumerPlan, Subscription};
 
+use std::any::Any;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::ConsumerPlan;
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::BoxFuture;
+pub use crate::future::BoxFuture;
 
 /// What a broker can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -28,6 +42,10 @@ impl Capabilities {
     /// The broker routes each partitioned event to its own partition stream
     /// and consumes each partition under an ownership lease.
     pub const STREAM_PARTITIONING: Capabilities = Capabilities(1);
+    /// The broker delivers one event at a time, in submission order, to
+    /// every handler of the domain: no two events are ever handled at once,
+    /// so `sequential_by` holds without partitions (the inline broker).
+    pub const SERIAL_DELIVERY: Capabilities = Capabilities(2);
 
     /// Whether every capability in `other` is present.
     pub const fn contains(self, other: Capabilities) -> bool {
@@ -64,27 +82,16 @@ pub struct PublishError {
 }
 
 /// A message broker.
-pub trait Broker: Send + Sync + 'static {
+pub trait Broker: Any + Send + Sync + 'static {
     /// A short name for messages (`inline`, `redis`).
     fn name(&self) -> &str;
 
     /// What the broker can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Whether this is the inline broker, the accepted exception for
-    /// `sequential_by` without `STREAM_PARTITIONING`.
-    fn is_inline(&self) -> bool {
-        false
-    }
-
     /// Where process-manager instances live with this broker (`None`: in
     /// memory).
     fn state_store(&self) -> Option<Arc<dyn crate::process_manager::StateStore>> {
-        None
-    }
-
-    /// The inline broker itself, when this is it.
-    fn as_inline(&self) -> Option<&InlineBroker> {
         None
     }
 

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use super::{OutboxRecord, OutboxStatus, OutboxStore};
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
 
 /// How many published records the memory outbox keeps for inspection.
 const KEEP_PUBLISHED: usize = 10_000;

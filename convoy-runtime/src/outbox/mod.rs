@@ -1,5 +1,10 @@
 //! The outbox: raised events wait here, with their validated partition key,
 //! until the processor publishes them in order.
+//!
+//! To keep the outbox in your own database (written in the same
+//! transaction as your state), implement [`OutboxStore`] and pass it to
+//! `Domain::builder().outbox(..)`; [`MemoryOutbox`] is the reference
+//! implementation.
 
 mod memory;
 mod processor;
@@ -7,9 +12,13 @@ mod processor;
 pub use memory::MemoryOutbox;
 pub use processor::OutboxProcessor;
 
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
 
 /// Where an outbox record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,4 +75,48 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Every record still kept (for inspection and tests).
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
+}
+
+/// Where raised events go when committed: the domain's store, and the
+/// wake-up of its processor. Shared by the unit of work, command dispatch
+/// and the consumers (for the events their handlers raise).
+#[derive(Clone)]
+pub(crate) struct OutboxHandle {
+    store: Arc<dyn OutboxStore>,
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for OutboxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxHandle").finish_non_exhaustive()
+    }
+}
+
+impl OutboxHandle {
+    pub(crate) fn new(store: Arc<dyn OutboxStore>) -> Self {
+        OutboxHandle {
+            store,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The store.
+    pub(crate) fn store(&self) -> &Arc<dyn OutboxStore> {
+        &self.store
+    }
+
+    /// What wakes the processor.
+    pub(crate) fn wake(&self) -> &Arc<Notify> {
+        &self.wake
+    }
+
+    /// Appends the envelopes, all or none, and wakes the processor.
+    pub(crate) async fn append(&self, envelopes: Vec<Envelope>) -> Result<(), Error> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        self.store.append(envelopes).await?;
+        self.wake.notify_one();
+        Ok(())
+    }
 }

@@ -5,9 +5,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{OutboxRecord, OutboxStore};
+use crate::backoff::Backoff;
 use crate::broker::{Broker, Publication};
 use crate::config::PriorityLanesConfig;
-use crate::error::Error;
+use crate::error::{Error, chain};
 use crate::key::check_key;
 use crate::routing::route;
 
@@ -129,12 +130,12 @@ impl OutboxProcessor {
     /// Publishes until `shutdown` fires, waking when records are added and
     /// backing off while the broker is unreachable.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::reconnect();
         loop {
             let notified = self.wake.notified();
             match self.drain().await {
                 Ok(_) => {
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = notified => {}
@@ -142,12 +143,10 @@ impl OutboxProcessor {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %crate::error::chain(&e), retry_in_ms = backoff.as_millis() as u64, "outbox publish failed; records stay pending");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                    tracing::warn!(error = %chain(&e), "outbox publish failed; records stay pending");
+                    if !backoff.wait_or_stop(&shutdown).await {
+                        return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }

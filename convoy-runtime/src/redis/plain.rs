@@ -3,36 +3,34 @@
 //! ordering beyond the stream's; retries in place, then `{category}:dlq`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
 
-use super::reply::{Entry, first_stream_entries, text};
-use super::scripts::SCRIPTS;
-use super::wake::sleep_or_stop;
-use super::{BLOCK, RedisBroker, keys, now_ms};
-use crate::engine::{ConsumerPlan, Subscription};
-use crate::error::Error;
+use super::connection::{BLOCK, Connection};
+use super::reply::{Entry, entries, first_stream_entries};
+use super::scripts::dead_letter::DeadLetter;
+use super::scripts::plain_ack::PlainAck;
+use crate::backoff::{Backoff, sleep_or_stop};
+use crate::broker::{ConsumerPlan, Subscription};
+use crate::envelope::now_ms;
+use crate::error::{Error, chain};
 use crate::handler::HandlerError;
+use crate::names;
 
 /// Entries per read.
 const BATCH: usize = 100;
 
 pub(crate) struct PlainConsumer {
-    broker: Arc<RedisBroker>,
+    redis: Arc<Connection>,
     plan: Arc<ConsumerPlan>,
     index: usize,
 }
 
 impl PlainConsumer {
-    pub(crate) fn new(broker: Arc<RedisBroker>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
-        PlainConsumer {
-            broker,
-            plan,
-            index,
-        }
+    pub(crate) fn new(redis: Arc<Connection>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
+        PlainConsumer { redis, plan, index }
     }
 
     fn sub(&self) -> &Subscription {
@@ -44,22 +42,21 @@ impl PlainConsumer {
         let lanes = &self.plan.config.server.priority_lanes;
         let mut v = vec![c.to_owned()];
         if lanes.enabled {
-            v.push(format!("{c}:{}", lanes.backfill_suffix));
+            v.push(names::base_backfill_stream(c, &lanes.backfill_suffix));
         }
         v
     }
 
     pub(crate) async fn run(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::reconnect();
         while !shutdown.is_cancelled() {
             match self.session(&shutdown).await {
                 Ok(()) => return,
                 Err(e) => {
-                    tracing::warn!(handler = self.sub().name, error = %crate::error::chain(&e), "consumer lost Redis; reconnecting");
-                    if sleep_or_stop(backoff, &shutdown).await {
+                    tracing::warn!(handler = self.sub().name, error = %chain(&e), "consumer lost Redis; reconnecting");
+                    if !backoff.wait_or_stop(&shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
@@ -67,7 +64,7 @@ impl PlainConsumer {
 
     /// One connected session; returns Ok on shutdown.
     async fn session(&self, shutdown: &CancellationToken) -> Result<(), Error> {
-        let mut conn = self.broker.blocking_conn().await?;
+        let mut conn = self.redis.blocking().await?;
         let group = self.sub().name;
         let me = self.plan.instance_id.clone();
         let streams = self.streams();
@@ -168,7 +165,7 @@ impl PlainConsumer {
     ) -> Result<(), Error> {
         let group = self.sub().name;
         let _: i64 = redis::cmd("SADD")
-            .arg(keys::base_groups(self.sub().category))
+            .arg(names::base_groups(self.sub().category))
             .arg(group)
             .query_async(conn)
             .await
@@ -212,7 +209,7 @@ impl PlainConsumer {
         let Value::Array(parts) = v else {
             return Ok(Vec::new());
         };
-        let claimed = parts.get(1).map(super::reply::entries).unwrap_or_default();
+        let claimed = parts.get(1).map(entries).unwrap_or_default();
         if !claimed.is_empty() {
             tracing::info!(
                 handler = self.sub().name,
@@ -262,36 +259,31 @@ impl PlainConsumer {
     }
 
     async fn ack(&self, stream: &str, id: &str) -> Result<(), Error> {
-        let mut c = self.broker.conn().await?;
-        let mut inv = SCRIPTS.plain_ack.prepare_invoke();
-        inv.key(stream)
-            .key(keys::base_groups(self.sub().category))
-            .arg(self.sub().name)
-            .arg(id);
-        let _: i64 = inv
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| Error::redis("ack failed", e))?;
+        let mut c = self.redis.shared().await?;
+        PlainAck {
+            stream,
+            category: self.sub().category,
+            group: self.sub().name,
+            ids: &[id],
+        }
+        .run(&mut c)
+        .await?;
         Ok(())
     }
 
     async fn dead_letter(&self, stream: &str, entry: &Entry, error: &str) -> Result<(), Error> {
-        let mut c = self.broker.conn().await?;
-        let mut inv = SCRIPTS.dead_letter.prepare_invoke();
-        inv.key(stream)
-            .key(keys::category_dlq(self.sub().category))
-            .arg(self.sub().name)
-            .arg(&entry.id)
-            .arg(error)
-            .arg(now_ms());
-        for f in entry.flat_fields() {
-            inv.arg(f);
+        let mut c = self.redis.shared().await?;
+        let dlq_id = DeadLetter {
+            stream,
+            category: self.sub().category,
+            group: self.sub().name,
+            entry,
+            error,
+            now_ms: now_ms(),
         }
-        let v: Value = inv
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| Error::redis("failed to dead-letter an entry", e))?;
-        tracing::debug!(dlq_id = ?text(&v), "dead letter written");
+        .run(&mut c)
+        .await?;
+        tracing::debug!(dlq_id, "dead letter written");
         Ok(())
     }
 }

@@ -5,10 +5,11 @@
 use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
-use super::scripts::SCRIPTS;
-use super::{RedisBroker, keys};
+use super::connection::Connection;
+use super::scripts::save_state::SaveState;
 use crate::error::Error;
-use crate::handler::BoxFuture;
+use crate::future::BoxFuture;
+use crate::names;
 use crate::process_manager::{StateStore, StoredState};
 
 /// Process-manager state kept in Redis.
@@ -24,9 +25,9 @@ impl std::fmt::Debug for RedisStateStore {
 }
 
 impl RedisStateStore {
-    pub(crate) fn new(broker: &RedisBroker) -> Self {
+    pub(crate) fn new(redis: &Connection) -> Self {
         RedisStateStore {
-            client: broker.client.clone(),
+            client: redis.client.clone(),
             conn: OnceCell::new(),
         }
     }
@@ -55,7 +56,7 @@ impl StateStore for RedisStateStore {
                 Option<String>,
                 Option<String>,
             ) = redis::cmd("HMGET")
-                .arg(keys::pm_state(pm, id))
+                .arg(names::pm_state(pm, id))
                 .arg("version")
                 .arg("state")
                 .arg("ended")
@@ -87,17 +88,16 @@ impl StateStore for RedisStateStore {
         Box::pin(async move {
             let mut c = self.conn().await?;
             let applied = serde_json::to_string(&state.applied).unwrap_or_else(|_| "[]".into());
-            let saved: i64 = SCRIPTS
-                .save_state
-                .key(keys::pm_state(pm, id))
-                .arg(expected)
-                .arg(state.state)
-                .arg(if state.ended { "1" } else { "0" })
-                .arg(applied)
-                .invoke_async(&mut c)
-                .await
-                .map_err(|e| Error::redis("failed to save a process-manager instance", e))?;
-            Ok(saved == 1)
+            SaveState {
+                pm,
+                id,
+                expected,
+                state: &state.state,
+                ended: state.ended,
+                applied: &applied,
+            }
+            .run(&mut c)
+            .await
         })
     }
 }

@@ -4,14 +4,16 @@
 //! nothing, however many there are, and new events are picked up at once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::connection::{BLOCK, Connection};
 use super::reply::{first_stream_entries, text};
-use super::{BLOCK, RedisBroker, keys};
+use crate::backoff::Backoff;
+use crate::error::chain;
+use crate::names;
 
 /// A wake-up: a key with new events, or a key whose lease was just released.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,23 +26,22 @@ pub(crate) struct Wake {
 /// in batches. After a reconnect it reports `None` ("wake everything"),
 /// since the gap may have held wake-ups.
 pub(crate) async fn follow(
-    broker: Arc<RedisBroker>,
+    redis: Arc<Connection>,
     categories: Vec<String>,
     tx: mpsc::Sender<Option<Vec<Wake>>>,
     shutdown: CancellationToken,
 ) {
-    let streams: Vec<String> = categories.iter().map(|c| keys::wake_stream(c)).collect();
+    let streams: Vec<String> = categories.iter().map(|c| names::wake_stream(c)).collect();
     let mut last: Option<Vec<String>> = None;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::reconnect();
     while !shutdown.is_cancelled() {
-        let mut conn = match broker.blocking_conn().await {
+        let mut conn = match redis.blocking().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %crate::error::chain(&e), "wake-up listener cannot connect; retrying");
-                if sleep_or_stop(backoff, &shutdown).await {
+                tracing::warn!(error = %chain(&e), "wake-up listener cannot connect; retrying");
+                if !backoff.wait_or_stop(&shutdown).await {
                     return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
@@ -50,7 +51,7 @@ pub(crate) async fn follow(
                 Ok(ids) => last = Some(ids),
                 Err(e) => {
                     tracing::warn!(error = %e, "wake-up listener read failed; retrying");
-                    if sleep_or_stop(backoff, &shutdown).await {
+                    if !backoff.wait_or_stop(&shutdown).await {
                         return;
                     }
                     continue;
@@ -59,7 +60,7 @@ pub(crate) async fn follow(
         } else if tx.send(None).await.is_err() {
             return;
         }
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         let Some(ids) = last.as_mut() else { continue };
         loop {
             let mut cmd = redis::cmd("XREAD");
@@ -102,7 +103,7 @@ pub(crate) async fn follow(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %crate::error::chain(&e), "wake-up listener lost its connection; reconnecting");
+                    tracing::warn!(error = %chain(&e), "wake-up listener lost its connection; reconnecting");
                     break;
                 }
             }
@@ -138,12 +139,4 @@ async fn newest_ids(
             _ => "0-0".to_owned(),
         })
         .collect())
-}
-
-/// Sleeps; true when shutdown fired first.
-pub(crate) async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = shutdown.cancelled() => true,
-        _ = tokio::time::sleep(d) => false,
-    }
 }

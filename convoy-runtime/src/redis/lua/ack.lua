@@ -21,8 +21,8 @@
 -- entries pending below the ones it acknowledges, and they must survive
 -- until it has re-read and handled them.
 --
--- Returns per request: a refusal (see fence.lua) when fenced out, else the
--- number of entries acknowledged.
+-- Returns {1, per request: a refusal (see fence.lua) when fenced out, else
+-- the number of entries acknowledged}.
 local group = ARGV[1]
 local live = redis.call('GET', KEYS[#KEYS])
 local now = ARGV[2]
@@ -91,7 +91,7 @@ local function trim(stream, groups_key, last)
   end
 end
 
-local out = {}
+local out = {1}
 local counts = {}
 local a = 3
 local r = 0

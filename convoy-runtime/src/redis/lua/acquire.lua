@@ -9,16 +9,25 @@
 -- so the leases it held before are dead for everyone, even though its
 -- liveness key exists again.
 --
--- KEYS[2i-1], KEYS[2i]  unit i: its lease key and its state hash
+-- KEYS[3i-2], KEYS[3i-1], KEYS[3i]  unit i: its lease key, its state hash,
+--                       and the liveness key of the owner the caller saw
+--                       holding the lease ('' when it saw none, or itself)
 -- KEYS[#KEYS]           the caller's own liveness key
 -- ARGV[1]               the owner id (this engine instance)
 -- ARGV[2]               the most units to take in this call
--- ARGV[3]               the consumer group (names the holders' liveness keys)
--- ARGV[4]               the caller's incarnation
+-- ARGV[3]               the caller's incarnation
+-- ARGV[3+i]             the owner the caller saw holding unit i's lease
+--                       ('' when it saw none, or itself)
+--
+-- Every key the script touches is in KEYS, so the caller reads the leases
+-- first to name the holders' liveness keys. The script checks again that
+-- each lease still names the holder the caller saw: a lease that changed
+-- hands since (to an owner whose liveness key is not in KEYS) counts as
+-- held, and the caller tries again later.
 --
 -- The caller must be alive itself (its liveness key holds its
--- incarnation): a lapsed instance takes nothing (returns {-1}) and must
--- register again first.
+-- incarnation): a lapsed instance takes nothing (returns {-3}, as the
+-- fence would refuse it) and must register again first.
 --
 -- A unit is free when it has no lease, or its lease's owner is no longer
 -- alive in the incarnation that took it; it is then taken at the next
@@ -36,8 +45,8 @@
 -- Returns {1, per unit: {token, halted, head, attempts} when taken, or
 -- {false, holder} when held by a live owner or over the limit}.
 local me = KEYS[#KEYS]
-if redis.call('GET', me) ~= ARGV[4] then
-  return {-1}
+if redis.call('GET', me) ~= ARGV[3] then
+  return {-3}
 end
 local out = {}
 local taken = 0
@@ -45,17 +54,23 @@ local max = tonumber(ARGV[2])
 local prefix = ARGV[1] .. ':'
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-for i = 1, #KEYS - 1, 2 do
-  local lease, state = KEYS[i], KEYS[i + 1]
+for i = 1, (#KEYS - 1) / 3 do
+  local lease, state, alive = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local seen = ARGV[3 + i]
   local cur = redis.call('GET', lease)
   local free = true
   if cur and string.sub(cur, 1, #prefix) ~= prefix then
     local owner = string.match(cur, '^(.*):%d+$')
     if owner then
-      local inc = redis.call('HGET', state, 'inc')
-      local live = redis.call('GET', 'convoy:alive:' .. ARGV[3] .. ':' .. owner)
-      if live and (inc == false or live == inc) then
+      if owner ~= seen or alive == '' then
+        -- Changed hands since the caller looked: held, for now.
         free = false
+      else
+        local inc = redis.call('HGET', state, 'inc')
+        local live = redis.call('GET', alive)
+        if live and (inc == false or live == inc) then
+          free = false
+        end
       end
     end
   end
@@ -68,7 +83,7 @@ for i = 1, #KEYS - 1, 2 do
     end
     gen = string.format('%.0f', gen)
     local token = prefix .. gen
-    redis.call('HSET', state, 'gen', gen, 'inc', ARGV[4])
+    redis.call('HSET', state, 'gen', gen, 'inc', ARGV[3])
     redis.call('SET', lease, token)
     local s = redis.call('HMGET', state, 'halted', 'head', 'attempts')
     out[#out + 1] = {token, s[1] or '', s[2] or '', s[3] or '0'}

@@ -4,7 +4,7 @@
 -- KEYS[1] stream, KEYS[2] dead letter stream
 -- ARGV[1] group, ARGV[2] entry id, ARGV[3] error text, ARGV[4] now (ms),
 -- ARGV[5..] the entry's fields and values
--- Returns the dead letter's id.
+-- Returns {1, the dead letter's id}.
 local fields = {}
 for i = 5, #ARGV do
   fields[#fields + 1] = ARGV[i]
@@ -21,4 +21,4 @@ fields[#fields + 1] = 'dlq_time'
 fields[#fields + 1] = ARGV[4]
 local id = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return id
+return {1, id}

@@ -12,7 +12,7 @@
 -- ('' to retry as usual)
 --
 -- Returns {refusal} (see fence.lua) when fenced out, else
--- {failures, halted (0/1)}.
+-- {1, failures, halted (0/1)}.
 local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[7])
 if no then
   return {no}
@@ -32,6 +32,6 @@ end
 if reason ~= '' then
   redis.call('HSET', KEYS[2], 'halted', '1', 'halt_reason', reason,
     'halt_error', ARGV[3], 'halt_since', ARGV[5], 'halt_entry', ARGV[2])
-  return {failures, 1}
+  return {1, failures, 1}
 end
-return {failures, 0}
+return {1, failures, 0}

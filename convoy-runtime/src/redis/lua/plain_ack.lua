@@ -3,7 +3,7 @@
 --
 -- KEYS[1] stream, KEYS[2] the category's set of registered groups
 -- ARGV[1] group, ARGV[2..] entry ids
--- Returns the number acknowledged.
+-- Returns {1, the number acknowledged}.
 local ids = {}
 for i = 2, #ARGV do
   ids[#ids + 1] = ARGV[i]
@@ -12,4 +12,4 @@ local n = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
 if redis.call('SCARD', KEYS[2]) <= 1 then
   redis.call('XDEL', KEYS[1], unpack(ids))
 end
-return n
+return {1, n}

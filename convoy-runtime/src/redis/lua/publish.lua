@@ -12,7 +12,7 @@
 -- A record whose seq is not above the mark was already published (a
 -- re-sent batch after a lost reply) and is skipped. The stream writes, the
 -- index entries and the wake-ups of a batch happen together.
--- Returns the number of records written.
+-- Returns {1, the number of records written}.
 local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
 local first_mark = mark
 local a = 3
@@ -62,4 +62,4 @@ end
 if mark > first_mark then
   redis.call('SET', KEYS[1], mark, 'PX', ARGV[1])
 end
-return written
+return {1, written}

@@ -7,7 +7,7 @@
 -- (releases this owner's lease whatever its generation: for a lease the
 -- instance may hold without a worker, after a lost reply),
 -- ARGV[2] the unit's key, ARGV[3] wake stream approximate max length
--- Returns 1 when released, 0 otherwise.
+-- Returns {1} when released, {0} otherwise.
 local cur = redis.call('GET', KEYS[1])
 local mine = cur == ARGV[1]
 if cur and ARGV[4] == 'prefix' then
@@ -16,6 +16,6 @@ end
 if mine then
   redis.call('DEL', KEYS[1])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'k', ARGV[2], 'r', '1')
-  return 1
+  return {1}
 end
-return 0
+return {0}

@@ -3,23 +3,24 @@
 //! while each still waits for its own acknowledgement before its next event
 //! (so a crash re-runs at most the event in flight, with `max_unacked = 1`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::super::scripts::SCRIPTS;
-use super::super::{RedisBroker, keys, now_ms};
+use super::super::connection::Connection;
+use super::super::scripts::ack::{Ack, AckItem, Acked};
+use super::super::unit::{At, Unit};
+use crate::envelope::now_ms;
+use crate::error::Error;
 
 /// The most acknowledgements one call carries.
 const MAX_BATCH: usize = 256;
 
-/// One unit's acknowledgement.
+/// One unit's acknowledgement, as a worker queues it.
 pub(crate) struct AckRequest {
-    pub(crate) lease: Arc<str>,
-    pub(crate) stream: Arc<str>,
-    pub(crate) unit: Arc<str>,
-    pub(crate) category: &'static str,
+    pub(crate) unit: Arc<Unit>,
+    /// The stream the entries were read from.
+    pub(crate) at: At,
     pub(crate) token: Arc<str>,
     /// The owner's incarnation the worker took the lease in.
     pub(crate) inc: Arc<str>,
@@ -30,38 +31,34 @@ pub(crate) struct AckRequest {
     pub(crate) touch: bool,
     /// Remove from the stream what every group has consumed.
     pub(crate) trim: bool,
-    /// `Ok(n)` with `n < 0` refused by the fence (a [`Refusal`] code),
-    /// `Ok(n)` acknowledged, `Err` not known.
-    ///
-    /// [`Refusal`]: super::super::scripts::Refusal
-    pub(crate) reply: oneshot::Sender<Result<i64, String>>,
+    /// The outcome; an error is shared by every request of the call (it
+    /// may have run: the worker sends the same acknowledgement again).
+    pub(crate) reply: oneshot::Sender<Result<Acked, Arc<Error>>>,
 }
 
-/// The flags of one request, as ack.lua reads them.
-fn flags(r: &AckRequest) -> String {
-    let mut f = String::from("-");
-    if r.clear_head {
-        f.push('h');
+impl AckRequest {
+    fn item(&self) -> AckItem<'_> {
+        AckItem {
+            unit: &self.unit,
+            at: self.at,
+            token: &self.token,
+            incarnation: &self.inc,
+            ids: &self.ids,
+            clear_head: self.clear_head,
+            touch: self.touch,
+            trim: self.trim,
+        }
     }
-    if r.touch {
-        f.push('a');
-    }
-    if r.trim {
-        f.push('t');
-    }
-    f
 }
 
 /// Sends the queued acknowledgements, as many per call as are waiting,
 /// until every sender is gone.
 pub(crate) async fn run(
-    broker: Arc<RedisBroker>,
+    redis: Arc<Connection>,
     group: &'static str,
     alive: String,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
-    // The per-category key names, formatted once.
-    let mut names: HashMap<&'static str, (String, String)> = HashMap::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -70,38 +67,26 @@ pub(crate) async fn run(
                 Err(_) => break,
             }
         }
-        let mut inv = SCRIPTS.ack.prepare_invoke();
-        inv.arg(group).arg(now_ms());
-        for r in &batch {
-            let (groups, acked) = names
-                .entry(r.category)
-                .or_insert_with(|| (keys::groups(r.category), keys::acked(group, r.category)));
-            inv.key(&*r.lease)
-                .key(&*r.stream)
-                .key(&*r.unit)
-                .key(&*groups)
-                .key(&*acked)
-                .arg(&*r.token)
-                .arg(&*r.inc)
-                .arg(flags(r))
-                .arg(r.ids.len())
-                .arg(&r.ids);
-        }
-        inv.key(&alive);
-        let result: Result<Vec<i64>, String> = match broker.conn().await {
-            Ok(mut c) => inv
-                .invoke_async(&mut c)
-                .await
-                .map_err(|e| crate::error::chain(&e)),
-            Err(e) => Err(crate::error::chain(&e)),
+        let items: Vec<AckItem<'_>> = batch.iter().map(AckRequest::item).collect();
+        let ack = Ack {
+            group,
+            alive: &alive,
+            now_ms: now_ms(),
+            items: &items,
         };
+        let result = match redis.shared().await {
+            Ok(mut c) => ack.run(&mut c).await,
+            Err(e) => Err(e),
+        };
+        drop(items);
         match result {
             Ok(answers) => {
-                for (r, n) in batch.into_iter().zip(answers) {
-                    let _ = r.reply.send(Ok(n));
+                for (r, answer) in batch.into_iter().zip(answers) {
+                    let _ = r.reply.send(Ok(answer));
                 }
             }
             Err(e) => {
+                let e = Arc::new(e);
                 for r in batch {
                     let _ = r.reply.send(Err(e.clone()));
                 }

@@ -17,12 +17,18 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::connection::Connection;
 use super::reply::{int, text};
-use super::scripts::SCRIPTS;
-use super::wake::{self, sleep_or_stop};
-use super::{RedisBroker, keys, now_ms};
-use crate::engine::{ConsumerPlan, Subscription};
+use super::scripts::acquire::{self, Acquire, Acquired};
+use super::scripts::release::{Held, Release, Released};
+use super::unit::Unit;
+use super::wake;
+use crate::backoff::Backoff;
+use crate::broker::{ConsumerPlan, Subscription};
+use crate::envelope::now_ms;
+use crate::error::{Error, chain};
 use crate::handler::Fence;
+use crate::names::{self, CORRELATION_SCOPE};
 
 /// Handlers of one subscription running at once on one instance.
 const MAX_IN_FLIGHT: usize = 256;
@@ -37,7 +43,7 @@ pub(crate) fn mono_ms() -> u64 {
 
 /// What every worker of one subscription shares.
 pub(crate) struct Shared {
-    pub(crate) broker: Arc<RedisBroker>,
+    pub(crate) redis: Arc<Connection>,
     pub(crate) plan: Arc<ConsumerPlan>,
     pub(crate) index: usize,
     pub(crate) owner: String,
@@ -92,30 +98,17 @@ impl Shared {
         &self.sub().categories
     }
 
-    pub(crate) fn lease_key(&self, key: &str) -> String {
-        keys::lease(self.group(), self.sub().scope, key)
-    }
-
-    pub(crate) fn unit_key(&self, key: &str) -> String {
-        keys::unit(self.group(), self.sub().scope, key)
-    }
-
-    /// The streams of the unit `key`, one lane pair per category.
-    pub(crate) fn lanes(&self, key: &str) -> Vec<Lane> {
+    /// The unit `key` of this subscription, with its names.
+    pub(crate) fn unit(&self, key: &str) -> Unit {
         let lanes = &self.plan.config.server.priority_lanes;
-        self.categories()
-            .iter()
-            .map(|c| Lane {
-                category: c,
-                primary: keys::partition_stream(c, key),
-                backfill: if lanes.enabled {
-                    keys::backfill_stream(c, key, &lanes.backfill_suffix)
-                } else {
-                    String::new()
-                },
-                backfill_always: keys::backfill_stream(c, key, &lanes.backfill_suffix),
-            })
-            .collect()
+        Unit::new(
+            self.group(),
+            self.sub().scope,
+            key,
+            self.categories().iter().copied(),
+            &lanes.backfill_suffix,
+            lanes.enabled,
+        )
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -129,17 +122,6 @@ impl Shared {
         let margin = (ttl / 10).max(50).min(ttl / 2);
         sent + ttl - margin
     }
-}
-
-/// One category's streams of a unit.
-#[derive(Debug, Clone)]
-pub(crate) struct Lane {
-    pub(crate) category: &'static str,
-    pub(crate) primary: String,
-    /// `""` when lanes are off.
-    pub(crate) backfill: String,
-    /// The backfill stream's name even when lanes are off (reaping covers it).
-    pub(crate) backfill_always: String,
 }
 
 /// A worker's end, as it reports it to the coordinator.
@@ -179,14 +161,14 @@ pub(crate) struct Coordinator {
 }
 
 impl Coordinator {
-    pub(crate) fn new(broker: Arc<RedisBroker>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
+    pub(crate) fn new(redis: Arc<Connection>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
         let owner = plan.instance_id.clone();
         let (tx, rx) = mpsc::unbounded_channel();
-        let alive = keys::alive(plan.subscriptions[index].name, &owner);
+        let alive = names::alive(plan.subscriptions[index].name, &owner);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Coordinator {
             shared: Arc::new(Shared {
-                broker,
+                redis,
                 plan,
                 index,
                 owner,
@@ -213,25 +195,24 @@ impl Coordinator {
         let group = s.group();
         let category = s.category();
         tracing::info!(handler = group, categories = ?s.categories(), owner = %s.owner, "partitioned consumer starting");
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::reconnect();
         loop {
             match self.register().await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(handler = group, error = %crate::error::chain(&e), "cannot register the consumer group; retrying");
-                    if sleep_or_stop(backoff, &shutdown).await {
+                    tracing::warn!(handler = group, error = %chain(&e), "cannot register the consumer group; retrying");
+                    if !backoff.wait_or_stop(&shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
         if let Some(rx) = self.acks.take() {
-            tokio::spawn(acks::run(s.broker.clone(), s.group(), s.alive.clone(), rx));
+            tokio::spawn(acks::run(s.redis.clone(), s.group(), s.alive.clone(), rx));
         }
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         let listener = tokio::spawn(wake::follow(
-            s.broker.clone(),
+            s.redis.clone(),
             s.categories().iter().map(|c| (*c).to_owned()).collect(),
             wake_tx,
             shutdown.child_token(),
@@ -281,9 +262,9 @@ impl Coordinator {
 
     /// Registers the group for the category and declares this instance
     /// alive, in a new incarnation.
-    async fn register(&self) -> Result<(), crate::Error> {
+    async fn register(&self) -> Result<(), Error> {
         let s = &self.shared;
-        let mut conn = s.broker.conn().await?;
+        let mut conn = s.redis.shared().await?;
         let sent = mono_ms();
         let inc: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
         let mut pipe = redis::pipe();
@@ -295,21 +276,21 @@ impl Coordinator {
             .ignore();
         for c in s.categories() {
             pipe.cmd("SADD")
-                .arg(keys::groups(c))
+                .arg(names::groups(c))
                 .arg(s.group())
                 .ignore();
         }
-        if s.sub().scope == "*" {
+        if s.sub().scope == CORRELATION_SCOPE {
             // Tells operators' tools how this group names its units.
             pipe.cmd("SET")
-                .arg(keys::scope(s.group()))
-                .arg("*")
+                .arg(names::scope(s.group()))
+                .arg(CORRELATION_SCOPE)
                 .ignore();
         }
         let _: () = pipe
             .query_async(&mut conn)
             .await
-            .map_err(|e| crate::Error::redis("failed to register the consumer group", e))?;
+            .map_err(|e| Error::redis("failed to register the consumer group", e))?;
         s.set_incarnation(inc);
         s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         Ok(())
@@ -361,7 +342,7 @@ impl Coordinator {
         let (renewed, members) = match self.heartbeat().await {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "heartbeat failed; workers stop at the local lease deadline unless a later one succeeds");
+                tracing::warn!(handler = s.group(), error = %chain(&e), "heartbeat failed; workers stop at the local lease deadline unless a later one succeeds");
                 return;
             }
         };
@@ -431,12 +412,12 @@ impl Coordinator {
     /// registers it as live, counts live instances and reads the partition
     /// index: one round trip whatever the number of partitions. Returns
     /// whether the liveness key was still there to renew.
-    async fn heartbeat(&mut self) -> Result<(bool, Vec<String>), crate::Error> {
+    async fn heartbeat(&mut self) -> Result<(bool, Vec<String>), Error> {
         let s = self.shared.clone();
-        let mut conn = s.broker.conn().await?;
+        let mut conn = s.redis.shared().await?;
         let now = now_ms();
         let sent = mono_ms();
-        let set = keys::instances(s.group());
+        let set = names::instances(s.group());
         let categories = s.categories();
         let mut pipe = redis::pipe();
         let inc = s.incarnation();
@@ -461,16 +442,16 @@ impl Coordinator {
             .arg(&set);
         for c in categories {
             pipe.cmd("SMEMBERS")
-                .arg(keys::partition_index(c))
+                .arg(names::partition_index(c))
                 .cmd("GET")
-                .arg(keys::published(c))
+                .arg(names::published(c))
                 .cmd("GET")
-                .arg(keys::acked(s.group(), c));
+                .arg(names::acked(s.group(), c));
         }
         let replies: Vec<Value> = pipe
             .query_async(&mut conn)
             .await
-            .map_err(|e| crate::Error::redis("heartbeat failed", e))?;
+            .map_err(|e| Error::redis("heartbeat failed", e))?;
         // The liveness key held this incarnation: renewed. Missing: lapsed.
         // Another value: another process renews it under the same instance
         // id (and this call just overwrote it).
@@ -537,7 +518,7 @@ impl Coordinator {
         }
         crate::metrics::owned(s.group(), 0);
         if let Err(e) = self.register().await {
-            tracing::warn!(handler = s.group(), error = %crate::error::chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
+            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
         }
     }
 
@@ -553,29 +534,25 @@ impl Coordinator {
             .drain()
             .filter(|k| !self.units.contains_key(k))
             .collect();
-        let prefix = format!("{}:", s.owner);
-        let Ok(mut conn) = s.broker.conn().await else {
+        let Ok(mut conn) = s.redis.shared().await else {
             self.orphans.extend(keys);
             return;
         };
         for key in keys {
-            let category = s.category();
-            let mut inv = SCRIPTS.release.prepare_invoke();
-            inv.key(s.lease_key(&key))
-                .key(keys::wake_stream(category))
-                .arg(&prefix)
-                .arg(&key)
-                .arg(super::publish::WAKE_MAXLEN)
-                .arg("prefix");
-            let r: Result<i64, _> = inv.invoke_async(&mut conn).await;
-            match r {
-                Ok(n) => {
-                    if n == 1 {
-                        tracing::info!(handler = s.group(), key = %key, "released a lease this instance held without a worker");
-                    }
+            let unit = s.unit(&key);
+            let released = Release {
+                unit: &unit,
+                held: Held::Owner(&s.owner),
+            }
+            .run(&mut conn)
+            .await;
+            match released {
+                Ok(Released::Released) => {
+                    tracing::info!(handler = s.group(), key = %key, "released a lease this instance held without a worker");
                 }
+                Ok(Released::NotHeld) => {}
                 Err(e) => {
-                    tracing::warn!(handler = s.group(), key = %key, error = %crate::error::chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
+                    tracing::warn!(handler = s.group(), key = %key, error = %chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
                     self.orphans.insert(key);
                 }
             }
@@ -589,30 +566,37 @@ impl Coordinator {
             return;
         }
         let s = self.shared.clone();
-        let mut inv = SCRIPTS.acquire.prepare_invoke();
-        for k in &candidates {
-            inv.key(s.lease_key(k)).key(s.unit_key(k));
-        }
-        inv.key(&s.alive)
-            .arg(&s.owner)
-            .arg(max)
-            .arg(s.group())
-            .arg(&*s.incarnation());
-        let r: Result<Value, _> = match s.broker.conn().await {
-            Ok(mut c) => inv
-                .invoke_async(&mut c)
-                .await
-                .map_err(|e| crate::error::chain(&e)),
-            Err(e) => Err(crate::error::chain(&e)),
-        };
-        let results = match r {
-            Ok(Value::Array(mut items)) if items.first().and_then(int) == Some(1) => {
-                match items.pop() {
-                    Some(Value::Array(results)) if items.len() == 1 => results,
-                    _ => Vec::new(),
-                }
+        let units: Vec<Unit> = candidates.iter().map(|k| s.unit(k)).collect();
+        let mut conn = match s.redis.shared().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
+                return;
             }
-            Ok(Value::Array(items)) if items.first().and_then(int) == Some(-1) => {
+        };
+        // Who holds them: nothing is taken by this read.
+        let holders = match acquire::holders(&mut conn, &units, &s.owner).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
+                return;
+            }
+        };
+        let incarnation = s.incarnation();
+        let taken = Acquire {
+            group: s.group(),
+            owner: &s.owner,
+            incarnation: &incarnation,
+            alive: &s.alive,
+            max,
+            units: &units,
+            holders: &holders,
+        }
+        .run(&mut conn)
+        .await;
+        let results = match taken {
+            Ok(Acquired::Units(results)) => results,
+            Ok(Acquired::NotAlive) => {
                 // This instance's liveness lapsed: the next heartbeat finds
                 // that out and starts over in a new incarnation.
                 tracing::warn!(
@@ -621,14 +605,10 @@ impl Coordinator {
                 );
                 return;
             }
-            Ok(other) => {
-                tracing::warn!(?other, "unexpected reply to acquire");
-                return;
-            }
             Err(e) => {
                 // The call may have run: any of the candidates may now be
                 // leased to this instance with no worker behind it.
-                tracing::warn!(handler = s.group(), error = %e, "taking leases failed; releasing what it may have taken at the next heartbeat");
+                tracing::warn!(handler = s.group(), error = %chain(&e), "taking leases failed; releasing what it may have taken at the next heartbeat");
                 self.orphans.extend(
                     candidates
                         .into_iter()
@@ -637,30 +617,23 @@ impl Coordinator {
                 return;
             }
         };
-        for (key, item) in candidates.into_iter().zip(results) {
-            let Value::Array(fields) = item else { continue };
-            let Some(token) = fields.first().and_then(text) else {
-                self.elsewhere.insert(key, Instant::now());
+        for (unit, result) in units.into_iter().zip(results) {
+            let Some(taken) = result else {
+                self.elsewhere.insert(unit.key, Instant::now());
                 continue;
             };
-            let Some(generation) = token.rsplit(':').next().and_then(|g| g.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            let halted = fields.get(1).and_then(text).as_deref() == Some("1");
-            let head = fields.get(2).and_then(text).filter(|h| !h.is_empty());
-            let failures = fields.get(3).and_then(int).unwrap_or(0).max(0) as u32;
-            tracing::info!(handler = s.group(), key = %key, generation, halted, "lease acquired");
+            let key = unit.key.clone();
+            tracing::info!(handler = s.group(), key = %key, generation = taken.generation, halted = taken.halted, "lease acquired");
             crate::metrics::acquired(s.group(), 1);
             let handle = worker::spawn(
                 s.clone(),
-                key.clone(),
+                unit,
                 Fence {
                     owner: s.owner.clone(),
-                    generation,
+                    generation: taken.generation,
                 },
-                halted,
-                head.map(|h| (h, failures)),
+                taken.halted,
+                taken.head,
                 shutdown.child_token(),
             );
             self.units.insert(key, handle);

@@ -20,15 +20,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::super::reply::{Entry, entries, int, text};
-use super::super::scripts::{NOT_A_STREAM, Refusal, SCRIPTS};
-use super::super::{keys, now_ms};
-use super::{Lane, Shared, UnitHandle, mono_ms};
-use crate::error::Error;
+use super::super::reply::Entry;
+use super::super::scripts::Refusal;
+use super::super::scripts::ack::Acked;
+use super::super::scripts::claim::{Claim, Claimed};
+use super::super::scripts::fail::{Fail, Failed};
+use super::super::scripts::read::{Read, ReadReply, Which};
+use super::super::scripts::reap::{Reap, Reaped};
+use super::super::scripts::release::{Held, Release, Released};
+use super::super::unit::{At, Unit};
+use super::{Shared, UnitHandle, mono_ms};
+use crate::backoff::Backoff;
+use crate::envelope::now_ms;
+use crate::error::{Error, chain};
 use crate::handler::{Fence, HandlerError};
 
 /// Entries read per fenced read from the primary lane.
@@ -52,9 +59,10 @@ enum Exit {
 
 struct Worker {
     s: Arc<Shared>,
-    key: String,
+    /// The unit and its names (shared with each acknowledgement request).
+    unit: Arc<Unit>,
     fence: Fence,
-    token: String,
+    token: Arc<str>,
     /// This instance's incarnation when the lease was taken (the fenced
     /// scripts check that the liveness key still holds it).
     inc: Arc<str>,
@@ -80,39 +88,26 @@ struct Worker {
     /// The last entry acknowledged without a trim, when the stream still
     /// holds acknowledged entries.
     trim_owed: Option<(At, String)>,
-    lanes: Vec<Lane>,
     /// The lane a read looks at first (rotates between categories).
     rotate: usize,
-    lease: String,
-    unit: String,
-    /// The same names, shared with each acknowledgement request.
-    ack_names: (Arc<str>, Arc<str>, Arc<str>),
 }
 
 pub(super) fn spawn(
     s: Arc<Shared>,
-    key: String,
+    unit: Unit,
     fence: Fence,
     halted: bool,
     head: Option<(String, u32)>,
     stop: CancellationToken,
 ) -> UnitHandle {
-    let token = fence.to_string();
+    let token: Arc<str> = Arc::from(fence.to_string());
     let inc = s.incarnation();
     let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
-        lanes: s.lanes(&key),
         rotate: 0,
-        lease: s.lease_key(&key),
-        unit: s.unit_key(&key),
-        ack_names: (
-            Arc::from(s.lease_key(&key)),
-            Arc::from(s.unit_key(&key)),
-            Arc::from(token.as_str()),
-        ),
         s,
-        key,
+        unit: Arc::new(unit),
         fence,
         token: token.clone(),
         inc,
@@ -131,14 +126,14 @@ pub(super) fn spawn(
     };
     w.max_unacked = max_unacked;
     UnitHandle {
-        token,
+        token: token.to_string(),
         wake: w.wake.clone(),
         stop: w.stop.clone(),
         idle: w.idle.clone(),
         task: tokio::spawn(async move {
             let exits = w.s.exits.clone();
-            let key = w.key.clone();
-            let token = w.token.clone();
+            let key = w.unit.key.clone();
+            let token = w.token.to_string();
             let maybe_held = w.run().await;
             let _ = exits.send(super::WorkerExit {
                 key,
@@ -184,7 +179,7 @@ impl Worker {
                 false
             }
             Exit::Retired => {
-                tracing::info!(handler = self.group(), key = %self.key, "drained idle partition retired");
+                tracing::info!(handler = self.group(), key = %self.unit.key, "drained idle partition retired");
                 false
             }
         }
@@ -194,10 +189,10 @@ impl Worker {
         crate::metrics::lost(self.group(), 1);
         match why {
             Refusal::LeaseGone => {
-                tracing::error!(handler = self.group(), key = %self.key, token = %self.token, "{}", why.describe())
+                tracing::error!(handler = self.group(), key = %self.unit.key, token = %self.token, "{}", why.describe())
             }
             _ => {
-                tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "{}", why.describe())
+                tracing::warn!(handler = self.group(), key = %self.unit.key, token = %self.token, "{}", why.describe())
             }
         }
     }
@@ -212,7 +207,7 @@ impl Worker {
         let err = HandlerError::msg(reason.clone());
         match self.record_failure("", &err, Some("not a stream")).await {
             Ok(_) => {
-                tracing::error!(handler = self.group(), key = %self.key, stream, kind, "partition halted: {reason}");
+                tracing::error!(handler = self.group(), key = %self.unit.key, stream, kind, "partition halted: {reason}");
                 self.halted.store(true, Ordering::SeqCst);
                 crate::metrics::halted(self.group());
                 Ok(())
@@ -222,63 +217,50 @@ impl Worker {
     }
 
     async fn conn(&self) -> Result<redis::aio::ConnectionManager, Error> {
-        self.s.broker.conn().await
+        self.s.redis.shared().await
     }
 
     /// Moves earlier generations' pending entries to this consumer.
     async fn reclaim(&mut self) -> Result<(), Exit> {
-        let streams: Vec<String> = self
+        let unit = self.unit.clone();
+        let streams = unit
             .lanes
             .iter()
-            .flat_map(|l| [l.primary.clone(), l.backfill.clone()])
-            .collect();
-        for stream in &streams {
-            let stream = stream.as_str();
-            if stream.is_empty() {
-                continue;
-            }
-            let r: Result<Vec<Value>, Error> = async {
+            .flat_map(|l| [l.primary.as_str(), l.backfill.as_str()])
+            .filter(|s| !s.is_empty());
+        for stream in streams {
+            let r: Result<Claimed, Error> = async {
                 let mut c = self.conn().await?;
-                let mut inv = SCRIPTS.claim.prepare_invoke();
-                inv.key(&self.lease)
-                    .key(stream)
-                    .key(&self.s.alive)
-                    .arg(&self.token)
-                    .arg(self.group())
-                    .arg(&*self.inc);
-                inv.invoke_async(&mut c)
-                    .await
-                    .map_err(|e| Error::redis("failed to reclaim pending entries", e))
+                Claim {
+                    unit: &unit,
+                    stream,
+                    alive: &self.s.alive,
+                    token: &self.token,
+                    incarnation: &self.inc,
+                }
+                .run(&mut c)
+                .await
             }
             .await;
-            let v = match r {
-                Ok(v) => v,
+            match r {
+                Ok(Claimed::Done { count, gone }) => {
+                    if count > 0 {
+                        crate::metrics::reclaimed(self.group(), count);
+                        tracing::info!(handler = self.group(), key = %unit.key, stream = %stream, claimed = count, "reclaimed pending entries of earlier owners");
+                    }
+                    if !gone.is_empty() {
+                        self.report_missing(stream, &gone);
+                    }
+                }
+                Ok(Claimed::Refused(why)) => return Err(Exit::Lost(why)),
+                Ok(Claimed::NotAStream { kind }) => {
+                    self.halt_unit(stream, &kind).await?;
+                    return Ok(());
+                }
                 Err(e) => {
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
+                    tracing::warn!(handler = self.group(), key = %unit.key, error = %chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
                     return Err(Exit::Release);
                 }
-            };
-            let code = v.first().and_then(int).unwrap_or(0);
-            if let Some(why) = Refusal::from_code(code) {
-                return Err(Exit::Lost(why));
-            }
-            if code == NOT_A_STREAM {
-                let kind = v.get(1).and_then(text).unwrap_or_default();
-                self.halt_unit(stream, &kind).await?;
-                return Ok(());
-            }
-            if code != 1 {
-                tracing::warn!(handler = self.group(), key = %self.key, reply = ?v, "unexpected reply to reclaim; giving the unit up rather than skipping ahead");
-                return Err(Exit::Release);
-            }
-            let n = v.get(1).and_then(int).unwrap_or(0).max(0) as u64;
-            if n > 0 {
-                crate::metrics::reclaimed(self.group(), n);
-                tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
-            }
-            let gone: Vec<String> = v.iter().skip(2).filter_map(text).collect();
-            if !gone.is_empty() {
-                self.report_missing(stream, &gone);
             }
         }
         Ok(())
@@ -291,12 +273,11 @@ impl Worker {
         // (the wake-up keeps its permit, so none is lost meanwhile).
         let mut drained = false;
         let single_stream =
-            self.lanes.len() == 1 && self.lanes.iter().all(|l| l.backfill.is_empty());
+            self.unit.lanes.len() == 1 && self.unit.lanes.iter().all(|l| l.backfill.is_empty());
         let mut last_active = Instant::now();
-        let mut backoff = Duration::from_millis(20);
         let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
         // Failed reads are retried with back-off up to the poll interval.
-        let max_backoff = self.s.plan.config.server.partitioning.poll_interval();
+        let mut backoff = Backoff::retry(self.s.plan.config.server.partitioning.poll_interval());
         loop {
             if self.stop.is_cancelled() {
                 return Exit::Release;
@@ -313,7 +294,7 @@ impl Worker {
                 // An operator un-halts by skipping or dead-lettering the head,
                 // which also wakes the unit.
                 if !self.still_halted().await {
-                    tracing::info!(handler = self.group(), key = %self.key, "partition un-halted; resuming");
+                    tracing::info!(handler = self.group(), key = %self.unit.key, "partition un-halted; resuming");
                     self.halted.store(false, Ordering::SeqCst);
                     self.head = None;
                 }
@@ -328,9 +309,9 @@ impl Worker {
             } else {
                 self.read(pending_mode).await
             };
-            let (lane_stream, batch) = match read {
+            let (at, batch) = match read {
                 Ok(Some(b)) => {
-                    backoff = Duration::from_millis(20);
+                    backoff.reset();
                     b
                 }
                 Ok(None) => {
@@ -369,12 +350,10 @@ impl Worker {
                     // consumer, unhandled. Re-read those before anything new.
                     pending_mode = true;
                     drained = false;
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
-                    tokio::select! {
-                        _ = self.stop.cancelled() => return Exit::Release,
-                        _ = tokio::time::sleep(backoff) => {}
+                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
+                    if !backoff.wait_or_stop(&self.stop).await {
+                        return Exit::Release;
                     }
-                    backoff = (backoff * 2).min(max_backoff);
                     continue;
                 }
             };
@@ -383,7 +362,7 @@ impl Worker {
             self.batch_left = batch.len();
             for entry in batch {
                 self.batch_left -= 1;
-                match self.process(&lane_stream, &entry).await {
+                match self.process(at, &entry).await {
                     Step::Done => last_active = Instant::now(),
                     Step::Halted => {
                         pending_mode = true;
@@ -402,83 +381,33 @@ impl Worker {
     /// One fenced read: own pending entries (`pending`) or new ones, primary
     /// lanes first.
     async fn read(&mut self, pending: bool) -> Result<Option<(At, Vec<Entry>)>, ReadError> {
-        let n = self.lanes.len();
-        self.rotate = (self.rotate + 1) % n.max(1);
-        let malformed = |lanes: &[Lane]| {
-            ReadError::Failed(Error::MalformedEntry {
-                stream: lanes.first().map(|l| l.primary.clone()).unwrap_or_default(),
-                entry_id: String::new(),
-                reason: "unexpected reply to the fenced read".into(),
-            })
-        };
+        self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
         let mut c = self.conn().await.map_err(ReadError::Failed)?;
-        let mut inv = SCRIPTS.read.prepare_invoke();
-        inv.key(&self.lease);
-        for l in &self.lanes {
-            inv.key(&l.primary);
+        let reply = Read {
+            unit: &self.unit,
+            alive: &self.s.alive,
+            token: &self.token,
+            incarnation: &self.inc,
+            which: if pending { Which::Pending } else { Which::New },
+            primary_count: PRIMARY_BATCH,
+            backfill_count: BACKFILL_BATCH,
+            first_lane: self.rotate,
         }
-        for l in &self.lanes {
-            inv.key(&l.backfill);
+        .run(&mut c)
+        .await
+        .map_err(ReadError::Failed)?;
+        match reply {
+            ReadReply::Entries(at, batch) => Ok(Some((at, batch))),
+            ReadReply::Empty => Ok(None),
+            ReadReply::Refused(why) => Err(ReadError::Refused(why)),
+            ReadReply::NotAStream { stream, kind } => Err(ReadError::NotAStream { stream, kind }),
         }
-        inv.key(&self.s.alive)
-            .arg(&self.token)
-            .arg(self.group())
-            .arg(PRIMARY_BATCH)
-            .arg(BACKFILL_BATCH)
-            .arg(if pending { "0" } else { ">" })
-            .arg(n)
-            .arg(self.rotate)
-            .arg(&*self.inc);
-        let v: Value = inv
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| ReadError::Failed(Error::redis("fenced read failed", e)))?;
-        let Value::Array(items) = v else {
-            return Err(malformed(&self.lanes));
-        };
-        match items.first().and_then(int) {
-            Some(1) => {}
-            Some(NOT_A_STREAM) => {
-                return Err(ReadError::NotAStream {
-                    stream: items.get(1).and_then(text).unwrap_or_default(),
-                    kind: items.get(2).and_then(text).unwrap_or_default(),
-                });
-            }
-            Some(code) => {
-                return Err(match Refusal::from_code(code) {
-                    Some(why) => ReadError::Refused(why),
-                    None => malformed(&self.lanes),
-                });
-            }
-            None => return Err(malformed(&self.lanes)),
-        }
-        let lane = items.get(1).and_then(int).unwrap_or(0).max(0) as usize;
-        let batch = items.get(2).map(entries).unwrap_or_default();
-        if lane == 0 || batch.is_empty() {
-            return Ok(None);
-        }
-        let (i, backfill) = if lane > n {
-            (lane - n - 1, true)
-        } else {
-            (lane - 1, false)
-        };
-        let Some(l) = self.lanes.get(i) else {
-            return Err(malformed(&self.lanes));
-        };
-        let at = At {
-            stream: Arc::from(if backfill {
-                l.backfill.as_str()
-            } else {
-                l.primary.as_str()
-            }),
-            category: l.category,
-        };
-        Ok(Some((at, batch)))
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
-    async fn process(&mut self, at: &At, entry: &Entry) -> Step {
-        let stream: &str = &at.stream;
+    async fn process(&mut self, at: At, entry: &Entry) -> Step {
+        let unit = self.unit.clone();
+        let stream = unit.stream(at);
         let retry = self.s.plan.config.server.retry.clone();
         loop {
             if self.stop.is_cancelled() {
@@ -531,7 +460,7 @@ impl Worker {
                         if halted {
                             tracing::error!(
                                 handler = self.group(),
-                                key = %self.key,
+                                key = %self.unit.key,
                                 entry = %entry.id,
                                 attempts = n,
                                 error = %err,
@@ -542,7 +471,7 @@ impl Worker {
                             return Step::Halted;
                         }
                         let wait = retry.backoff(n);
-                        tracing::warn!(handler = self.group(), key = %self.key, entry = %entry.id, attempt = n, retry_in_ms = wait.as_millis() as u64, error = %err, "handler failed; retrying the head in place");
+                        tracing::warn!(handler = self.group(), key = %self.unit.key, entry = %entry.id, attempt = n, retry_in_ms = wait.as_millis() as u64, error = %err, "handler failed; retrying the head in place");
                         tokio::select! {
                             _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
                             _ = tokio::time::sleep(wait) => {}
@@ -555,10 +484,10 @@ impl Worker {
     }
 
     /// Records a handled entry; acknowledges once `max_unacked` are waiting.
-    async fn done(&mut self, at: &At, id: &str) -> Result<(), Exit> {
-        if self.unacked_at.as_ref() != Some(at) {
+    async fn done(&mut self, at: At, id: &str) -> Result<(), Exit> {
+        if self.unacked_at != Some(at) {
             self.flush().await?;
-            self.unacked_at = Some(at.clone());
+            self.unacked_at = Some(at);
         }
         self.unacked.push(id.to_owned());
         if self.unacked.len() >= self.max_unacked {
@@ -579,15 +508,15 @@ impl Worker {
             // Nothing to acknowledge; settle a trim still owed (acknowledging
             // an acknowledged entry again changes nothing).
             if trim && let Some((at, last)) = self.trim_owed.clone() {
-                return self.ack(&at, &[last], true).await;
+                return self.ack(at, &[last], true).await;
             }
             return Ok(());
         }
-        let Some(at) = self.unacked_at.clone() else {
+        let Some(at) = self.unacked_at else {
             return Ok(());
         };
         let ids = std::mem::take(&mut self.unacked);
-        self.ack(&at, &ids, trim).await
+        self.ack(at, &ids, trim).await
     }
 
     async fn flush_then_fail(
@@ -607,7 +536,7 @@ impl Worker {
         crate::metrics::missing(self.group(), ids.len());
         tracing::error!(
             handler = self.group(),
-            key = %self.key,
+            key = %self.unit.key,
             stream,
             entries = ?ids,
             "pending entries are gone from the stream and can never be handled (deleted by hand, or lost with Redis state); they are acknowledged so the partition can go on"
@@ -615,8 +544,8 @@ impl Worker {
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&mut self, at: &At, ids: &[String], trim: bool) -> Result<(), Exit> {
-        let mut backoff = Duration::from_millis(20);
+    async fn ack(&mut self, at: At, ids: &[String], trim: bool) -> Result<(), Exit> {
+        let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
             // The last activity only feeds reaping: write it at most a few
             // times per reap period.
@@ -625,11 +554,9 @@ impl Worker {
             let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
             let (reply, answer) = tokio::sync::oneshot::channel();
             let request = super::acks::AckRequest {
-                lease: self.ack_names.0.clone(),
-                stream: at.stream.clone(),
-                unit: self.ack_names.1.clone(),
-                category: at.category,
-                token: self.ack_names.2.clone(),
+                unit: self.unit.clone(),
+                at,
+                token: self.token.clone(),
                 inc: self.inc.clone(),
                 ids: ids.to_vec(),
                 clear_head: self.failures_recorded,
@@ -637,25 +564,25 @@ impl Worker {
                 trim,
                 reply,
             };
-            let r: Result<i64, String> = match self.s.acks.send(request) {
-                Ok(()) => answer
-                    .await
-                    .unwrap_or_else(|_| Err("the ack batcher stopped".to_owned())),
-                Err(_) => Err("the ack batcher stopped".to_owned()),
+            let stopped = || {
+                Arc::new(Error::TaskFailed {
+                    task: "acknowledgement batcher",
+                    reason: "it stopped before answering".to_owned(),
+                })
+            };
+            let r: Result<Acked, Arc<Error>> = match self.s.acks.send(request) {
+                Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
+                Err(_) => Err(stopped()),
             };
             match r {
-                Ok(code) if Refusal::from_code(code).is_some() => {
-                    return Err(Exit::Lost(
-                        Refusal::from_code(code).unwrap_or(Refusal::FencedOut),
-                    ));
-                }
-                Ok(_) => {
+                Ok(Acked::Refused(why)) => return Err(Exit::Lost(why)),
+                Ok(Acked::Acked(_)) => {
                     if touch {
                         self.touched = Some(Instant::now());
                     }
                     self.failures_recorded = false;
                     self.trim_owed = match (trim, ids.last()) {
-                        (false, Some(last)) => Some((at.clone(), last.clone())),
+                        (false, Some(last)) => Some((at, last.clone())),
                         _ => None,
                     };
                     return Ok(());
@@ -664,9 +591,8 @@ impl Worker {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %e, "ack failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&*e), "ack failed; retrying");
+                    backoff.wait().await;
                 }
             }
         }
@@ -693,44 +619,37 @@ impl Worker {
         err: &HandlerError,
         halt: Option<&str>,
     ) -> Result<(u32, bool), Exit> {
-        let max = self.s.plan.config.server.retry.max_retries;
-        let mut backoff = Duration::from_millis(20);
+        let max_retries = self.s.plan.config.server.retry.max_retries;
+        let error = err.to_string();
+        let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
-            let r: Result<Vec<i64>, Error> = async {
+            let r: Result<Failed, Error> = async {
                 let mut c = self.conn().await?;
-                let mut inv = SCRIPTS.fail.prepare_invoke();
-                inv.key(&self.lease)
-                    .key(&self.unit)
-                    .key(&self.s.alive)
-                    .arg(&self.token)
-                    .arg(id)
-                    .arg(err.to_string())
-                    .arg(max)
-                    .arg(now_ms())
-                    .arg(known)
-                    .arg(&*self.inc)
-                    .arg(halt.unwrap_or(""));
-                inv.invoke_async(&mut c)
-                    .await
-                    .map_err(|e| Error::redis("failed to record a failure", e))
+                Fail {
+                    unit: &self.unit,
+                    alive: &self.s.alive,
+                    token: &self.token,
+                    incarnation: &self.inc,
+                    entry: id,
+                    error: &error,
+                    max_retries,
+                    now_ms: now_ms(),
+                    known,
+                    halt,
+                }
+                .run(&mut c)
+                .await
             }
             .await;
             match r {
-                Ok(v) => {
-                    let first = v.first().copied().unwrap_or(1);
-                    if let Some(why) = Refusal::from_code(first) {
-                        return Err(Exit::Lost(why));
-                    }
-                    let n = first.max(0) as u32;
-                    return Ok((n, v.get(1) == Some(&1)));
-                }
+                Ok(Failed::Recorded { failures, halted }) => return Ok((failures, halted)),
+                Ok(Failed::Refused(why)) => return Err(Exit::Lost(why)),
                 Err(e) => {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "recording a failure failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "recording a failure failed; retrying");
+                    backoff.wait().await;
                 }
             }
         }
@@ -738,38 +657,28 @@ impl Worker {
 
     /// Tries to retire the drained unit; true when retired.
     async fn reap(&self) -> Result<bool, Exit> {
-        let idle_ms = self.s.plan.config.server.partitioning.reap_idle_ms;
-        let r: Result<i64, Error> = async {
+        let r: Result<Reaped, Error> = async {
             let mut c = self.conn().await?;
-            let mut inv = SCRIPTS.reap.prepare_invoke();
-            inv.key(&self.lease).key(&self.unit);
-            for l in &self.lanes {
-                inv.key(keys::partition_index(l.category))
-                    .key(&l.primary)
-                    .key(&l.backfill_always);
+            Reap {
+                unit: &self.unit,
+                alive: &self.s.alive,
+                token: &self.token,
+                incarnation: &self.inc,
+                idle_ms: self.s.plan.config.server.partitioning.reap_idle_ms,
+                now_ms: now_ms(),
             }
-            inv.key(&self.s.alive)
-                .arg(&self.token)
-                .arg(&self.key)
-                .arg(idle_ms)
-                .arg(now_ms())
-                .arg(self.lanes.len())
-                .arg(&*self.inc);
-            inv.invoke_async(&mut c)
-                .await
-                .map_err(|e| Error::redis("reap failed", e))
+            .run(&mut c)
+            .await
         }
         .await;
         match r {
-            Ok(code) if Refusal::from_code(code).is_some() => Err(Exit::Lost(
-                Refusal::from_code(code).unwrap_or(Refusal::FencedOut),
-            )),
-            Ok(1) => Ok(true),
-            Ok(_) => Ok(false),
+            Ok(Reaped::Refused(why)) => Err(Exit::Lost(why)),
+            Ok(Reaped::Retired) => Ok(true),
+            Ok(Reaped::Kept) => Ok(false),
             Err(e) => {
                 // It may have run (the unit retired, its lease gone): give
                 // the unit up rather than act on a lease that may be gone.
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; giving the unit up (it may have been retired)");
+                tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "reap failed; giving the unit up (it may have been retired)");
                 Err(Exit::Release)
             }
         }
@@ -780,7 +689,7 @@ impl Worker {
         let r: Result<Option<String>, Error> = async {
             let mut c = self.conn().await?;
             redis::cmd("HGET")
-                .arg(&self.unit)
+                .arg(&self.unit.state)
                 .arg("halted")
                 .query_async(&mut c)
                 .await
@@ -793,39 +702,28 @@ impl Worker {
     /// Releases the lease; returns whether it is known not to be held with
     /// this token any more (released, or held by someone else).
     async fn release(&self) -> bool {
-        let r: Result<i64, Error> = async {
+        let r: Result<Released, Error> = async {
             let mut c = self.conn().await?;
-            let mut inv = SCRIPTS.release.prepare_invoke();
-            let category = self.lanes.first().map(|l| l.category).unwrap_or_default();
-            inv.key(&self.lease)
-                .key(keys::wake_stream(category))
-                .arg(&self.token)
-                .arg(&self.key)
-                .arg(super::super::publish::WAKE_MAXLEN);
-            inv.invoke_async(&mut c)
-                .await
-                .map_err(|e| Error::redis("lease release failed", e))
+            Release {
+                unit: &self.unit,
+                held: Held::Token(&self.token),
+            }
+            .run(&mut c)
+            .await
         }
         .await;
         match r {
-            Ok(1) => {
-                tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released");
+            Ok(Released::Released) => {
+                tracing::info!(handler = self.group(), key = %self.unit.key, token = %self.token, "lease released");
                 true
             }
-            Ok(_) => true,
+            Ok(Released::NotHeld) => true,
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; the coordinator releases it later, or it lapses with this instance's liveness");
+                tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "lease release failed; the coordinator releases it later, or it lapses with this instance's liveness");
                 false
             }
         }
     }
-}
-
-/// Where a batch came from: a stream and its category.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct At {
-    stream: Arc<str>,
-    category: &'static str,
 }
 
 enum ReadError {

@@ -1,0 +1,252 @@
+//! The consumer plan: what a broker consumes for a domain, built by the
+//! engine from the domain's parts (handlers, process managers, registry,
+//! configuration, outbox), so that a broker never sees the domain itself.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::handler::{Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError};
+use crate::key::KeyPolicy;
+use crate::message::MessageDescriptor;
+use crate::metrics::HandlerMetrics;
+use crate::names::CORRELATION_SCOPE;
+use crate::outbox::OutboxHandle;
+use crate::process_manager::{PmHandle, ProcessManagerDescriptor};
+use crate::registry::Registry;
+
+/// One handler's (or process manager's) subscription: what it consumes.
+pub struct Subscription {
+    /// The handler (or process manager).
+    pub(crate) handler: Arc<dyn Dispatch>,
+    /// The handler's name (its consumer group).
+    pub(crate) name: &'static str,
+    /// The category it consumes (the first, for a process manager spanning
+    /// several).
+    pub(crate) category: &'static str,
+    /// Every category one of its units spans: `[category]` for a handler;
+    /// each subscribed category for a sequential process manager, whose
+    /// unit is a correlation value.
+    pub(crate) categories: Vec<&'static str>,
+    /// What units are named after: the category for a handler,
+    /// [`CORRELATION_SCOPE`] for a process manager's correlation values.
+    pub(crate) scope: &'static str,
+    /// The category's partition key field, when the category is partitioned
+    /// (then the handler consumes partition streams under leases).
+    pub(crate) key_field: Option<&'static str>,
+    /// Whether some handled type carries the key field: those events live
+    /// in partition streams.
+    pub(crate) reads_partitions: bool,
+    /// Whether some handled type does not carry the key field (or the
+    /// category is not partitioned): those events live in `{category}`.
+    pub(crate) reads_base: bool,
+    pub(crate) metrics: HandlerMetrics,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("name", &self.name)
+            .field("categories", &self.categories)
+            .field("key_field", &self.key_field)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The handler's name: also the name of its consumer group.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The categories whose events it handles.
+    pub fn categories(&self) -> &[&'static str] {
+        &self.categories
+    }
+
+    /// The partition key field of its category, when partitioned.
+    pub fn key_field(&self) -> Option<&'static str> {
+        self.key_field
+    }
+
+    /// An event handler's subscription to its category.
+    pub(crate) fn for_handler(
+        d: &'static HandlerDescriptor,
+        handler: Arc<dyn Dispatch>,
+        registry: &Registry,
+    ) -> Subscription {
+        let key_field = registry.key_field(d.category);
+        let keyed = |m: &&MessageDescriptor| key_field.is_some_and(|f| m.has_field(f));
+        Subscription {
+            handler,
+            name: d.name,
+            category: d.category,
+            categories: vec![d.category],
+            scope: d.category,
+            key_field,
+            reads_partitions: d.handles.iter().any(keyed),
+            reads_base: d.handles.iter().any(|m| !keyed(m)),
+            metrics: HandlerMetrics::new(d.name),
+        }
+    }
+
+    /// The subscriptions of one process manager: one spanning every
+    /// subscribed category (units are correlation values) when it is
+    /// sequential, else one per category, consumed like an event
+    /// handler's.
+    pub(crate) fn for_process_manager(
+        d: &'static ProcessManagerDescriptor,
+        dispatch: &Arc<dyn Dispatch>,
+        registry: &Registry,
+    ) -> Vec<Subscription> {
+        let mut categories: Vec<&'static str> =
+            d.handles.iter().map(|h| h.message.category).collect();
+        categories.sort_unstable();
+        categories.dedup();
+        if d.sequential {
+            return vec![Subscription {
+                handler: dispatch.clone(),
+                name: d.name,
+                category: categories.first().copied().unwrap_or(""),
+                categories,
+                scope: CORRELATION_SCOPE,
+                key_field: None,
+                reads_partitions: true,
+                reads_base: false,
+                metrics: HandlerMetrics::new(d.name),
+            }];
+        }
+        categories
+            .into_iter()
+            .map(|c| {
+                let key_field = registry.key_field(c);
+                let here = d.handles.iter().filter(|h| h.message.category == c);
+                let keyed = |h: &PmHandle| key_field.is_some_and(|f| h.message.has_field(f));
+                Subscription {
+                    handler: dispatch.clone(),
+                    name: d.name,
+                    category: c,
+                    categories: vec![c],
+                    scope: c,
+                    key_field,
+                    reads_partitions: here.clone().any(keyed),
+                    reads_base: here.clone().any(|h| !keyed(h)),
+                    metrics: HandlerMetrics::new(d.name),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Everything a broker needs to consume for a domain: the subscriptions,
+/// the configuration, this instance's id, and [`ConsumerPlan::invoke`] to
+/// run one event through a subscription's handler.
+pub struct ConsumerPlan {
+    pub(crate) subscriptions: Vec<Subscription>,
+    pub(crate) config: Config,
+    pub(crate) instance_id: String,
+    registry: Arc<Registry>,
+    policy: Arc<KeyPolicy>,
+    outbox: OutboxHandle,
+}
+
+impl std::fmt::Debug for ConsumerPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerPlan")
+            .field("subscriptions", &self.subscriptions)
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerPlan {
+    /// A plan from its parts; events the handlers raise go to `outbox`.
+    pub(crate) fn new(
+        subscriptions: Vec<Subscription>,
+        registry: Arc<Registry>,
+        config: Config,
+        instance_id: String,
+        policy: Arc<KeyPolicy>,
+        outbox: OutboxHandle,
+    ) -> Self {
+        ConsumerPlan {
+            subscriptions,
+            config,
+            instance_id,
+            registry,
+            policy,
+            outbox,
+        }
+    }
+
+    /// One per event handler, and one or more per process manager.
+    pub fn subscriptions(&self) -> &[Subscription] {
+        &self.subscriptions
+    }
+
+    /// The domain's configuration (retries, partitioning, lanes).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// This engine instance's id (the owner id in leases and fences).
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Runs `sub`'s handler on `envelope` (attempt numbers start at 1).
+    ///
+    /// An unknown message type is a failure; a known type the handler does
+    /// not handle is [`Dispatched::NotHandled`]. Events the handler raised
+    /// are committed to the outbox when it succeeds.
+    pub async fn invoke(
+        &self,
+        sub: &Subscription,
+        envelope: &Envelope,
+        attempt: u32,
+        fence: Option<Fence>,
+    ) -> Result<Dispatched, HandlerError> {
+        let span = tracing::debug_span!(
+            "handle",
+            handler = sub.name,
+            category = sub.category,
+            key = envelope.partition_key.as_deref().unwrap_or(""),
+            generation = fence.as_ref().map(|f| f.generation).unwrap_or(0),
+            attempt,
+            id = %envelope.id,
+            r#type = %envelope.type_name,
+        );
+        async {
+            if self.registry.message(&envelope.type_name).is_none() {
+                return Err(HandlerError::from(Error::UnknownType {
+                    type_name: envelope.type_name.clone(),
+                    id: envelope.id.clone(),
+                }));
+            }
+            let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone());
+            if let Some(f) = fence {
+                ctx = ctx.with_fence(f);
+            }
+            let started = std::time::Instant::now();
+            let out = match sub.handler.dispatch(envelope, &ctx).await {
+                Ok(out) => out,
+                Err(e) => {
+                    sub.metrics.failed(started.elapsed());
+                    return Err(e);
+                }
+            };
+            if out == Dispatched::Handled {
+                sub.metrics.handled(started.elapsed());
+            }
+            self.outbox
+                .append(ctx.take_raised().into_envelopes())
+                .await?;
+            Ok(out)
+        }
+        .instrument(span)
+        .await
+    }
+}

@@ -1,0 +1,150 @@
+//! Dead letters: listing them, and replaying one at its partition's tail
+//! (one script, `replay.lua`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{Admin, AdminError};
+use crate::envelope::{Envelope, now_ms};
+use crate::names;
+use crate::redis::reply::Entry;
+use crate::redis::scripts::replay::{Replay, Replayed};
+
+/// One dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// Its id in the dead letter stream.
+    pub dlq_id: String,
+    /// The dead letter stream.
+    pub stream: String,
+    /// The group that gave up on it.
+    pub group: Option<String>,
+    /// The stream it came from.
+    pub source: Option<String>,
+    /// Its entry id there.
+    pub entry: Option<String>,
+    /// The error.
+    pub error: Option<String>,
+    /// When it was dead-lettered (ms since the Unix epoch).
+    pub time_ms: Option<u64>,
+    /// Who moved it (absent for automatic dead letters of ordinary handlers).
+    pub operator: Option<String>,
+    /// The envelope, when the entry is one.
+    pub envelope: Option<Envelope>,
+    /// Why the entry could not be decoded.
+    pub decode_error: Option<String>,
+}
+
+/// What [`Admin::replay`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayOutcome {
+    /// The dead letter replayed (now deleted).
+    pub dlq_id: String,
+    /// The new entry at the partition's tail.
+    pub entry_id: String,
+    /// The partition stream.
+    pub stream: String,
+    /// The audit record's id.
+    pub audit_id: String,
+}
+
+impl Admin {
+    /// Dead letters of a category: `{category}:{key}:dlq` (moved by an
+    /// operator) with a key, else `{category}:dlq` (ordinary handlers'),
+    /// oldest first.
+    pub async fn dlq(
+        &self,
+        category: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<DeadLetter>, AdminError> {
+        let stream = match key {
+            Some(k) => names::partition_dlq(category, k),
+            None => names::category_dlq(category),
+        };
+        let found = self.range(&stream, "-", "+", None).await?;
+        Ok(found.iter().map(|e| dead_letter(&stream, e)).collect())
+    }
+
+    /// Puts a dead letter of `{category}:{key}:dlq` back at the tail of
+    /// the partition's primary lane (the original envelope, message id
+    /// included, without the `dlq_*` fields, as a new entry after
+    /// everything already there), records the key in the index, wakes the
+    /// owners and deletes the dead letter, in one script. Every handler of
+    /// the category receives the event again.
+    pub async fn replay(
+        &self,
+        category: &str,
+        key: &str,
+        dlq_id: &str,
+        operator: &str,
+    ) -> Result<ReplayOutcome, AdminError> {
+        let mut c = self.conn.clone();
+        let replayed = Replay {
+            category,
+            key,
+            dlq_id,
+            operator,
+            now_ms: now_ms(),
+        }
+        .run(&mut c)
+        .await
+        .map_err(|e| AdminError::from_script("replay", e))?;
+        let stream = names::partition_dlq(category, key);
+        let not = |problem: String| AdminError::NotReplayable {
+            category: category.to_owned(),
+            key: key.to_owned(),
+            stream: stream.clone(),
+            id: dlq_id.to_owned(),
+            problem,
+        };
+        match replayed {
+            Replayed::Done { entry_id, audit_id } => Ok(ReplayOutcome {
+                dlq_id: dlq_id.to_owned(),
+                entry_id,
+                stream: names::partition_stream(category, key),
+                audit_id,
+            }),
+            Replayed::Missing => Err(AdminError::NoSuchDeadLetter {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                stream: stream.clone(),
+                id: dlq_id.to_owned(),
+            }),
+            Replayed::Empty => Err(not("holds no event fields".to_owned())),
+            Replayed::WrongKey { key: other } => Err(not(format!("is an event of key {other:?}"))),
+        }
+    }
+}
+
+fn dead_letter(stream: &str, e: &Entry) -> DeadLetter {
+    let f: BTreeMap<&str, String> = e
+        .fields
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    let envelope_fields = e
+        .fields
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with("dlq_"))
+        .map(|(k, v)| (k.as_str(), v.as_slice()));
+    let (envelope, decode_error) = match Envelope::from_fields(stream, &e.id, envelope_fields) {
+        Ok(env) => (Some(env), None),
+        Err(err) => (None, Some(err.to_string())),
+    };
+    let get = |k: &str| f.get(k).filter(|v| !v.is_empty()).cloned();
+    DeadLetter {
+        dlq_id: e.id.clone(),
+        stream: stream.to_owned(),
+        group: get("dlq_group"),
+        source: get("dlq_source"),
+        entry: get("dlq_entry"),
+        error: get("dlq_error"),
+        time_ms: get("dlq_time").and_then(|t| t.parse().ok()),
+        operator: get("dlq_operator"),
+        envelope,
+        decode_error,
+    }
+}

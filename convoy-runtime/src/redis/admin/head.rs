@@ -1,0 +1,239 @@
+//! Skipping a halted unit's head, or moving it to the key's dead letter
+//! stream (one script, `head_action.lua`, atomic against the owner).
+
+use serde::Serialize;
+
+use super::{Admin, AdminError, Lane};
+use crate::envelope::now_ms;
+use crate::names;
+use crate::redis::scripts::head_action::{HeadActed, HeadAction};
+
+/// Skip or dead-letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadOp {
+    /// Acknowledge the head without running it.
+    Skip,
+    /// Copy the head to `{category}:{key}:dlq`, then acknowledge it.
+    DeadLetter,
+}
+
+impl HeadOp {
+    /// `skip` or `dead_letter` (as in the audit stream).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeadOp::Skip => "skip",
+            HeadOp::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+/// An operator action on a unit's head.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadRequest<'a> {
+    /// The category.
+    pub category: &'a str,
+    /// The partition key.
+    pub key: &'a str,
+    /// The consumer group (handler).
+    pub group: &'a str,
+    /// Act on a running (not halted) partition, fencing its owner out.
+    pub force: bool,
+    /// Who did it (recorded in the audit stream and the dead letter).
+    pub operator: &'a str,
+    /// Act only if the head is still this entry (the one the operator
+    /// looked at and confirmed).
+    pub expect_entry: Option<&'a str>,
+}
+
+/// What a skip or dead-letter did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeadOutcome {
+    /// Which operation.
+    pub op: HeadOp,
+    /// The entry acted on.
+    pub entry_id: String,
+    /// Its lane.
+    pub lane: Lane,
+    /// Its stream.
+    pub stream: String,
+    /// Whether it was pending (false: it was not delivered yet and the
+    /// group was moved past it).
+    pub was_pending: bool,
+    /// Whether the partition was not halted on it (force was used).
+    pub forced: bool,
+    /// The lease token fenced out, when a running owner was.
+    pub fenced: Option<String>,
+    /// Whether the entry was deleted from the stream (only when the
+    /// category has a single group; otherwise other groups still read it).
+    pub deleted: bool,
+    /// The dead letter's id in `{category}:{key}:dlq`.
+    pub dlq_id: Option<String>,
+    /// The audit record's id.
+    pub audit_id: String,
+}
+
+impl Admin {
+    /// Acknowledges the unit's head without running it, so the partition
+    /// resumes with its next event. Refuses unless the unit is halted on its
+    /// head, or `force` (see the module docs for what forcing a running
+    /// partition does).
+    pub async fn skip(
+        &self,
+        category: &str,
+        key: &str,
+        group: &str,
+        force: bool,
+        operator: &str,
+    ) -> Result<HeadOutcome, AdminError> {
+        self.act_on_head(
+            HeadOp::Skip,
+            &HeadRequest {
+                category,
+                key,
+                group,
+                force,
+                operator,
+                expect_entry: None,
+            },
+        )
+        .await
+    }
+
+    /// Moves the unit's head to `{category}:{key}:dlq` (with `dlq_group`,
+    /// `dlq_source`, `dlq_entry`, `dlq_error`, `dlq_time`, `dlq_operator`)
+    /// and acknowledges it, so the partition resumes with its next event.
+    /// The same checks as [`Admin::skip`].
+    pub async fn dead_letter(
+        &self,
+        category: &str,
+        key: &str,
+        group: &str,
+        force: bool,
+        operator: &str,
+    ) -> Result<HeadOutcome, AdminError> {
+        self.act_on_head(
+            HeadOp::DeadLetter,
+            &HeadRequest {
+                category,
+                key,
+                group,
+                force,
+                operator,
+                expect_entry: None,
+            },
+        )
+        .await
+    }
+
+    /// Skip or dead-letter, optionally only if the head is still the entry
+    /// the operator confirmed ([`HeadRequest::expect_entry`]).
+    pub async fn act_on_head(
+        &self,
+        op: HeadOp,
+        req: &HeadRequest<'_>,
+    ) -> Result<HeadOutcome, AdminError> {
+        let HeadRequest {
+            category,
+            key,
+            group,
+            force,
+            operator,
+            expect_entry,
+        } = *req;
+        let scope = self.scope(group, category).await?;
+        let unit = self.unit(group, &scope, category, key);
+        let mut c = self.conn.clone();
+        let acted = HeadAction {
+            unit: &unit,
+            op: op.as_str(),
+            force,
+            operator,
+            expect_entry,
+            now_ms: now_ms(),
+        }
+        .run(&mut c)
+        .await
+        .map_err(|e| AdminError::from_script(op.as_str(), e))?;
+        let primary = || names::partition_stream(category, key);
+        let (category, key, group) = (category.to_owned(), key.to_owned(), group.to_owned());
+        match acted {
+            HeadActed::Done {
+                head,
+                backfill,
+                forced,
+                fenced,
+                deleted,
+                audit_id,
+                was_pending,
+                dlq_id,
+            } => Ok(HeadOutcome {
+                op,
+                entry_id: head,
+                lane: if backfill {
+                    Lane::Backfill
+                } else {
+                    Lane::Primary
+                },
+                stream: if backfill {
+                    names::backfill_stream(&category, &key, &self.backfill_suffix)
+                } else {
+                    primary()
+                },
+                was_pending,
+                forced,
+                fenced,
+                deleted,
+                dlq_id: (op == HeadOp::DeadLetter).then(|| dlq_id.unwrap_or_default()),
+                audit_id,
+            }),
+            HeadActed::Unhalted { audit_id } => Ok(HeadOutcome {
+                op,
+                entry_id: String::new(),
+                lane: Lane::Primary,
+                stream: primary(),
+                was_pending: false,
+                forced: false,
+                fenced: None,
+                deleted: false,
+                dlq_id: None,
+                audit_id,
+            }),
+            HeadActed::NotAStream { stream, kind } => Err(AdminError::NotAStream {
+                category,
+                key,
+                stream,
+                kind,
+            }),
+            HeadActed::Empty => Err(AdminError::NothingToDo {
+                category,
+                key,
+                group,
+            }),
+            HeadActed::Changed { head } => Err(AdminError::HeadChanged {
+                category,
+                key,
+                group,
+                expected: expect_entry.unwrap_or_default().to_owned(),
+                head,
+            }),
+            HeadActed::NotHalted => Err(AdminError::NotHalted {
+                category,
+                key,
+                group,
+            }),
+            HeadActed::HeadMoved { head, halt_entry } => Err(AdminError::HeadMoved {
+                category,
+                key,
+                group,
+                halt_entry,
+                head,
+            }),
+            HeadActed::Deleted { head } => Err(AdminError::EntryDeleted {
+                category,
+                key,
+                entry: head,
+            }),
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! Operating partitions by hand: list them, inspect a halted head, skip it
+//! or move it to the key's dead letter stream, list and replay dead
+//! letters. The `convoy` command line is a thin layer over [`Admin`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), convoy_runtime::redis::admin::AdminError> {
+//! use convoy_runtime::redis::admin::Admin;
+//!
+//! let admin = Admin::connect("redis://127.0.0.1:6379/").await?;
+//! let report = admin.partitions("order").await?;
+//! for p in report.partitions.iter().filter(|p| p.halted) {
+//!     let group = &p.group;
+//!     let head = admin.inspect("order", &p.key, group).await?;
+//!     println!("{}: {:?}", p.key, head.head);
+//!     // The head is poison: move it aside; the partition resumes with the
+//!     // next event as soon as its owner is woken.
+//!     admin.dead_letter("order", &p.key, group, false, "alice").await?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Safety against running engines
+//!
+//! [`Admin::skip`] and [`Admin::dead_letter`] each run one Lua script (`head_action.lua`), so
+//! they are atomic against the owner (whose every read, ack and failure
+//! record is a script too). Without `force` they refuse unless the unit is
+//! halted on exactly the head they would act on: the owner is then idle and
+//! nothing is in flight. The script also writes a wake-up for the key (as a
+//! publish does); the halted owner, woken, sees the halt cleared and resumes
+//! with the next event, in order.
+//!
+//! With `force` on a running partition the script first **fences out** the
+//! current owner: it bumps the unit's durable generation and deletes the
+//! lease, so the owner's next fenced read, ack or failure record is refused
+//! and it stops. With `[server.partitioning] max_unacked` above 1, the
+//! first pending entry of a running partition may be one the owner already
+//! handled and has not acknowledged yet; acting on it then skips nothing
+//! that had not run, and the other handled-but-unacknowledged entries are
+//! run again by the next owner (the usual at-least-once re-run). The event that owner has in flight at that moment may
+//! still complete its side effects (possibly while the next owner starts on
+//! the following event); it is never acknowledged by the old owner. The next
+//! owner takes the unit at a newer generation and reclaims what is pending,
+//! in order.
+//!
+//! Every action appends an audit record to [`AUDIT_STREAM`] (`op`,
+//! `category`, `key`, `group`, `entry`, `operator`, `time`, `forced`,
+//! `stream`, `fenced`, and `dlq_entry` for dead-letter and replay).
+//!
+//! # The head
+//!
+//! A unit's head, for one consumer group (handler), is the group's first
+//! pending entry (primary lane, then backfill lane), or, when nothing is
+//! pending, the first entry after the group's last-delivered id (primary,
+//! then backfill). A halted unit's head is pending and equals the unit's
+//! `halt_entry`.
+
+//!
+//! # Layout
+//!
+//! One file per operation: `partitions.rs` (the report of
+//! [`Admin::partitions`]), `inspect.rs` ([`Admin::inspect`]), `head.rs`
+//! ([`Admin::skip`], [`Admin::dead_letter`]), `dlq.rs` ([`Admin::dlq`],
+//! [`Admin::replay`]), `audit.rs` ([`Admin::audit`]); `status.rs` reads a
+//! unit's status for the first two, `error.rs` holds [`AdminError`].
+
+mod audit;
+mod dlq;
+mod error;
+mod head;
+mod inspect;
+mod partitions;
+mod status;
+
+pub use audit::AuditRecord;
+pub use dlq::{DeadLetter, ReplayOutcome};
+pub use error::AdminError;
+pub use head::{HeadOp, HeadOutcome, HeadRequest};
+pub use inspect::{Head, Inspection};
+pub use partitions::{CategoryReport, Totals};
+pub use status::PartitionStatus;
+
+/// The stream operator actions are recorded in.
+pub use crate::names::AUDIT_STREAM;
+
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::Serialize;
+
+use super::broker::RedisBroker;
+use super::reply::{Entry, entries};
+use super::unit::Unit;
+use crate::config::redact_url;
+use crate::error::Error;
+use crate::names;
+
+/// Which lane of a partition an entry is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lane {
+    /// `{category}:{key}`.
+    Primary,
+    /// `{category}:{key}:{backfill}`.
+    Backfill,
+}
+
+impl Lane {
+    /// `primary` or `backfill`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Primary => "primary",
+            Lane::Backfill => "backfill",
+        }
+    }
+}
+
+/// Operator access to the partitions of a Redis broker.
+#[derive(Clone)]
+pub struct Admin {
+    conn: ConnectionManager,
+    backfill_suffix: String,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin")
+            .field("backfill_suffix", &self.backfill_suffix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Over an existing connection.
+    pub fn new(conn: ConnectionManager) -> Self {
+        Admin {
+            conn,
+            backfill_suffix: "backfill".to_owned(),
+        }
+    }
+
+    /// Connects to a `redis://` or `rediss://` URL; fails fast (one retry,
+    /// a 3 s connection timeout) when Redis cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, AdminError> {
+        let client = redis::Client::open(url).map_err(|e| Error::Config {
+            file: "<code>".into(),
+            message: format!("{:?} is not a usable Redis URL: {e}", redact_url(url)),
+        })?;
+        Self::connect_client(client, url).await
+    }
+
+    /// Connects to a `rediss://` URL whose server certificate is signed by
+    /// the CA in `ca_pem` (PEM).
+    pub async fn connect_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, AdminError> {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca_pem),
+        };
+        let client = redis::Client::build_with_tls(url, certs).map_err(|e| Error::Config {
+            file: "<code>".into(),
+            message: format!(
+                "{:?} with a CA certificate is not usable: {e}",
+                redact_url(url)
+            ),
+        })?;
+        Self::connect_client(client, url).await
+    }
+
+    async fn connect_client(client: redis::Client, url: &str) -> Result<Self, AdminError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| Error::redis(format!("cannot connect to {}", redact_url(url)), e))?;
+        Ok(Self::new(conn))
+    }
+
+    /// Over a broker's shared connection.
+    pub async fn from_broker(broker: &RedisBroker) -> Result<Self, AdminError> {
+        Ok(Self::new(broker.connection().shared().await?))
+    }
+
+    /// The backfill lane suffix (`[server.priority_lanes] backfill_suffix`,
+    /// default `backfill`).
+    pub fn backfill_suffix(mut self, suffix: impl Into<String>) -> Self {
+        self.backfill_suffix = suffix.into();
+        self
+    }
+
+    /// The unit `key` of `group` in `category`, named under `scope`.
+    fn unit(&self, group: &str, scope: &str, category: &str, key: &str) -> Unit {
+        Unit::new(group, scope, key, [category], &self.backfill_suffix, true)
+    }
+
+    /// The consumer groups (handlers) registered for a category's
+    /// partitions, sorted.
+    pub async fn groups(&self, category: &str) -> Result<Vec<String>, AdminError> {
+        let mut c = self.conn.clone();
+        let mut groups: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(names::groups(category))
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read the registered handlers", e))?;
+        groups.sort();
+        Ok(groups)
+    }
+
+    /// Picks the consumer group an operation on `key` is meant for.
+    ///
+    /// With `handler`, it must name a registered group, exactly or as the
+    /// last `::` segments (`ClientLedger` for `my_app::ClientLedger`).
+    /// Without, the category must have one registered group, or exactly one
+    /// halted for `key`.
+    pub async fn resolve_group(
+        &self,
+        category: &str,
+        key: Option<&str>,
+        handler: Option<&str>,
+    ) -> Result<String, AdminError> {
+        let registered = self.groups(category).await?;
+        if let Some(name) = handler {
+            if registered.iter().any(|g| g == name) {
+                return Ok(name.to_owned());
+            }
+            let suffix = format!("::{name}");
+            let matching: Vec<&String> =
+                registered.iter().filter(|g| g.ends_with(&suffix)).collect();
+            if let [one] = matching.as_slice() {
+                return Ok((*one).clone());
+            }
+            if registered.is_empty() {
+                return Err(AdminError::NoHandlers {
+                    category: category.to_owned(),
+                });
+            }
+            return Err(AdminError::UnknownHandler {
+                category: category.to_owned(),
+                name: name.to_owned(),
+                registered,
+            });
+        }
+        match registered.len() {
+            0 => Err(AdminError::NoHandlers {
+                category: category.to_owned(),
+            }),
+            1 => Ok(registered[0].clone()),
+            _ => {
+                let mut halted = Vec::new();
+                if let Some(key) = key {
+                    let scopes = self.scopes(&registered, category).await?;
+                    let mut pipe = redis::pipe();
+                    for (g, scope) in registered.iter().zip(&scopes) {
+                        pipe.cmd("HGET")
+                            .arg(self.unit(g, scope, category, key).state)
+                            .arg("halted");
+                    }
+                    let mut c = self.conn.clone();
+                    let flags: Vec<Option<String>> = pipe
+                        .query_async(&mut c)
+                        .await
+                        .map_err(|e| Error::redis("failed to read halt flags", e))?;
+                    halted = registered
+                        .iter()
+                        .zip(flags)
+                        .filter(|(_, f)| f.as_deref() == Some("1"))
+                        .map(|(g, _)| g.clone())
+                        .collect();
+                    if let [one] = halted.as_slice() {
+                        return Ok(one.clone());
+                    }
+                }
+                Err(AdminError::AmbiguousHandler {
+                    category: category.to_owned(),
+                    key: key.unwrap_or("*").to_owned(),
+                    registered,
+                    halted,
+                })
+            }
+        }
+    }
+
+    /// How each group names its units: `*` for a sequential process
+    /// manager (a correlation value spanning categories), else the category.
+    async fn scopes(&self, groups: &[String], category: &str) -> Result<Vec<String>, AdminError> {
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for g in groups {
+            pipe.cmd("GET").arg(names::scope(g));
+        }
+        let mut c = self.conn.clone();
+        let found: Vec<Option<String>> = pipe
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read unit scopes", e))?;
+        Ok(found
+            .into_iter()
+            .map(|s| s.unwrap_or_else(|| category.to_owned()))
+            .collect())
+    }
+
+    async fn scope(&self, group: &str, category: &str) -> Result<String, AdminError> {
+        let mut v = self.scopes(&[group.to_owned()], category).await?;
+        Ok(v.pop().unwrap_or_else(|| category.to_owned()))
+    }
+
+    /// Entries of `stream` from `start` to `end`.
+    async fn range(
+        &self,
+        stream: &str,
+        start: &str,
+        end: &str,
+        count: Option<usize>,
+    ) -> Result<Vec<Entry>, AdminError> {
+        let mut c = self.conn.clone();
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(stream).arg(start).arg(end);
+        if let Some(n) = count {
+            cmd.arg("COUNT").arg(n);
+        }
+        let v: Value = cmd
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
+        Ok(entries(&v))
+    }
+}

@@ -1,0 +1,224 @@
+//! A unit's status as the operators' tools read it: lease and liveness of
+//! its owner, lengths, pending, lag and halt (shared by the partitions
+//! report and the inspection of one unit).
+
+use std::collections::BTreeMap;
+
+use redis::Value;
+use serde::Serialize;
+
+use super::{Admin, AdminError};
+use crate::error::Error;
+use crate::names;
+use crate::redis::reply::{int, text};
+
+/// One unit: a partition key as one handler (consumer group) sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartitionStatus {
+    /// The partition key.
+    pub key: String,
+    /// The consumer group (handler name).
+    pub group: String,
+    /// The instance holding the lease, if any.
+    pub owner: Option<String>,
+    /// Whether that instance is alive (its liveness key
+    /// `convoy:alive:{group}:{owner}` exists); a lease of a dead owner is
+    /// free for the taking.
+    pub owner_alive: bool,
+    /// The generation of the held lease (from its token `{owner}:{gen}`).
+    pub generation: Option<u64>,
+    /// The unit's durable generation counter (the last generation issued;
+    /// an operator's forced action bumps it too).
+    pub durable_generation: u64,
+    /// Milliseconds left on the lease: on the owner's liveness key, which
+    /// the owner renews every heartbeat.
+    pub lease_ms_left: Option<u64>,
+    /// Entries in the primary lane.
+    pub length: u64,
+    /// Entries in the backfill lane.
+    pub backfill_length: u64,
+    /// Entries delivered to the group and not yet acknowledged (both lanes).
+    pub pending: u64,
+    /// Entries not yet delivered to the group (both lanes); `None` when
+    /// Redis cannot tell (entries deleted in the undelivered range).
+    pub lag: Option<u64>,
+    /// Whether the unit is halted.
+    pub halted: bool,
+    /// Why (`max_retries exceeded`).
+    pub halt_reason: Option<String>,
+    /// The head's last error when it halted.
+    pub halt_error: Option<String>,
+    /// When it halted (ms since the Unix epoch).
+    pub halt_since_ms: Option<u64>,
+    /// The entry it halted on.
+    pub halt_entry: Option<String>,
+    /// Failures of the current head so far.
+    pub attempts: u64,
+    /// The last handler error recorded for the unit.
+    pub last_error: Option<String>,
+}
+
+impl Admin {
+    /// Fills in whether each unit's owner is alive and how long its
+    /// liveness lasts (one pipeline over the distinct owners). An owner is
+    /// alive for a unit while its liveness key holds the incarnation the
+    /// unit was taken in (`incarnations`, one per row; `None`: not known).
+    pub(super) async fn liveness(
+        &self,
+        category: &str,
+        rows: &mut [PartitionStatus],
+        incarnations: &[Option<String>],
+    ) -> Result<(), AdminError> {
+        let mut owners: Vec<(String, String)> = rows
+            .iter()
+            .filter_map(|r| Some((r.group.clone(), r.owner.clone()?)))
+            .collect();
+        owners.sort();
+        owners.dedup();
+        if owners.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (g, o) in &owners {
+            pipe.cmd("PTTL").arg(names::alive(g, o));
+            pipe.cmd("GET").arg(names::alive(g, o));
+        }
+        let mut c = self.conn.clone();
+        let replies: Vec<(i64, Option<String>)> = pipe.query_async(&mut c).await.map_err(|e| {
+            Error::redis(
+                format!("failed to read the liveness of {category}'s owners"),
+                e,
+            )
+        })?;
+        let left: BTreeMap<(String, String), (i64, Option<String>)> =
+            owners.into_iter().zip(replies).collect();
+        for (r, inc) in rows.iter_mut().zip(incarnations) {
+            let Some(owner) = &r.owner else { continue };
+            let Some((ttl, live)) = left.get(&(r.group.clone(), owner.clone())) else {
+                continue;
+            };
+            if inc.is_some() && live != inc {
+                // Alive again, but in a later incarnation: this lease is dead.
+                continue;
+            }
+            // -2: no such key (the owner is gone); -1: no expiry (alive).
+            match Some(ttl) {
+                Some(ms) if *ms >= 0 => {
+                    r.owner_alive = true;
+                    r.lease_ms_left = Some(*ms as u64);
+                }
+                Some(-1) => r.owner_alive = true,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One group's line of XINFO GROUPS.
+#[derive(Debug, Clone)]
+pub(super) struct GroupInfo {
+    pub(super) name: String,
+    pub(super) pending: u64,
+    pub(super) last_delivered: String,
+    pub(super) lag: Option<u64>,
+}
+
+pub(super) fn ok_int(v: &Value) -> i64 {
+    int(v).unwrap_or(0)
+}
+
+/// Field/value pairs of a reply (a flat array in RESP2, a map in RESP3).
+fn pairs(v: &Value) -> Vec<(String, Value)> {
+    match v {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|c| Some((text(c.first()?)?, c.get(1)?.clone())))
+            .collect(),
+        Value::Map(kv) => kv
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, v.clone())))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+pub(super) fn string_map(v: &Value) -> BTreeMap<String, String> {
+    pairs(v)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, text(&v)?)))
+        .collect()
+}
+
+pub(super) fn group_infos(v: &Value) -> Vec<GroupInfo> {
+    let Value::Array(groups) = v else {
+        return Vec::new();
+    };
+    groups
+        .iter()
+        .map(|g| {
+            let f: BTreeMap<String, Value> = pairs(g).into_iter().collect();
+            GroupInfo {
+                name: f.get("name").and_then(text).unwrap_or_default(),
+                pending: f.get("pending").and_then(int).unwrap_or(0).max(0) as u64,
+                last_delivered: f
+                    .get("last-delivered-id")
+                    .and_then(text)
+                    .unwrap_or_else(|| "0-0".to_owned()),
+                lag: f.get("lag").and_then(int).map(|l| l.max(0) as u64),
+            }
+        })
+        .collect()
+}
+
+/// Pending and lag of `group` on one lane of `len` entries. A stream the
+/// group has not read yet gets the group at id 0 on the first read, so all
+/// of it is lag.
+pub(super) fn lane_counts(infos: &[GroupInfo], group: &str, len: u64) -> (u64, Option<u64>) {
+    match infos.iter().find(|g| g.name == group) {
+        Some(g) => (g.pending, g.lag),
+        None => (0, Some(len)),
+    }
+}
+
+fn non_empty(m: &BTreeMap<String, String>, k: &str) -> Option<String> {
+    m.get(k).filter(|v| !v.is_empty()).cloned()
+}
+
+pub(super) fn status(
+    key: &str,
+    group: &str,
+    lease: &Value,
+    unit: &BTreeMap<String, String>,
+    (length, backfill_length): (u64, u64),
+    pending: u64,
+    lag: Option<u64>,
+) -> PartitionStatus {
+    let token = text(lease);
+    let (owner, generation) = match token.as_deref().and_then(|t| t.rsplit_once(':')) {
+        Some((o, g)) => (Some(o.to_owned()), g.parse().ok()),
+        None => (token.clone(), None),
+    };
+    let halted = unit.get("halted").map(String::as_str) == Some("1");
+    let num = |k: &str| unit.get(k).and_then(|v| v.parse::<u64>().ok());
+    PartitionStatus {
+        key: key.to_owned(),
+        group: group.to_owned(),
+        owner,
+        owner_alive: false,
+        generation,
+        durable_generation: num("gen").unwrap_or(0),
+        lease_ms_left: None,
+        length,
+        backfill_length,
+        pending,
+        lag,
+        halted,
+        halt_reason: halted.then(|| non_empty(unit, "halt_reason")).flatten(),
+        halt_error: halted.then(|| non_empty(unit, "halt_error")).flatten(),
+        halt_since_ms: halted.then(|| num("halt_since")).flatten(),
+        halt_entry: halted.then(|| non_empty(unit, "halt_entry")).flatten(),
+        attempts: num("attempts").unwrap_or(0),
+        last_error: non_empty(unit, "last_error"),
+    }
+}

@@ -1,0 +1,84 @@
+//! Connections to Redis: one shared, reconnecting connection for commands
+//! and scripts, and dedicated connections for blocking reads.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use tokio::sync::OnceCell;
+
+use crate::config::redact_url;
+use crate::error::Error;
+
+/// How long a blocking read waits before it checks for shutdown.
+pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
+
+/// A Redis server's client, and its connections (made on first use).
+pub(crate) struct Connection {
+    pub(crate) client: redis::Client,
+    url: String,
+    response_timeout: Duration,
+    shared: OnceCell<ConnectionManager>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("url", &self.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// For a client; nothing is connected yet.
+    pub(crate) fn new(client: redis::Client, url: &str) -> Self {
+        Connection {
+            client,
+            url: url.to_owned(),
+            response_timeout: Duration::from_secs(5),
+            shared: OnceCell::new(),
+        }
+    }
+
+    /// The same server, not connected yet, with another response timeout
+    /// (how long one command may take before it fails).
+    pub(crate) fn with_response_timeout(&self, timeout: Duration) -> Self {
+        Connection {
+            client: self.client.clone(),
+            url: self.url.clone(),
+            response_timeout: timeout,
+            shared: OnceCell::new(),
+        }
+    }
+
+    /// The URL with its password hidden.
+    pub(crate) fn url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// The shared, reconnecting connection.
+    pub(crate) async fn shared(&self) -> Result<ConnectionManager, Error> {
+        self.shared
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_connection_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(4)
+                    .set_max_delay(Duration::from_secs(2));
+                ConnectionManager::new_with_config(self.client.clone(), config).await
+            })
+            .await
+            .cloned()
+            .map_err(|e| Error::redis(format!("cannot connect to {}", self.url()), e))
+    }
+
+    /// A dedicated connection for blocking reads.
+    pub(crate) async fn blocking(&self) -> Result<MultiplexedConnection, Error> {
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(BLOCK + self.response_timeout))
+            .set_connection_timeout(Some(self.response_timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .map_err(|e| Error::redis(format!("cannot connect to {}", self.url()), e))
+    }
+}

@@ -1,0 +1,251 @@
+//! The Lua scripts (`.lua` files in `redis/lua/`), each with one typed
+//! binding in this folder: an argument struct that puts every key in
+//! `KEYS` and every value in `ARGV` in the order the script's header
+//! lists, and a reply enum. Call sites never index `KEYS`/`ARGV` or match
+//! status codes by hand.
+//!
+//! # Replies
+//!
+//! Every script replies with one array whose first element is its status,
+//! followed by its values:
+//!
+//! | status | meaning |
+//! | --- | --- |
+//! | `1` | done |
+//! | `0` | nothing done (the unit is held, not idle, the state changed) |
+//! | `-1` | refused by the fence: another owner holds the lease |
+//! | `-2` | refused by the fence: the lease is gone |
+//! | `-3` | refused: the caller's liveness lapsed (or another process renews it) |
+//! | `-4` | a key that must be a stream holds another type |
+//! | a word | the operators' scripts (`head_action`, `replay`) name their outcomes (`ok`, `empty`, `changed`, ...) |
+//!
+//! The fence check (`lua/fence.lua`) is prepended to every fenced script.
+
+pub(crate) mod ack;
+pub(crate) mod acquire;
+pub(crate) mod claim;
+pub(crate) mod dead_letter;
+pub(crate) mod fail;
+pub(crate) mod head_action;
+pub(crate) mod plain_ack;
+pub(crate) mod publish;
+pub(crate) mod read;
+pub(crate) mod reap;
+pub(crate) mod release;
+pub(crate) mod replay;
+pub(crate) mod save_state;
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Script, ScriptInvocation, Value};
+
+use super::reply::{int, text};
+use crate::error::Error;
+
+/// Every script convoy runs.
+pub(crate) struct Scripts {
+    pub(crate) publish: Script,
+    pub(crate) acquire: Script,
+    pub(crate) release: Script,
+    pub(crate) read: Script,
+    pub(crate) ack: Script,
+    pub(crate) fail: Script,
+    pub(crate) claim: Script,
+    pub(crate) reap: Script,
+    pub(crate) plain_ack: Script,
+    pub(crate) dead_letter: Script,
+    pub(crate) save_state: Script,
+    pub(crate) head_action: Script,
+    pub(crate) replay: Script,
+}
+
+#[cfg(feature = "testing")]
+impl Scripts {
+    /// A script by the stem of its file in `lua/` (for the testing kit's
+    /// fault proxy).
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Script> {
+        Some(match name {
+            "publish" => &self.publish,
+            "acquire" => &self.acquire,
+            "release" => &self.release,
+            "read" => &self.read,
+            "ack" => &self.ack,
+            "fail" => &self.fail,
+            "claim" => &self.claim,
+            "reap" => &self.reap,
+            "plain_ack" => &self.plain_ack,
+            "dead_letter" => &self.dead_letter,
+            "save_state" => &self.save_state,
+            "head_action" => &self.head_action,
+            "replay" => &self.replay,
+            _ => return None,
+        })
+    }
+}
+
+/// The fence check and shared helpers, prepended to every fenced script.
+const FENCE: &str = include_str!("../lua/fence.lua");
+
+/// A script that starts with the fence check.
+fn fenced(body: &str) -> Script {
+    Script::new(&format!("{FENCE}\n{body}"))
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    publish: Script::new(include_str!("../lua/publish.lua")),
+    acquire: Script::new(include_str!("../lua/acquire.lua")),
+    release: Script::new(include_str!("../lua/release.lua")),
+    read: fenced(include_str!("../lua/read.lua")),
+    ack: fenced(include_str!("../lua/ack.lua")),
+    fail: fenced(include_str!("../lua/fail.lua")),
+    claim: fenced(include_str!("../lua/claim.lua")),
+    reap: fenced(include_str!("../lua/reap.lua")),
+    plain_ack: Script::new(include_str!("../lua/plain_ack.lua")),
+    dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
+    save_state: Script::new(include_str!("../lua/save_state.lua")),
+    head_action: fenced(include_str!("../lua/head_action.lua")),
+    replay: Script::new(include_str!("../lua/replay.lua")),
+});
+
+/// Why a fenced script refused to act (the codes of `fence.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Another owner holds the lease (`-1`).
+    FencedOut,
+    /// The lease is gone: an operator's `--force`, or Redis lost its state
+    /// (`-2`).
+    LeaseGone,
+    /// This instance's liveness lapsed (or another process renewed it under
+    /// the same instance id) (`-3`).
+    NotAlive,
+}
+
+impl Refusal {
+    /// The refusal a status code stands for, if it is one.
+    pub(crate) fn from_code(code: i64) -> Option<Refusal> {
+        match code {
+            -1 => Some(Refusal::FencedOut),
+            -2 => Some(Refusal::LeaseGone),
+            -3 => Some(Refusal::NotAlive),
+            _ => None,
+        }
+    }
+
+    /// What it means, for logs.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Refusal::FencedOut => "fenced out: another owner holds the unit",
+            Refusal::LeaseGone => {
+                "the unit's lease vanished while this instance held it (an operator's --force, or Redis lost its state)"
+            }
+            Refusal::NotAlive => {
+                "this instance's liveness lapsed (stalled or cut off past lease_ttl_ms, or another process runs under the same instance id)"
+            }
+        }
+    }
+}
+
+/// What a script says happened: the first element of its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// `1`.
+    Done,
+    /// `0`.
+    NotDone,
+    /// `-1`, `-2`, `-3`.
+    Refused(Refusal),
+    /// `-4`.
+    NotAStream,
+    /// An operator script's outcome.
+    Word(String),
+}
+
+/// A script's reply: its status and the values after it.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    script: &'static str,
+    pub(crate) status: Status,
+    raw: Value,
+}
+
+impl Reply {
+    fn parse(script: &'static str, raw: Value) -> Result<Reply, Error> {
+        let status = match &raw {
+            Value::Array(items) => match items.first() {
+                Some(Value::Int(1)) => Some(Status::Done),
+                Some(Value::Int(0)) => Some(Status::NotDone),
+                Some(Value::Int(-4)) => Some(Status::NotAStream),
+                Some(Value::Int(code)) => Refusal::from_code(*code).map(Status::Refused),
+                Some(v @ (Value::BulkString(_) | Value::SimpleString(_))) => {
+                    text(v).map(Status::Word)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        match status {
+            Some(status) => Ok(Reply {
+                script,
+                status,
+                raw,
+            }),
+            None => Err(unexpected(script, &raw)),
+        }
+    }
+
+    /// The `i`th value after the status.
+    pub(crate) fn value(&self, i: usize) -> Option<&Value> {
+        match &self.raw {
+            Value::Array(items) => items.get(i + 1),
+            _ => None,
+        }
+    }
+
+    /// The values after the status.
+    pub(crate) fn values(&self) -> &[Value] {
+        match &self.raw {
+            Value::Array(items) => items.get(1..).unwrap_or_default(),
+            _ => &[],
+        }
+    }
+
+    /// The `i`th value as text (`""` when absent).
+    pub(crate) fn text(&self, i: usize) -> String {
+        self.value(i).and_then(text).unwrap_or_default()
+    }
+
+    /// The `i`th value as an integer (0 when absent).
+    pub(crate) fn int(&self, i: usize) -> i64 {
+        self.value(i).and_then(int).unwrap_or(0)
+    }
+
+    /// The error for a reply the binding does not expect.
+    pub(crate) fn unexpected(&self) -> Error {
+        unexpected(self.script, &self.raw)
+    }
+}
+
+fn unexpected(script: &'static str, raw: &Value) -> Error {
+    Error::UnexpectedReply {
+        script,
+        reply: format!("{raw:?}"),
+    }
+}
+
+/// Runs a prepared invocation of `script`; `doing` says what for errors.
+async fn call(
+    script: &'static str,
+    inv: &ScriptInvocation<'_>,
+    conn: &mut (impl ConnectionLike + Send),
+    doing: &str,
+) -> Result<Reply, Error> {
+    let raw: Value = inv
+        .invoke_async(conn)
+        .await
+        .map_err(|e| Error::redis(doing, e))?;
+    Reply::parse(script, raw)
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests;

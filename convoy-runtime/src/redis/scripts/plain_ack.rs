@@ -1,0 +1,34 @@
+//! `plain_ack.lua`: acknowledges entries of an ordinary (unpartitioned)
+//! stream and deletes the ones every registered group has consumed.
+
+use redis::aio::ConnectionLike;
+
+use super::{SCRIPTS, Status, call};
+use crate::error::Error;
+use crate::names;
+
+/// Acknowledges `ids` of `stream` for `group`.
+#[derive(Debug)]
+pub(crate) struct PlainAck<'a> {
+    pub(crate) stream: &'a str,
+    /// The category (names its set of registered groups).
+    pub(crate) category: &'a str,
+    pub(crate) group: &'a str,
+    pub(crate) ids: &'a [&'a str],
+}
+
+impl PlainAck<'_> {
+    /// Returns how many entries were acknowledged.
+    pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
+        let mut inv = SCRIPTS.plain_ack.prepare_invoke();
+        inv.key(self.stream)
+            .key(names::base_groups(self.category))
+            .arg(self.group)
+            .arg(self.ids);
+        let reply = call("plain_ack", &inv, conn, "ack failed").await?;
+        match reply.status {
+            Status::Done => Ok(reply.int(0).max(0) as u64),
+            _ => Err(reply.unexpected()),
+        }
+    }
+}

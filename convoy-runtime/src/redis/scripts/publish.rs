@@ -1,0 +1,51 @@
+//! `publish.lua`: a batch of outbox records, in order, in one atomic
+//! script (each record's stream entry, index entry and wake-up together).
+
+use redis::aio::ConnectionLike;
+
+use super::{SCRIPTS, Status, call};
+use crate::broker::Publication;
+use crate::error::Error;
+use crate::names;
+
+/// How long the producer's high-water mark is kept (7 days).
+const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Publishes `batch` for `producer`.
+#[derive(Debug)]
+pub(crate) struct Publish<'a> {
+    /// The outbox's producer id (its high-water mark drops re-sent records).
+    pub(crate) producer: &'a str,
+    /// The routed records.
+    pub(crate) batch: &'a [Publication],
+}
+
+impl Publish<'_> {
+    /// Returns how many records were written (the others were published
+    /// before).
+    pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
+        let mut inv = SCRIPTS.publish.prepare_invoke();
+        inv.key(names::producer(self.producer))
+            .arg(PRODUCER_TTL_MS)
+            .arg(names::WAKE_MAXLEN);
+        for p in self.batch {
+            let category = &p.envelope.category;
+            inv.key(&p.stream)
+                .key(names::partition_index(category))
+                .key(names::wake_stream(category))
+                .key(names::published(category));
+            let fields = p.envelope.to_fields();
+            inv.arg(p.seq)
+                .arg(p.partition.as_deref().unwrap_or(""))
+                .arg(fields.len() * 2);
+            for (k, v) in fields {
+                inv.arg(k).arg(v);
+            }
+        }
+        let reply = call("publish", &inv, conn, "failed to publish outbox records").await?;
+        match reply.status {
+            Status::Done => Ok(reply.int(0).max(0) as u64),
+            _ => Err(reply.unexpected()),
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `read.lua`: the fenced read of a unit: its own pending entries, or new
+//! ones, primary lanes before backfill lanes.
+
+use redis::aio::ConnectionLike;
+
+use super::{Refusal, SCRIPTS, Status, call};
+use crate::error::Error;
+use crate::redis::reply::{Entry, entries};
+use crate::redis::unit::{At, Unit};
+
+/// Which entries to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Which {
+    /// This consumer's own pending entries (after a lost reply, a restart).
+    Pending,
+    /// Entries not yet delivered to the group.
+    New,
+}
+
+/// Reads a batch of `unit` under the fence token `token`.
+#[derive(Debug)]
+pub(crate) struct Read<'a> {
+    pub(crate) unit: &'a Unit,
+    /// The owner's liveness key.
+    pub(crate) alive: &'a str,
+    /// The fence token, also the consumer name.
+    pub(crate) token: &'a str,
+    /// The owner's incarnation the lease was taken in.
+    pub(crate) incarnation: &'a str,
+    pub(crate) which: Which,
+    /// Entries per read of a primary lane.
+    pub(crate) primary_count: usize,
+    /// Entries per read of a backfill lane.
+    pub(crate) backfill_count: usize,
+    /// The lane to look at first (rotates for fairness between the
+    /// categories of one unit).
+    pub(crate) first_lane: usize,
+}
+
+/// What [`Read`] found.
+#[derive(Debug)]
+pub(crate) enum ReadReply {
+    /// Entries of one stream.
+    Entries(At, Vec<Entry>),
+    /// Nothing to read.
+    Empty,
+    /// The fence refused the caller.
+    Refused(Refusal),
+    /// A lane's key holds another type than a stream.
+    NotAStream { stream: String, kind: String },
+}
+
+impl Read<'_> {
+    pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<ReadReply, Error> {
+        let lanes = &self.unit.lanes;
+        let mut inv = SCRIPTS.read.prepare_invoke();
+        inv.key(&self.unit.lease);
+        for l in lanes {
+            inv.key(&l.primary);
+        }
+        for l in lanes {
+            inv.key(&l.backfill);
+        }
+        inv.key(self.alive)
+            .arg(self.token)
+            .arg(&self.unit.group)
+            .arg(self.primary_count)
+            .arg(self.backfill_count)
+            .arg(match self.which {
+                Which::Pending => "0",
+                Which::New => ">",
+            })
+            .arg(lanes.len())
+            .arg(self.first_lane)
+            .arg(self.incarnation);
+        let reply = call("read", &inv, conn, "fenced read failed").await?;
+        match &reply.status {
+            Status::Done => {}
+            Status::Refused(why) => return Ok(ReadReply::Refused(*why)),
+            Status::NotAStream => {
+                return Ok(ReadReply::NotAStream {
+                    stream: reply.text(0),
+                    kind: reply.text(1),
+                });
+            }
+            _ => return Err(reply.unexpected()),
+        }
+        // Lane i in 1..=n is primary stream i, n+i its backfill lane, 0 none.
+        let n = lanes.len();
+        let lane = reply.int(0).max(0) as usize;
+        let batch = reply.value(1).map(entries).unwrap_or_default();
+        if lane == 0 || batch.is_empty() {
+            return Ok(ReadReply::Empty);
+        }
+        let at = if lane > n {
+            At {
+                lane: lane - n - 1,
+                backfill: true,
+            }
+        } else {
+            At {
+                lane: lane - 1,
+                backfill: false,
+            }
+        };
+        if at.lane >= n {
+            return Err(reply.unexpected());
+        }
+        Ok(ReadReply::Entries(at, batch))
+    }
+}

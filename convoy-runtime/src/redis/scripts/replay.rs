@@ -1,0 +1,67 @@
+//! `replay.lua`: an operator's replay of a dead letter at the tail of its
+//! partition.
+
+use redis::aio::ConnectionLike;
+
+use super::{SCRIPTS, Status, call};
+use crate::error::Error;
+use crate::names;
+
+/// Puts dead letter `dlq_id` of `{category}:{key}:dlq` back at the tail of
+/// `{category}:{key}`.
+#[derive(Debug)]
+pub(crate) struct Replay<'a> {
+    pub(crate) category: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) dlq_id: &'a str,
+    pub(crate) operator: &'a str,
+    /// Now, in ms since the Unix epoch.
+    pub(crate) now_ms: u64,
+}
+
+/// What [`Replay`] did, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Replayed {
+    /// Replayed as `entry_id`.
+    Done { entry_id: String, audit_id: String },
+    /// No such dead letter.
+    Missing,
+    /// The dead letter holds no envelope fields.
+    Empty,
+    /// Its envelope names another key.
+    WrongKey { key: String },
+}
+
+impl Replay<'_> {
+    pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<Replayed, Error> {
+        let mut inv = SCRIPTS.replay.prepare_invoke();
+        inv.key(names::partition_dlq(self.category, self.key))
+            .key(names::partition_stream(self.category, self.key))
+            .key(names::partition_index(self.category))
+            .key(names::wake_stream(self.category))
+            .key(names::AUDIT_STREAM)
+            .arg(self.dlq_id)
+            .arg(self.key)
+            .arg(self.operator)
+            .arg(self.now_ms)
+            .arg(self.category)
+            .arg(names::WAKE_MAXLEN);
+        let reply = call("replay", &inv, conn, "replay script failed").await?;
+        let Status::Word(status) = &reply.status else {
+            return Err(reply.unexpected());
+        };
+        Ok(match status.as_str() {
+            "ok" => Replayed::Done {
+                entry_id: reply.text(0),
+                audit_id: reply.text(1),
+            },
+            "missing" => Replayed::Missing,
+            "empty" => Replayed::Empty,
+            "wrong_key" => Replayed::WrongKey { key: reply.text(0) },
+            _ => return Err(reply.unexpected()),
+        })
+    }
+}

@@ -1,0 +1,405 @@
+//! The fence, script by script, against a real `redis-server`: once
+//! another owner takes a unit at a newer generation, or the owner's
+//! liveness lapsed, every operation of the old token is refused.
+
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+
+use super::Refusal;
+use super::ack::{Ack, AckItem, Acked};
+use super::acquire::{self, Acquire, Acquired};
+use super::claim::{Claim, Claimed};
+use super::fail::{Fail, Failed};
+use super::read::{Read, ReadReply, Which};
+use super::reap::{Reap, Reaped};
+use super::release::{Held, Release, Released};
+use crate::redis::unit::{At, Unit};
+use crate::testing::RedisServer;
+
+const LEASE: &str = "convoy:lease:g:cat:k";
+const STREAM: &str = "cat:k";
+const ALIVE_A: &str = "convoy:alive:g:a";
+const ALIVE_B: &str = "convoy:alive:g:b";
+
+/// The unit `k` of group `g` in category `cat`, lanes off.
+fn unit() -> Unit {
+    Unit::new("g", "cat", "k", ["cat"], "backfill", false)
+}
+
+const PRIMARY: At = At {
+    lane: 0,
+    backfill: false,
+};
+
+async fn cmd(c: &mut MultiplexedConnection, args: &[&str]) -> Value {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(c).await.expect("command")
+}
+
+/// Takes the unit for `owner` in incarnation `inc`: its token, or `None`
+/// when the unit is held or the owner is not alive.
+async fn acquire(c: &mut MultiplexedConnection, owner: &str, inc: &str) -> Option<String> {
+    let units = [unit()];
+    let holders = acquire::holders(c, &units, owner).await.expect("holders");
+    let alive = format!("convoy:alive:g:{owner}");
+    let acquired = Acquire {
+        group: "g",
+        owner,
+        incarnation: inc,
+        alive: &alive,
+        max: 1,
+        units: &units,
+        holders: &holders,
+    }
+    .run(c)
+    .await
+    .expect("acquire");
+    match acquired {
+        Acquired::Units(mut taken) => taken.pop().flatten().map(|t| t.token),
+        Acquired::NotAlive => None,
+    }
+}
+
+fn generation(token: &str) -> u64 {
+    token
+        .rsplit(':')
+        .next()
+        .and_then(|g| g.parse().ok())
+        .expect("a generation")
+}
+
+async fn read(c: &mut MultiplexedConnection, token: &str, alive: &str, inc: &str) -> ReadReply {
+    Read {
+        unit: &unit(),
+        alive,
+        token,
+        incarnation: inc,
+        which: Which::New,
+        primary_count: 10,
+        backfill_count: 10,
+        first_lane: 0,
+    }
+    .run(c)
+    .await
+    .expect("read")
+}
+
+fn refusal(r: &ReadReply) -> Option<Refusal> {
+    match r {
+        ReadReply::Refused(why) => Some(*why),
+        _ => None,
+    }
+}
+
+async fn ack(
+    c: &mut MultiplexedConnection,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    ids: &[String],
+    trim_only: bool,
+) -> Vec<Acked> {
+    let u = unit();
+    let items = [AckItem {
+        unit: &u,
+        at: PRIMARY,
+        token,
+        incarnation: inc,
+        ids,
+        clear_head: !trim_only,
+        touch: !trim_only,
+        trim: true,
+    }];
+    Ack {
+        group: "g",
+        alive,
+        now_ms: 1,
+        items: &items,
+    }
+    .run(c)
+    .await
+    .expect("ack")
+}
+
+async fn release(c: &mut MultiplexedConnection, token: &str) -> Released {
+    Release {
+        unit: &unit(),
+        held: Held::Token(token),
+    }
+    .run(c)
+    .await
+    .expect("release")
+}
+
+#[tokio::test]
+async fn a_stale_token_is_refused_everywhere() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("connection");
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    assert!(old.starts_with("a:"), "{old}");
+    assert_eq!(
+        acquire(&mut c, "b", "b1").await,
+        None,
+        "held by a live owner"
+    );
+    // a's liveness lapses: its token is refused even before anyone else
+    // takes the unit.
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    assert_eq!(
+        refusal(&read(&mut c, &old, ALIVE_A, "a1").await),
+        Some(Refusal::NotAlive)
+    );
+    // A lapsed instance takes nothing until it registers again.
+    assert_eq!(acquire(&mut c, "a", "a1").await, None);
+    // b takes over at a newer generation; a comes back to life (a new
+    // incarnation), still stale.
+    let new = acquire(&mut c, "b", "b1").await.expect("b takes the unit");
+    assert!(generation(&new) > generation(&old), "{old} then {new}");
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+
+    assert_eq!(
+        refusal(&read(&mut c, &old, ALIVE_A, "a2").await),
+        Some(Refusal::FencedOut),
+        "stale read refused"
+    );
+    let acked = ack(&mut c, &old, ALIVE_A, "a2", &["0-1".to_owned()], false).await;
+    assert_eq!(
+        acked,
+        vec![Acked::Refused(Refusal::FencedOut)],
+        "stale ack refused"
+    );
+    let u = unit();
+    let failed = Fail {
+        unit: &u,
+        alive: ALIVE_A,
+        token: &old,
+        incarnation: "a2",
+        entry: "0-1",
+        error: "err",
+        max_retries: 3,
+        now_ms: 1,
+        known: 0,
+        halt: None,
+    }
+    .run(&mut c)
+    .await
+    .expect("fail");
+    assert_eq!(failed, Failed::Refused(Refusal::FencedOut));
+    let claimed = Claim {
+        unit: &u,
+        stream: STREAM,
+        alive: ALIVE_A,
+        token: &old,
+        incarnation: "a2",
+    }
+    .run(&mut c)
+    .await
+    .expect("claim");
+    assert_eq!(claimed, Claimed::Refused(Refusal::FencedOut));
+    let reaped = Reap {
+        unit: &u,
+        alive: ALIVE_A,
+        token: &old,
+        incarnation: "a2",
+        idle_ms: 0,
+        now_ms: u64::MAX / 2,
+    }
+    .run(&mut c)
+    .await
+    .expect("reap");
+    assert_eq!(reaped, Reaped::Refused(Refusal::FencedOut));
+    assert_eq!(
+        release(&mut c, &old).await,
+        Released::NotHeld,
+        "a stale release leaves the new lease alone"
+    );
+    assert_eq!(
+        acquire(&mut c, "a", "a2").await,
+        None,
+        "b is alive and holds it"
+    );
+
+    // The current token works: it reads the entry, under its own name.
+    match read(&mut c, &new, ALIVE_B, "b1").await {
+        ReadReply::Entries(at, entries) => {
+            assert_eq!(at, PRIMARY);
+            assert_eq!(entries.len(), 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    // b's token in an earlier incarnation of b is refused as not alive.
+    assert_eq!(
+        refusal(&read(&mut c, &new, ALIVE_B, "b0").await),
+        Some(Refusal::NotAlive)
+    );
+    // The generation counter survives a release and keeps growing.
+    assert_eq!(release(&mut c, &new).await, Released::Released);
+    let woken: i64 = redis::cmd("XLEN")
+        .arg("cat:__wake__")
+        .query_async(&mut c)
+        .await
+        .expect("xlen");
+    assert_eq!(
+        woken, 1,
+        "a release wakes the other instances; a refused one does not"
+    );
+    let third = acquire(&mut c, "a", "a2").await.expect("free again");
+    assert!(generation(&third) > generation(&new), "{new} then {third}");
+    // The lease is gone (an operator's --force): refused as such.
+    cmd(&mut c, &["DEL", LEASE]).await;
+    assert_eq!(
+        refusal(&read(&mut c, &third, ALIVE_A, "a2").await),
+        Some(Refusal::LeaseGone)
+    );
+}
+
+#[tokio::test]
+async fn a_lease_of_an_earlier_incarnation_is_free() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("connection");
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // a lapses and registers again: its liveness key exists, in a new
+    // incarnation, and the lease it took before is dead for b.
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+    let new = acquire(&mut c, "b", "b1")
+        .await
+        .expect("b takes the dead lease");
+    assert!(generation(&new) > generation(&old));
+}
+
+#[tokio::test]
+async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("connection");
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    cmd(&mut c, &["SET", "convoy:alive:g:c", "c1"]).await;
+    // c saw the unit free (so it passes no holder's liveness key), but a
+    // took it meanwhile: held.
+    let units = [unit()];
+    let seen_free = acquire::holders(&mut c, &units, "c")
+        .await
+        .expect("holders");
+    assert_eq!(seen_free, vec![None]);
+    acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    let taken = Acquire {
+        group: "g",
+        owner: "c",
+        incarnation: "c1",
+        alive: "convoy:alive:g:c",
+        max: 1,
+        units: &units,
+        holders: &seen_free,
+    }
+    .run(&mut c)
+    .await
+    .expect("acquire");
+    assert_eq!(taken, Acquired::Units(vec![None]));
+    // a's liveness lapses, b saw a holding it: b takes it over. c, which
+    // still thinks a holds it, finds another holder: held.
+    let seen_a = acquire::holders(&mut c, &units, "c")
+        .await
+        .expect("holders");
+    assert_eq!(seen_a, vec![Some("a".to_owned())]);
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    acquire(&mut c, "b", "b1")
+        .await
+        .expect("b takes the dead lease");
+    let taken = Acquire {
+        group: "g",
+        owner: "c",
+        incarnation: "c1",
+        alive: "convoy:alive:g:c",
+        max: 1,
+        units: &units,
+        holders: &seen_a,
+    }
+    .run(&mut c)
+    .await
+    .expect("acquire");
+    assert_eq!(taken, Acquired::Units(vec![None]));
+}
+
+#[tokio::test]
+async fn generations_never_repeat_when_the_unit_state_is_lost() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("connection");
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let first = acquire(&mut c, "a", "a1").await.expect("taken");
+    cmd(&mut c, &["DEL", LEASE]).await;
+    let second = acquire(&mut c, "a", "a1").await.expect("taken");
+    assert!(generation(&second) > generation(&first));
+    // Everything convoy knew is gone (FLUSHALL, or a restart without
+    // persistence): the next generation is still newer.
+    cmd(&mut c, &["FLUSHALL"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let third = acquire(&mut c, "a", "a1").await.expect("taken");
+    assert!(
+        generation(&third) > generation(&second),
+        "{second} then {third}: a fence token handed out twice"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("connection");
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SADD", "convoy:groups:cat", "g"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("taken");
+    let u = unit();
+    let fail = |known: u32| Fail {
+        unit: &u,
+        alive: ALIVE_A,
+        token: &token,
+        incarnation: "a1",
+        entry: "1-1",
+        error: "boom",
+        max_retries: 3,
+        now_ms: 1,
+        known,
+        halt: None,
+    };
+    let recorded = |failures| Failed::Recorded {
+        failures,
+        halted: false,
+    };
+    let r = fail(0).run(&mut c).await.expect("fail");
+    assert_eq!(r, recorded(1));
+    let r = fail(0).run(&mut c).await.expect("fail again");
+    assert_eq!(
+        r,
+        recorded(1),
+        "the same failure, sent again after a lost reply"
+    );
+    let r = fail(1).run(&mut c).await.expect("next failure");
+    assert_eq!(r, recorded(2));
+
+    // Three entries; all three read (delivered, pending), only the last
+    // handled and acknowledged (the reply of the read of the first two
+    // was lost, say): the trim must keep the first two.
+    for id in ["1-1", "1-2", "1-3"] {
+        cmd(&mut c, &["XADD", STREAM, id, "f", "v"]).await;
+    }
+    match read(&mut c, &token, ALIVE_A, "a1").await {
+        ReadReply::Entries(_, entries) => assert_eq!(entries.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    let acked = ack(&mut c, &token, ALIVE_A, "a1", &["1-3".to_owned()], true).await;
+    assert_eq!(acked, vec![Acked::Acked(1)]);
+    let len: i64 = redis::cmd("XLEN")
+        .arg(STREAM)
+        .query_async(&mut c)
+        .await
+        .expect("xlen");
+    // Only a prefix can be trimmed: the pending 1-1 keeps everything.
+    assert_eq!(len, 3, "the unhandled pending entries survive the trim");
+}

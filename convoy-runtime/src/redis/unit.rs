@@ -1,0 +1,135 @@
+//! A unit: what one lease covers, for one handler (consumer group). For a
+//! handler, one partition key of its category; for a sequential process
+//! manager, one correlation value across every category it subscribes to.
+//!
+//! A unit is named by its handler, its scope (the handler's category, or
+//! `*` for a process manager) and its key; every Redis name it uses is
+//! derived from those once, here.
+
+use crate::names;
+
+/// One category's streams of a unit, and the category's names it touches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Lane {
+    pub(crate) category: String,
+    /// `{category}:{key}`.
+    pub(crate) primary: String,
+    /// `{category}:{key}:{backfill}`, or `""` when lanes are off.
+    pub(crate) backfill: String,
+    /// The backfill stream's name even when lanes are off (reaping and the
+    /// operators' tools cover it).
+    pub(crate) backfill_always: String,
+    /// `{category}:__partitions__`.
+    pub(crate) index: String,
+    /// `{category}:__wake__`.
+    pub(crate) wake: String,
+    /// `convoy:groups:{category}`.
+    pub(crate) groups: String,
+    /// `convoy:acked:{group}:{category}`.
+    pub(crate) acked: String,
+}
+
+/// Which stream of a unit: a lane, primary or backfill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct At {
+    /// The lane (category), by position.
+    pub(crate) lane: usize,
+    /// The backfill stream rather than the primary one.
+    pub(crate) backfill: bool,
+}
+
+/// A unit and its names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unit {
+    /// The handler (consumer group).
+    pub(crate) group: String,
+    /// The partition key, or the correlation value.
+    pub(crate) key: String,
+    /// `convoy:lease:{group}:{scope}:{key}`.
+    pub(crate) lease: String,
+    /// `convoy:unit:{group}:{scope}:{key}`.
+    pub(crate) state: String,
+    /// One per category the unit spans.
+    pub(crate) lanes: Vec<Lane>,
+}
+
+impl Unit {
+    /// The unit `key` of `group` under `scope`, spanning `categories`, with
+    /// the backfill lane suffix `suffix` (its streams are read only when
+    /// `lanes_on`).
+    pub(crate) fn new<'c>(
+        group: &str,
+        scope: &str,
+        key: &str,
+        categories: impl IntoIterator<Item = &'c str>,
+        suffix: &str,
+        lanes_on: bool,
+    ) -> Unit {
+        let lanes = categories
+            .into_iter()
+            .map(|c| {
+                let backfill_always = names::backfill_stream(c, key, suffix);
+                Lane {
+                    category: c.to_owned(),
+                    primary: names::partition_stream(c, key),
+                    backfill: if lanes_on {
+                        backfill_always.clone()
+                    } else {
+                        String::new()
+                    },
+                    backfill_always,
+                    index: names::partition_index(c),
+                    wake: names::wake_stream(c),
+                    groups: names::groups(c),
+                    acked: names::acked(group, c),
+                }
+            })
+            .collect();
+        Unit {
+            group: group.to_owned(),
+            key: key.to_owned(),
+            lease: names::lease(group, scope, key),
+            state: names::unit(group, scope, key),
+            lanes,
+        }
+    }
+
+    /// The lane of `at`.
+    pub(crate) fn lane(&self, at: At) -> &Lane {
+        &self.lanes[at.lane]
+    }
+
+    /// The stream of `at`.
+    pub(crate) fn stream(&self, at: At) -> &str {
+        let l = self.lane(at);
+        if at.backfill { &l.backfill } else { &l.primary }
+    }
+
+    /// The wake stream a release of this unit writes to (its first
+    /// category's).
+    pub(crate) fn wake(&self) -> &str {
+        self.lanes.first().map(|l| l.wake.as_str()).unwrap_or("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_derive_from_handler_scope_and_key() {
+        let u = Unit::new("app::Pm", "*", "o-1", ["order", "payment"], "slow", false);
+        assert_eq!(u.lease, "convoy:lease:app::Pm:*:o-1");
+        assert_eq!(u.state, "convoy:unit:app::Pm:*:o-1");
+        assert_eq!(u.lanes[1].primary, "payment:o-1");
+        assert_eq!(u.lanes[1].backfill, "");
+        assert_eq!(u.lanes[1].backfill_always, "payment:o-1:slow");
+        assert_eq!(u.lanes[1].acked, "convoy:acked:app::Pm:payment");
+        let at = At {
+            lane: 0,
+            backfill: false,
+        };
+        assert_eq!(u.stream(at), "order:o-1");
+        assert_eq!(u.wake(), "order:__wake__");
+    }
+}
