@@ -21,8 +21,10 @@ pub(crate) struct Scripts {
     pub(crate) replay: Script,
 }
 
+#[cfg(feature = "testing")]
 impl Scripts {
-    /// A script by the stem of its file in `lua/`.
+    /// A script by the stem of its file in `lua/` (for the testing kit's
+    /// fault proxy).
     pub(crate) fn by_name(&self, name: &str) -> Option<&Script> {
         Some(match name {
             "publish" => &self.publish,
