@@ -22,7 +22,7 @@
 //! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
 //! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended`, `applied` |
-//! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
+//! | `convoy:producer:{id}` | string, PX | the last outbox seq a producer (`{instance id}/{outbox store identity}`) published (drops re-sent records) |
 //! | `convoy:audit` | stream | operator actions (see [`admin`](super::admin)) |
 //!
 //! A unit's scope is its handler's category, or `*` for a sequential

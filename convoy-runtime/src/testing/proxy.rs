@@ -138,21 +138,23 @@ pub fn script_sha(name: &str) -> Option<String> {
 /// engine) while its reply never reaches the engine:
 ///
 /// ```no_run
+/// # // Its own names: doc tests are merged into one binary, where every
+/// # // registered type name must be unique.
 /// # use convoy_runtime::{Aggregate, Event, HandlerError, event_handler};
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Aggregate)]
-/// # #[aggregate(category = "order")]
-/// # struct Order;
+/// # #[aggregate(category = "payment")]
+/// # struct Payment;
 /// # #[derive(Event, Serialize, Deserialize)]
-/// # #[event(part_of = Order)]
-/// # struct OrderPlaced {
+/// # #[event(part_of = Payment)]
+/// # struct PaymentTaken {
 /// #     client_id: String,
 /// # }
-/// # struct Ledger;
-/// # #[event_handler(part_of = Order, sequential_by = "client_id")]
-/// # impl Ledger {
+/// # struct Payments;
+/// # #[event_handler(part_of = Payment, sequential_by = "client_id")]
+/// # impl Payments {
 /// #     #[handle]
-/// #     async fn placed(&self, _e: OrderPlaced) -> Result<(), HandlerError> {
+/// #     async fn taken(&self, _e: PaymentTaken) -> Result<(), HandlerError> {
 /// #         Ok(())
 /// #     }
 /// # }
@@ -168,7 +170,7 @@ pub fn script_sha(name: &str) -> Option<String> {
 /// // The engine talks to Redis through the proxy.
 /// let mut config = Config::default();
 /// config.broker.url = proxy.url();
-/// let domain = Domain::builder().config(config).handler(Ledger).init()?;
+/// let domain = Domain::builder().config(config).handler(Payments).init()?;
 ///
 /// // Swallow the reply of the next fenced read that Redis runs.
 /// let read = script_sha("read").expect("convoy ships read.lua");
@@ -176,7 +178,7 @@ pub fn script_sha(name: &str) -> Option<String> {
 ///
 /// let engine = domain.engine().spawn();
 /// let mut uow = domain.unit_of_work();
-/// uow.raise(OrderPlaced { client_id: "acme".into() })?;
+/// uow.raise(PaymentTaken { client_id: "acme".into() })?;
 /// uow.commit().await?;
 /// // ... wait until the handler saw the event (a `Recorder` tells) ...
 /// engine.shutdown().await?;
