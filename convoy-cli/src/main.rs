@@ -2,6 +2,10 @@
 //! Redis. `convoy --help` lists the commands; the work is done by
 //! `convoy_runtime::redis::admin::Admin`.
 
+// A binary has no public API: `pub` in its modules only marks what the
+// other modules use (the workspace's `unreachable_pub` is for libraries).
+#![allow(unreachable_pub)]
+
 mod cli;
 mod commands;
 mod render;
