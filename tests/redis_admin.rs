@@ -14,18 +14,6 @@ use redis::AsyncCommands;
 /// A stream entry as XRANGE returns it: its id and its fields.
 type StreamEntry = (String, Vec<(String, Vec<u8>)>);
 
-/// An error with its chain of causes (`outer: cause: root`).
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 const G: &str = "app::Ledger";
 
 fn envelope(seq: u32) -> Envelope {
@@ -388,7 +376,12 @@ async fn unreachable_redis_is_reported_as_such() {
         .await
         .expect_err("nothing listens");
     assert!(e.is_unreachable(), "{e:?}");
-    let text = chain(&e);
+    // The error and its causes.
+    let first: &(dyn std::error::Error + 'static) = &e;
+    let text: Vec<String> = std::iter::successors(Some(first), |e| e.source())
+        .map(ToString::to_string)
+        .collect();
+    let text = text.join(": ");
     assert!(text.contains("cannot connect"), "{text}");
     assert!(!text.contains("secret"), "{text}");
 }

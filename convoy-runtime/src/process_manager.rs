@@ -50,7 +50,8 @@ pub struct ProcessManagerDescriptor {
     pub handles: &'static [PmHandle],
 }
 
-/// An `inventory` entry for one process manager.
+/// An `inventory` entry for one process manager (submitted by the macro).
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct ProcessManagerRegistration(pub &'static ProcessManagerDescriptor);
 

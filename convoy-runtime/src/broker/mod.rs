@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
 use crate::error::Error;
-pub use crate::future::BoxFuture;
+use crate::future::BoxFuture;
 
 /// What a broker can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

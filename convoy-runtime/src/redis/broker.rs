@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::connection::Connection;
+use super::connection::{Connection, open_client};
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
 use crate::broker::{Broker, Capabilities, ConsumerPlan, Publication, PublishError};
-use crate::config::redact_url;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::process_manager::StateStore;
@@ -35,37 +34,20 @@ impl RedisBroker {
     /// A broker for a `redis://` or `rediss://` URL (user, password and
     /// database in the URL work). Nothing is connected yet.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(|e| Error::Config {
-            file: "<code>".into(),
-            message: format!(
-                "[broker] url {:?} is not a usable Redis URL: {e}",
-                redact_url(url)
-            ),
-        })?;
-        Ok(Self::with_client(client, url))
+        Self::open(url, None)
     }
 
     /// A broker for a `rediss://` URL whose server certificate is signed by
     /// the CA in `ca_pem` (PEM) rather than one in the system trust store.
     pub fn from_url_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, Error> {
-        let certs = redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(ca_pem),
-        };
-        let client = redis::Client::build_with_tls(url, certs).map_err(|e| Error::Config {
-            file: "<code>".into(),
-            message: format!(
-                "[broker] url {:?} with a CA certificate is not usable: {e}",
-                redact_url(url)
-            ),
-        })?;
-        Ok(Self::with_client(client, url))
+        Self::open(url, Some(ca_pem))
     }
 
-    fn with_client(client: redis::Client, url: &str) -> Self {
-        RedisBroker {
+    fn open(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Self, Error> {
+        let client = open_client(url, ca_pem, "[broker] url ")?;
+        Ok(RedisBroker {
             redis: Arc::new(Connection::new(client, url)),
-        }
+        })
     }
 
     /// How long one command may take before it fails (default 5 s).

@@ -12,6 +12,35 @@ use crate::error::Error;
 /// How long a blocking read waits before it checks for shutdown.
 pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
 
+/// A client for a `redis://` or `rediss://` URL; with `ca_pem`, the server's
+/// certificate is checked against that CA (PEM) rather than the system's.
+/// A URL that cannot work is a configuration error, its message starting
+/// with `what` (how the caller names the URL).
+pub(crate) fn open_client(
+    url: &str,
+    ca_pem: Option<Vec<u8>>,
+    what: &str,
+) -> Result<redis::Client, Error> {
+    let shown = redact_url(url);
+    let (client, problem) = match ca_pem {
+        None => (redis::Client::open(url), "is not a usable Redis URL"),
+        Some(root_cert) => (
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+            "with a CA certificate is not usable",
+        ),
+    };
+    client.map_err(|e| Error::Config {
+        file: "<code>".into(),
+        message: format!("{what}{shown:?} {problem}: {e}"),
+    })
+}
+
 /// A Redis server's client, and its connections (made on first use).
 pub(crate) struct Connection {
     pub(crate) client: redis::Client,

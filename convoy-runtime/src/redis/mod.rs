@@ -38,7 +38,7 @@
 //! | `partitioned/` | the partitioned consumer: coordinator, unit workers, batched acks |
 //! | `plain.rs` | the ordinary consumer group |
 //! | `wake.rs` | following the wake streams |
-//! | `state.rs` | [`RedisStateStore`]: process-manager instances |
+//! | `state.rs` | process-manager instances (the broker's state store) |
 //! | `admin/` | [`admin::Admin`]: the operators' tools, one file per operation |
 //! | `reply.rs` | reading stream entries from replies |
 //!
@@ -58,4 +58,3 @@ mod unit;
 mod wake;
 
 pub use broker::RedisBroker;
-pub use state::RedisStateStore;

@@ -13,7 +13,7 @@ use crate::names;
 use crate::process_manager::{StateStore, StoredState};
 
 /// Process-manager state kept in Redis.
-pub struct RedisStateStore {
+pub(crate) struct RedisStateStore {
     client: redis::Client,
     conn: OnceCell<ConnectionManager>,
 }

@@ -16,10 +16,12 @@ pub(crate) use checks::BrokerFacts;
 use checks::Declarations;
 
 /// An `inventory` entry for one message type (submitted by the derives).
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct MessageRegistration(pub &'static MessageDescriptor);
 
 /// An `inventory` entry for one handler (submitted by the handler macros).
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct HandlerRegistration(pub &'static HandlerDescriptor);
 

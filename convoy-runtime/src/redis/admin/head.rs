@@ -46,6 +46,26 @@ pub struct HeadRequest<'a> {
     pub expect_entry: Option<&'a str>,
 }
 
+impl<'a> HeadRequest<'a> {
+    /// An action on whatever the head is now (no `expect_entry`).
+    pub fn new(
+        category: &'a str,
+        key: &'a str,
+        group: &'a str,
+        force: bool,
+        operator: &'a str,
+    ) -> Self {
+        HeadRequest {
+            category,
+            key,
+            group,
+            force,
+            operator,
+            expect_entry: None,
+        }
+    }
+}
+
 /// What a skip or dead-letter did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HeadOutcome {
@@ -86,18 +106,8 @@ impl Admin {
         force: bool,
         operator: &str,
     ) -> Result<HeadOutcome, AdminError> {
-        self.act_on_head(
-            HeadOp::Skip,
-            &HeadRequest {
-                category,
-                key,
-                group,
-                force,
-                operator,
-                expect_entry: None,
-            },
-        )
-        .await
+        let req = HeadRequest::new(category, key, group, force, operator);
+        self.act_on_head(HeadOp::Skip, &req).await
     }
 
     /// Moves the unit's head to `{category}:{key}:dlq` (with `dlq_group`,
@@ -112,18 +122,8 @@ impl Admin {
         force: bool,
         operator: &str,
     ) -> Result<HeadOutcome, AdminError> {
-        self.act_on_head(
-            HeadOp::DeadLetter,
-            &HeadRequest {
-                category,
-                key,
-                group,
-                force,
-                operator,
-                expect_entry: None,
-            },
-        )
-        .await
+        let req = HeadRequest::new(category, key, group, force, operator);
+        self.act_on_head(HeadOp::DeadLetter, &req).await
     }
 
     /// Skip or dead-letter, optionally only if the head is still the entry

@@ -90,6 +90,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Serialize;
 
 use super::broker::RedisBroker;
+use super::connection::open_client;
 use super::reply::{Entry, entries};
 use super::unit::Unit;
 use crate::config::redact_url;
@@ -143,28 +144,13 @@ impl Admin {
     /// Connects to a `redis://` or `rediss://` URL; fails fast (one retry,
     /// a 3 s connection timeout) when Redis cannot be reached.
     pub async fn connect(url: &str) -> Result<Self, AdminError> {
-        let client = redis::Client::open(url).map_err(|e| Error::Config {
-            file: "<code>".into(),
-            message: format!("{:?} is not a usable Redis URL: {e}", redact_url(url)),
-        })?;
-        Self::connect_client(client, url).await
+        Self::connect_client(open_client(url, None, "")?, url).await
     }
 
     /// Connects to a `rediss://` URL whose server certificate is signed by
     /// the CA in `ca_pem` (PEM).
     pub async fn connect_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, AdminError> {
-        let certs = redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(ca_pem),
-        };
-        let client = redis::Client::build_with_tls(url, certs).map_err(|e| Error::Config {
-            file: "<code>".into(),
-            message: format!(
-                "{:?} with a CA certificate is not usable: {e}",
-                redact_url(url)
-            ),
-        })?;
-        Self::connect_client(client, url).await
+        Self::connect_client(open_client(url, Some(ca_pem), "")?, url).await
     }
 
     async fn connect_client(client: redis::Client, url: &str) -> Result<Self, AdminError> {

@@ -111,6 +111,15 @@ impl Shared {
         )
     }
 
+    /// Warn when a category has more live partitions.
+    fn warning_threshold(&self) -> u64 {
+        self.plan
+            .config
+            .server
+            .partitioning
+            .partition_warning_threshold
+    }
+
     pub(crate) fn ttl(&self) -> Duration {
         self.plan.config.server.partitioning.lease_ttl()
     }
@@ -354,12 +363,7 @@ impl Coordinator {
         let ttl = s.ttl();
         self.elsewhere.retain(|_, at| at.elapsed() < ttl);
         self.partitions = members.len();
-        let threshold = s
-            .plan
-            .config
-            .server
-            .partitioning
-            .partition_warning_threshold;
+        let threshold = s.warning_threshold();
         let over = members.len() as u64 > threshold;
         if !over {
             self.warned = false;
@@ -468,12 +472,7 @@ impl Coordinator {
         self.live = live.max(1) as usize;
         // A unit is a key (a correlation value, for a process manager
         // spanning categories) present in any subscribed category's index.
-        let threshold = s
-            .plan
-            .config
-            .server
-            .partitioning
-            .partition_warning_threshold;
+        let threshold = s.warning_threshold();
         let mut members: Vec<String> = Vec::new();
         let mut seen = HashSet::new();
         for (i, c) in categories.iter().enumerate() {

@@ -24,13 +24,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::super::reply::Entry;
-use super::super::scripts::Refusal;
 use super::super::scripts::ack::Acked;
 use super::super::scripts::claim::{Claim, Claimed};
 use super::super::scripts::fail::{Fail, Failed};
 use super::super::scripts::read::{Read, ReadReply, Which};
 use super::super::scripts::reap::{Reap, Reaped};
 use super::super::scripts::release::{Held, Release, Released};
+use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::backoff::Backoff;
@@ -149,6 +149,16 @@ impl Worker {
         self.s.group()
     }
 
+    /// This worker as the fenced scripts check it.
+    fn caller(&self) -> Caller<'_> {
+        Caller {
+            unit: &self.unit,
+            token: &self.token,
+            alive: &self.s.alive,
+            incarnation: &self.inc,
+        }
+    }
+
     fn past_deadline(&self) -> bool {
         mono_ms() >= self.s.deadline.load(Ordering::SeqCst)
     }
@@ -232,11 +242,8 @@ impl Worker {
             let r: Result<Claimed, Error> = async {
                 let mut c = self.conn().await?;
                 Claim {
-                    unit: &unit,
+                    by: self.caller(),
                     stream,
-                    alive: &self.s.alive,
-                    token: &self.token,
-                    incarnation: &self.inc,
                 }
                 .run(&mut c)
                 .await
@@ -384,10 +391,7 @@ impl Worker {
         self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
         let mut c = self.conn().await.map_err(ReadError::Failed)?;
         let reply = Read {
-            unit: &self.unit,
-            alive: &self.s.alive,
-            token: &self.token,
-            incarnation: &self.inc,
+            by: self.caller(),
             which: if pending { Which::Pending } else { Which::New },
             primary_count: PRIMARY_BATCH,
             backfill_count: BACKFILL_BATCH,
@@ -626,10 +630,7 @@ impl Worker {
             let r: Result<Failed, Error> = async {
                 let mut c = self.conn().await?;
                 Fail {
-                    unit: &self.unit,
-                    alive: &self.s.alive,
-                    token: &self.token,
-                    incarnation: &self.inc,
+                    by: self.caller(),
                     entry: id,
                     error: &error,
                     max_retries,
@@ -660,10 +661,7 @@ impl Worker {
         let r: Result<Reaped, Error> = async {
             let mut c = self.conn().await?;
             Reap {
-                unit: &self.unit,
-                alive: &self.s.alive,
-                token: &self.token,
-                incarnation: &self.inc,
+                by: self.caller(),
                 idle_ms: self.s.plan.config.server.partitioning.reap_idle_ms,
                 now_ms: now_ms(),
             }

@@ -3,22 +3,17 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Caller, Refusal, SCRIPTS, Status, call};
 use crate::error::Error;
 use crate::redis::reply::text;
-use crate::redis::unit::Unit;
 
-/// Reclaims `stream` of `unit` for the consumer `token`.
+/// Reclaims `stream` of the caller's unit for the caller's consumer.
 #[derive(Debug)]
 pub(crate) struct Claim<'a> {
-    pub(crate) unit: &'a Unit,
+    /// The owner of the unit's lease (its token names the consumer).
+    pub(crate) by: Caller<'a>,
+    /// One of the unit's streams.
     pub(crate) stream: &'a str,
-    /// The owner's liveness key.
-    pub(crate) alive: &'a str,
-    /// The fence token, also the consumer name.
-    pub(crate) token: &'a str,
-    /// The owner's incarnation the lease was taken in.
-    pub(crate) incarnation: &'a str,
 }
 
 /// What [`Claim`] did.
@@ -40,12 +35,13 @@ impl Claim<'_> {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Claimed, Error> {
         let mut inv = SCRIPTS.claim.prepare_invoke();
-        inv.key(&self.unit.lease)
+        let by = self.by;
+        inv.key(&by.unit.lease)
             .key(self.stream)
-            .key(self.alive)
-            .arg(self.token)
-            .arg(&self.unit.group)
-            .arg(self.incarnation);
+            .key(by.alive)
+            .arg(by.token)
+            .arg(&by.unit.group)
+            .arg(by.incarnation);
         let reply = call("claim", &inv, conn, "failed to reclaim pending entries").await?;
         match reply.status {
             Status::Done => Ok(Claimed::Done {

@@ -4,20 +4,14 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Caller, Refusal, SCRIPTS, Status, call};
 use crate::error::Error;
-use crate::redis::unit::Unit;
 
-/// Records a failure of `entry` in `unit`.
+/// Records a failure of `entry` in the caller's unit.
 #[derive(Debug)]
 pub(crate) struct Fail<'a> {
-    pub(crate) unit: &'a Unit,
-    /// The owner's liveness key.
-    pub(crate) alive: &'a str,
-    /// The fence token.
-    pub(crate) token: &'a str,
-    /// The owner's incarnation the lease was taken in.
-    pub(crate) incarnation: &'a str,
+    /// The owner of the unit's lease.
+    pub(crate) by: Caller<'a>,
     /// The entry that failed (`""` for a fault of the unit itself).
     pub(crate) entry: &'a str,
     /// The error, rendered.
@@ -48,16 +42,17 @@ impl Fail<'_> {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Failed, Error> {
         let mut inv = SCRIPTS.fail.prepare_invoke();
-        inv.key(&self.unit.lease)
-            .key(&self.unit.state)
-            .key(self.alive)
-            .arg(self.token)
+        let by = self.by;
+        inv.key(&by.unit.lease)
+            .key(&by.unit.state)
+            .key(by.alive)
+            .arg(by.token)
             .arg(self.entry)
             .arg(self.error)
             .arg(self.max_retries)
             .arg(self.now_ms)
             .arg(self.known)
-            .arg(self.incarnation)
+            .arg(by.incarnation)
             .arg(self.halt.unwrap_or(""));
         let reply = call("fail", &inv, conn, "failed to record a failure").await?;
         match reply.status {

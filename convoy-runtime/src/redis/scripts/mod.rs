@@ -41,6 +41,7 @@ use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
 use super::reply::{int, text};
+use super::unit::Unit;
 use crate::error::Error;
 
 /// Every script convoy runs.
@@ -144,6 +145,20 @@ impl Refusal {
             }
         }
     }
+}
+
+/// Who calls a fenced script on a unit: what the fence checks (the lease
+/// still holds `token`, and the owner's liveness key `alive` still holds
+/// the `incarnation` the lease was taken in).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    pub(crate) unit: &'a Unit,
+    /// The fence token `{owner}:{generation}`, also the consumer name.
+    pub(crate) token: &'a str,
+    /// The owner's liveness key.
+    pub(crate) alive: &'a str,
+    /// The owner's incarnation when it took the lease.
+    pub(crate) incarnation: &'a str,
 }
 
 /// What a script says happened: the first element of its reply.

@@ -3,10 +3,10 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Caller, Refusal, SCRIPTS, Status, call};
 use crate::error::Error;
 use crate::redis::reply::{Entry, entries};
-use crate::redis::unit::{At, Unit};
+use crate::redis::unit::At;
 
 /// Which entries to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,16 +17,11 @@ pub(crate) enum Which {
     New,
 }
 
-/// Reads a batch of `unit` under the fence token `token`.
+/// Reads a batch of the caller's unit.
 #[derive(Debug)]
 pub(crate) struct Read<'a> {
-    pub(crate) unit: &'a Unit,
-    /// The owner's liveness key.
-    pub(crate) alive: &'a str,
-    /// The fence token, also the consumer name.
-    pub(crate) token: &'a str,
-    /// The owner's incarnation the lease was taken in.
-    pub(crate) incarnation: &'a str,
+    /// The owner of the unit's lease (its token names the consumer).
+    pub(crate) by: Caller<'a>,
     pub(crate) which: Which,
     /// Entries per read of a primary lane.
     pub(crate) primary_count: usize,
@@ -55,18 +50,19 @@ impl Read<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<ReadReply, Error> {
-        let lanes = &self.unit.lanes;
+        let by = self.by;
+        let lanes = &by.unit.lanes;
         let mut inv = SCRIPTS.read.prepare_invoke();
-        inv.key(&self.unit.lease);
+        inv.key(&by.unit.lease);
         for l in lanes {
             inv.key(&l.primary);
         }
         for l in lanes {
             inv.key(&l.backfill);
         }
-        inv.key(self.alive)
-            .arg(self.token)
-            .arg(&self.unit.group)
+        inv.key(by.alive)
+            .arg(by.token)
+            .arg(&by.unit.group)
             .arg(self.primary_count)
             .arg(self.backfill_count)
             .arg(match self.which {
@@ -75,7 +71,7 @@ impl Read<'_> {
             })
             .arg(lanes.len())
             .arg(self.first_lane)
-            .arg(self.incarnation);
+            .arg(by.incarnation);
         let reply = call("read", &inv, conn, "fenced read failed").await?;
         match &reply.status {
             Status::Done => {}

@@ -3,20 +3,14 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Caller, Refusal, SCRIPTS, Status, call};
 use crate::error::Error;
-use crate::redis::unit::Unit;
 
-/// Retires `unit` if it is empty and idle for `idle_ms`.
+/// Retires the caller's unit if it is empty and idle for `idle_ms`.
 #[derive(Debug)]
 pub(crate) struct Reap<'a> {
-    pub(crate) unit: &'a Unit,
-    /// The owner's liveness key.
-    pub(crate) alive: &'a str,
-    /// The fence token.
-    pub(crate) token: &'a str,
-    /// The owner's incarnation the lease was taken in.
-    pub(crate) incarnation: &'a str,
+    /// The owner of the unit's lease.
+    pub(crate) by: Caller<'a>,
     pub(crate) idle_ms: u64,
     /// Now, in ms since the Unix epoch.
     pub(crate) now_ms: u64,
@@ -39,17 +33,18 @@ impl Reap<'_> {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Reaped, Error> {
         let mut inv = SCRIPTS.reap.prepare_invoke();
-        inv.key(&self.unit.lease).key(&self.unit.state);
-        for l in &self.unit.lanes {
+        let by = self.by;
+        inv.key(&by.unit.lease).key(&by.unit.state);
+        for l in &by.unit.lanes {
             inv.key(&l.index).key(&l.primary).key(&l.backfill_always);
         }
-        inv.key(self.alive)
-            .arg(self.token)
-            .arg(&self.unit.key)
+        inv.key(by.alive)
+            .arg(by.token)
+            .arg(&by.unit.key)
             .arg(self.idle_ms)
             .arg(self.now_ms)
-            .arg(self.unit.lanes.len())
-            .arg(self.incarnation);
+            .arg(by.unit.lanes.len())
+            .arg(by.incarnation);
         let reply = call("reap", &inv, conn, "reap failed").await?;
         match reply.status {
             Status::Done => Ok(Reaped::Retired),

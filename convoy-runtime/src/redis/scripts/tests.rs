@@ -5,7 +5,6 @@
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
-use super::Refusal;
 use super::ack::{Ack, AckItem, Acked};
 use super::acquire::{self, Acquire, Acquired};
 use super::claim::{Claim, Claimed};
@@ -13,6 +12,7 @@ use super::fail::{Fail, Failed};
 use super::read::{Read, ReadReply, Which};
 use super::reap::{Reap, Reaped};
 use super::release::{Held, Release, Released};
+use super::{Caller, Refusal};
 use crate::redis::unit::{At, Unit};
 use crate::testing::RedisServer;
 
@@ -71,12 +71,19 @@ fn generation(token: &str) -> u64 {
         .expect("a generation")
 }
 
+/// `token` of owner `alive` in incarnation `inc`, on `u`.
+fn by<'a>(u: &'a Unit, token: &'a str, alive: &'a str, inc: &'a str) -> Caller<'a> {
+    Caller {
+        unit: u,
+        token,
+        alive,
+        incarnation: inc,
+    }
+}
+
 async fn read(c: &mut MultiplexedConnection, token: &str, alive: &str, inc: &str) -> ReadReply {
     Read {
-        unit: &unit(),
-        alive,
-        token,
-        incarnation: inc,
+        by: by(&unit(), token, alive, inc),
         which: Which::New,
         primary_count: 10,
         backfill_count: 10,
@@ -176,10 +183,7 @@ async fn a_stale_token_is_refused_everywhere() {
     );
     let u = unit();
     let failed = Fail {
-        unit: &u,
-        alive: ALIVE_A,
-        token: &old,
-        incarnation: "a2",
+        by: by(&u, &old, ALIVE_A, "a2"),
         entry: "0-1",
         error: "err",
         max_retries: 3,
@@ -192,21 +196,15 @@ async fn a_stale_token_is_refused_everywhere() {
     .expect("fail");
     assert_eq!(failed, Failed::Refused(Refusal::FencedOut));
     let claimed = Claim {
-        unit: &u,
+        by: by(&u, &old, ALIVE_A, "a2"),
         stream: STREAM,
-        alive: ALIVE_A,
-        token: &old,
-        incarnation: "a2",
     }
     .run(&mut c)
     .await
     .expect("claim");
     assert_eq!(claimed, Claimed::Refused(Refusal::FencedOut));
     let reaped = Reap {
-        unit: &u,
-        alive: ALIVE_A,
-        token: &old,
-        incarnation: "a2",
+        by: by(&u, &old, ALIVE_A, "a2"),
         idle_ms: 0,
         now_ms: u64::MAX / 2,
     }
@@ -275,6 +273,22 @@ async fn a_lease_of_an_earlier_incarnation_is_free() {
     assert!(generation(&new) > generation(&old));
 }
 
+/// Owner `c` tries to take the unit, having seen `holders`.
+async fn c_takes(c: &mut MultiplexedConnection, holders: &[Option<String>]) -> Acquired {
+    Acquire {
+        group: "g",
+        owner: "c",
+        incarnation: "c1",
+        alive: "convoy:alive:g:c",
+        max: 1,
+        units: &[unit()],
+        holders,
+    }
+    .run(c)
+    .await
+    .expect("acquire")
+}
+
 #[tokio::test]
 async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
     let server = RedisServer::start().expect("redis-server");
@@ -290,19 +304,10 @@ async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
         .expect("holders");
     assert_eq!(seen_free, vec![None]);
     acquire(&mut c, "a", "a1").await.expect("a takes the unit");
-    let taken = Acquire {
-        group: "g",
-        owner: "c",
-        incarnation: "c1",
-        alive: "convoy:alive:g:c",
-        max: 1,
-        units: &units,
-        holders: &seen_free,
-    }
-    .run(&mut c)
-    .await
-    .expect("acquire");
-    assert_eq!(taken, Acquired::Units(vec![None]));
+    assert_eq!(
+        c_takes(&mut c, &seen_free).await,
+        Acquired::Units(vec![None])
+    );
     // a's liveness lapses, b saw a holding it: b takes it over. c, which
     // still thinks a holds it, finds another holder: held.
     let seen_a = acquire::holders(&mut c, &units, "c")
@@ -313,19 +318,7 @@ async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
     acquire(&mut c, "b", "b1")
         .await
         .expect("b takes the dead lease");
-    let taken = Acquire {
-        group: "g",
-        owner: "c",
-        incarnation: "c1",
-        alive: "convoy:alive:g:c",
-        max: 1,
-        units: &units,
-        holders: &seen_a,
-    }
-    .run(&mut c)
-    .await
-    .expect("acquire");
-    assert_eq!(taken, Acquired::Units(vec![None]));
+    assert_eq!(c_takes(&mut c, &seen_a).await, Acquired::Units(vec![None]));
 }
 
 #[tokio::test]
@@ -357,10 +350,7 @@ async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries(
     let token = acquire(&mut c, "a", "a1").await.expect("taken");
     let u = unit();
     let fail = |known: u32| Fail {
-        unit: &u,
-        alive: ALIVE_A,
-        token: &token,
-        incarnation: "a1",
+        by: by(&u, &token, ALIVE_A, "a1"),
         entry: "1-1",
         error: "boom",
         max_retries: 3,
