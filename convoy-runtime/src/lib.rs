@@ -66,7 +66,7 @@
 //!
 //! | feature | what |
 //! | --- | --- |
-//! | `testing` | the test kit in [`testing`]: a real `redis-server` started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
+//! | `testing` | the test kit in [`testing`]: a real `redis-server` (and a PostgreSQL server) started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
 //! | `prometheus` | [`metrics::install_prometheus`]: a Prometheus scrape endpoint for convoy's metrics |
 //!
 //! Neither is on by default.

@@ -1,4 +1,4 @@
--- Prepended to every fenced script (see scripts.rs): the fence check.
+-- Prepended to every fenced script (see scripts/mod.rs): the fence check.
 --
 -- A caller may act on a unit while its lease holds the caller's fence
 -- token and the caller's liveness key holds the caller's incarnation.
