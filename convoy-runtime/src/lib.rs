@@ -73,9 +73,10 @@
 //!
 //! # Design
 //!
-//! The runtime is built in layers; each module imports only from the
-//! layers below it (a test, `tests/module_layers.rs`, fails on any import
-//! cycle between its files).
+//! The runtime is built in layers; each module imports only from its own
+//! layer or those below it, and never in a circle (a test,
+//! `tests/module_layers.rs`, fails on an import cycle between files, on an
+//! import from a higher layer, and on a file missing from this table).
 //!
 //! | layer | files | what |
 //! | --- | --- | --- |

@@ -1,6 +1,7 @@
-//! The runtime's modules import each other without cycles, and the brokers
-//! never import the assembly (domain, engine, unit of work): the layering
-//! the crate docs describe, checked on every test run.
+//! The runtime's modules import each other without cycles, each imports
+//! only from its own layer or lower ones, and the brokers never import the
+//! assembly (domain, engine, unit of work): the layering the crate docs
+//! describe, checked on every test run.
 //!
 //! An import is a `use crate::…` / `use super::…` / `use self::…` path, or
 //! such a path written inline, resolved to the longest module prefix that
@@ -362,6 +363,55 @@ fn the_runtime_modules_import_each_other_without_cycles() {
         "the runtime's modules import each other in a circle (import only from lower layers; see the crate docs):\n{}",
         found.join("\n")
     );
+}
+
+/// The layer of a module, as the crate docs list them: 1 vocabulary, 2
+/// handler contracts, 3 delivery contracts, 4 brokers, 5 assembly, 6 what
+/// serves tests and generated code.
+fn layer(m: &Module) -> Option<u8> {
+    let path: Vec<&str> = m.iter().map(String::as_str).collect();
+    Some(match path.as_slice() {
+        [] => return None,
+        // Test modules kept in their own file may use the test kit.
+        [.., "tests"] => 6,
+        [
+            "error" | "key" | "message" | "envelope" | "config" | "metrics" | "future" | "backoff",
+        ] => 1,
+        ["raise" | "handler" | "process_manager"] | ["registry", ..] => 2,
+        ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan"] => 3,
+        ["broker", "inline"] | ["redis", ..] => 4,
+        ["domain" | "uow" | "engine"] => 5,
+        ["testing", ..] | ["private"] => 6,
+        _ => return None,
+    })
+}
+
+#[test]
+fn every_module_has_a_layer_and_imports_only_from_its_own_or_lower_ones() {
+    let files = files(&src());
+    let edges = imports(&files);
+    let mut wrong = Vec::new();
+    for (module, targets) in &edges {
+        let Some(from) = layer(module) else {
+            if !module.is_empty() {
+                wrong.push(format!(
+                    "{} has no layer: add it to `layer` here and to the crate docs' table",
+                    name(&files, module)
+                ));
+            }
+            continue;
+        };
+        for t in targets {
+            if let Some(to) = layer(t).filter(|to| *to > from) {
+                wrong.push(format!(
+                    "{} (layer {from}) imports {} (layer {to})",
+                    name(&files, module),
+                    name(&files, t)
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
