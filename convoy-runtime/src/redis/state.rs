@@ -6,7 +6,7 @@ use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
 use super::connection::Connection;
-use super::scripts::save_state::SaveState;
+use super::scripts::save_state::{SaveState, Saved};
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::names;
@@ -98,6 +98,7 @@ impl StateStore for RedisStateStore {
             }
             .run(&mut c)
             .await
+            .map(|saved| saved == Saved::Saved)
         })
     }
 }

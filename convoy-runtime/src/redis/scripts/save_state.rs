@@ -21,9 +21,20 @@ pub(crate) struct SaveState<'a> {
     pub(crate) applied: &'a str,
 }
 
+/// What [`SaveState`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Saved {
+    /// Saved: the version is now `expected + 1`.
+    Saved,
+    /// Someone saved the instance in between: nothing written.
+    Conflict,
+}
+
 impl SaveState<'_> {
-    /// Returns false when someone saved the instance in between.
-    pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<bool, Error> {
+    pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<Saved, Error> {
         let mut inv = SCRIPTS.save_state.prepare_invoke();
         inv.key(names::pm_state(self.pm, self.id))
             .arg(self.expected)
@@ -38,8 +49,8 @@ impl SaveState<'_> {
         )
         .await?;
         match reply.status {
-            Status::Done => Ok(true),
-            Status::NotDone => Ok(false),
+            Status::Done => Ok(Saved::Saved),
+            Status::NotDone => Ok(Saved::Conflict),
             _ => Err(reply.unexpected()),
         }
     }
