@@ -60,7 +60,6 @@
 //! # Ok(())
 //! # }
 //! ```
-
 //!
 //! # Features
 //!
@@ -76,7 +75,7 @@
 //! The runtime is built in layers; each module imports only from its own
 //! layer or those below it, and never in a circle (a test,
 //! `tests/module_layers.rs`, fails on an import cycle between files, on an
-//! import from a higher layer, and on a file missing from this table).
+//! import from a higher layer, and on a file it does not place in a layer).
 //!
 //! | layer | files | what |
 //! | --- | --- | --- |
