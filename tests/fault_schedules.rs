@@ -39,6 +39,8 @@
 
 #[path = "support/faults.rs"]
 mod faults;
+#[path = "support/record.rs"]
+mod record;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -88,7 +90,7 @@ fn event_id(key: &str, seq: u64) -> String {
 /// `{instance}/p{process}@{generation}`; works a few ms in between. Fails
 /// the first attempt of a few events (before entering) to exercise retries.
 struct FaultRecording {
-    recorder: Recorder,
+    record: record::Record,
     /// `{instance}/p{process}`.
     instance: String,
     seed: u64,
@@ -106,10 +108,13 @@ impl FaultRecording {
         }
         let generation = ctx.fence().map_or(0, |f| f.generation);
         let label = format!("{}@{generation}", self.instance);
-        let guard = self.recorder.enter(&e.client_id, &id, &label).await?;
+        let entered = self
+            .record
+            .enter(&e.client_id, &id, &label)
+            .await
+            .map_err(HandlerError::msg)?;
         tokio::time::sleep(rng.ms(1, 8)).await;
-        guard.exit().await?;
-        Ok(())
+        self.record.exit(entered).await.map_err(HandlerError::msg)
     }
 }
 
@@ -151,7 +156,7 @@ impl Settings {
         );
         Settings {
             seed,
-            max_unacked: if seed % 2 == 0 { 1 } else { 5 },
+            max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
             keys,
             per_key,
             reap_idle_ms,
@@ -218,11 +223,14 @@ async fn child_engine() {
     let settings = Settings::new(seed, var("CONVOY_FAULT_PROXY") == "1");
     let instance = var("CONVOY_FAULT_INSTANCE");
     let proc = var("CONVOY_FAULT_PROC");
-    let recorder = Recorder::new(&var("CONVOY_FAULT_RECORD"), var("CONVOY_FAULT_NS"))
-        .expect("recorder")
-        .marker_ttl(Duration::from_millis(LEASE_TTL_MS));
+    let record = record::Record::new(
+        &var("CONVOY_FAULT_RECORD"),
+        &var("CONVOY_FAULT_NS"),
+        &format!("p{proc}"),
+    )
+    .expect("record server client");
     let handler = FaultRecording {
-        recorder,
+        record,
         instance: format!("{instance}/p{proc}"),
         seed,
         fail_percent: settings.fail_percent,
@@ -401,10 +409,10 @@ impl Harness {
             Action::Stop(slot) => {
                 let proc = self.slots[*slot].proc;
                 let from = self.now_us();
-                if let Some(child) = self.slots[*slot].child.as_mut() {
-                    if child.stop().is_ok() {
-                        self.stopped.insert(*slot, (proc, from));
-                    }
+                if let Some(child) = self.slots[*slot].child.as_mut()
+                    && child.stop().is_ok()
+                {
+                    self.stopped.insert(*slot, (proc, from));
                 }
                 let name = self.name(*slot);
                 self.note(format!("SIGSTOP {name}"));
@@ -890,15 +898,16 @@ async fn evidence(
             }
         }
         for w in windows.get(key).map(Vec::as_slice).unwrap_or_default() {
+            let at = |us: u64| format!("{:.6}s", us.saturating_sub(h.start_us) as f64 / 1e6);
             out.push_str(&format!(
                 "  window {} {} [{} .. {}]\n",
                 w.instance,
                 w.event,
-                w.start_us.saturating_sub(h.start_us),
+                at(w.start_us),
                 if w.end_us == u64::MAX {
-                    "open".to_owned()
+                    "never exited".to_owned()
                 } else {
-                    w.end_us.saturating_sub(h.start_us).to_string()
+                    at(w.end_us)
                 }
             ));
         }
@@ -960,12 +969,23 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         }
     );
     if !failed.is_empty() {
-        let reports: Vec<String> = failed.iter().map(|o| o.report()).collect();
+        let lines: Vec<String> = failed
+            .iter()
+            .map(|o| {
+                format!(
+                    "  seed {} (max_unacked {}): {}\n    replay: {}",
+                    o.settings.seed,
+                    o.settings.max_unacked,
+                    o.verdict.violations.first().map_or("", String::as_str),
+                    replay_command(o.settings.seed)
+                )
+            })
+            .collect();
         panic!(
-            "{} of {} fault schedules failed:\n{}",
+            "{} of {} fault schedules failed (full reports above):\n{}",
             failed.len(),
             outcomes.len(),
-            reports.join("\n")
+            lines.join("\n")
         );
     }
 }

@@ -300,6 +300,21 @@ pub fn plan(rng: &mut Rng, p: &PlanParams) -> Vec<Planned> {
             },
         };
         let mut at = rng.ms(0, phase_ms);
+        // Often put a Redis fault inside an engine stall: the stalled owner
+        // then comes back to a Redis that was restarted or paused meanwhile.
+        if fault.resource() == Resource::Redis && rng.chance(50) {
+            let stalls: Vec<(Duration, Duration)> = out
+                .iter()
+                .filter_map(|p: &Planned| match p.fault {
+                    Fault::Stall { stopped, .. } => Some((p.at, stopped)),
+                    _ => None,
+                })
+                .collect();
+            if !stalls.is_empty() {
+                let (start, stopped) = *rng.pick(&stalls);
+                at = start + rng.ms(0, stopped.as_millis() as u64 / 2);
+            }
+        }
         let free = busy.get(&fault.resource()).copied().unwrap_or_default();
         if at < free {
             at = free + Duration::from_millis(50);
@@ -319,9 +334,9 @@ pub fn plan(rng: &mut Rng, p: &PlanParams) -> Vec<Planned> {
 
 fn target(rng: &mut Rng) -> Target {
     if rng.chance(80) {
-        Target::Script(*rng.pick(SCRIPTS))
+        Target::Script(rng.pick::<&'static str>(SCRIPTS))
     } else {
-        Target::Command(*rng.pick(COMMANDS))
+        Target::Command(rng.pick::<&'static str>(COMMANDS))
     }
 }
 
@@ -625,6 +640,9 @@ fn show_end(end: u64) -> String {
 }
 
 fn short_list<T: fmt::Display>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "none".to_owned();
+    }
     let mut s: Vec<String> = items.iter().take(8).map(ToString::to_string).collect();
     if items.len() > 8 {
         s.push(format!("… ({} more)", items.len() - 8));
