@@ -239,6 +239,34 @@ async fn head_action(
         .resolve_group(category, Some(key), args.handler.handler.as_deref())
         .await?;
     let i = admin.inspect(category, key, &group).await?;
+    let action = match op {
+        HeadOp::Skip => "skip",
+        HeadOp::DeadLetter => "dead-letter",
+    };
+    if i.status.halt_reason.as_deref() == Some("not a stream") {
+        // Halted because its key held another type: once the operator fixed
+        // the key, the script clears the halt (no event is skipped); while
+        // the key is still wrong it refuses, naming the key.
+        confirm(
+            &format!(
+                "{category}:{key} halted because its key was not a stream; clear the halt for {group}?"
+            ),
+            args.yes,
+            action,
+        )?;
+        let request = HeadRequest {
+            category,
+            key,
+            group: &group,
+            force: args.force,
+            operator: who,
+            expect_entry: None,
+        };
+        admin.act_on_head(op, &request).await?;
+        return Ok(format!(
+            "halt of {category}:{key} cleared for {group}; no event was skipped, its owner resumes\n"
+        ));
+    }
     let Some(head) = &i.head else {
         return Err(AdminError::NothingToDo {
             category: category.to_owned(),
@@ -275,10 +303,6 @@ async fn head_action(
         err.write_all(render::force_warning(&i).as_bytes())?;
     }
     drop(err);
-    let action = match op {
-        HeadOp::Skip => "skip",
-        HeadOp::DeadLetter => "dead-letter",
-    };
     confirm(
         &render::head_question(op, category, &i, head),
         args.yes,

@@ -646,3 +646,69 @@ async fn unreachable_redis_exits_2_with_one_line() {
     assert_eq!(r.code, 64, "{r:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    s.publish(&[posted("c0", 0, false)]).await;
+    wait_until("c0 runs", || async { s.seen("c0").len() == 1 }).await;
+    // A foreign program's hash where the partition stream `ledger:bad`
+    // belongs, with the key in the index.
+    {
+        let mut c = s.redis().await;
+        let _: () = c.hset("ledger:bad", "f", "v").await.expect("hset");
+        let _: () = c.sadd("ledger:__partitions__", "bad").await.expect("sadd");
+    }
+    wait_until("bad halts", || async {
+        s.unit_state("bad")
+            .await
+            .get("halt_reason")
+            .map(String::as_str)
+            == Some("not a stream")
+    })
+    .await;
+    // It stays halted: not released and re-taken over and over.
+    let generation = s.unit_state("bad").await["gen"].clone();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        s.unit_state("bad").await["gen"],
+        generation,
+        "the lease is kept"
+    );
+
+    let report = s
+        .convoy(&["partitions", "ledger", "--json"])
+        .await
+        .ok()
+        .json();
+    let bad = row(&report, "bad");
+    assert_eq!(bad["halted"], true, "{bad}");
+    assert_eq!(bad["halt_reason"], "not a stream", "{bad}");
+    let error = bad["halt_error"].as_str().expect("halt_error");
+    assert!(error.contains("ledger:bad holds a hash"), "{error}");
+    let table = s.convoy(&["partitions", "ledger"]).await.ok().stdout;
+    assert!(table.contains("not a stream"), "{table}");
+
+    // skip while the key is still a hash: refused, naming the key.
+    let r = s.convoy(&["skip", "ledger", "bad", "--yes"]).await;
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("holds a hash, not a stream"), "{r:?}");
+
+    // The operator removes the hash; events published since are kept and
+    // run once the halt is cleared.
+    {
+        let mut c = s.redis().await;
+        let _: () = c.del("ledger:bad").await.expect("del");
+    }
+    s.publish(&[posted("bad", 0, false), posted("bad", 1, false)])
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.seen("bad").is_empty(), "halted: nothing runs yet");
+    s.convoy(&["skip", "ledger", "bad", "--yes"]).await.ok();
+    wait_until("bad resumes with nothing skipped", || async {
+        s.seen("bad") == ids("bad", &[0, 1])
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+}

@@ -15,6 +15,8 @@
 //! | `convoy_reclaimed_entries_total` | counter | `handler` | pending entries of earlier owners reclaimed on takeover |
 //! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions and not yet acknowledged by the handler |
 //! | `convoy_partition_warning` | gauge | `category` | 1 while the category has more live partitions than `partition_warning_threshold` |
+//! | `convoy_missing_entries_total` | counter | `handler` | entries that were pending for a unit but no longer exist in its stream when it came to handle them (deleted by hand, or lost with Redis state): never handled, always logged as an error |
+//! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
 
 use std::time::Duration;
 
@@ -40,6 +42,10 @@ pub const RECLAIMED: &str = "convoy_reclaimed_entries_total";
 pub const LAG: &str = "convoy_lag";
 /// Gauge: 1 while a category is over the partition warning threshold.
 pub const PARTITION_WARNING: &str = "convoy_partition_warning";
+/// Counter: pending entries found deleted when their unit came to them.
+pub const MISSING_ENTRIES: &str = "convoy_missing_entries_total";
+/// Counter: times Redis was seen to have lost convoy's state.
+pub const STATE_LOST: &str = "convoy_state_lost_total";
 
 /// One handler's per-event metrics, registered once (when the engine
 /// starts, so install the recorder before that).
@@ -103,6 +109,14 @@ pub(crate) fn lost(handler: &'static str, n: usize) {
 
 pub(crate) fn reclaimed(handler: &'static str, n: u64) {
     ::metrics::counter!(RECLAIMED, "handler" => handler).increment(n);
+}
+
+pub(crate) fn missing(handler: &'static str, n: usize) {
+    ::metrics::counter!(MISSING_ENTRIES, "handler" => handler).increment(n as u64);
+}
+
+pub(crate) fn state_lost(handler: &'static str) {
+    ::metrics::counter!(STATE_LOST, "handler" => handler).increment(1);
 }
 
 pub(crate) fn lag(handler: &'static str, category: &'static str, n: i64) {

@@ -146,6 +146,21 @@ pub enum AdminError {
         group: String,
     },
 
+    /// A lane's key holds something other than a stream.
+    #[error(
+        "partition {category}:{key}'s key {stream} holds a {kind}, not a stream; delete or rename that key, then run the command again to clear the halt"
+    )]
+    NotAStream {
+        /// The category.
+        category: String,
+        /// The partition key.
+        key: String,
+        /// The key that should be a stream.
+        stream: String,
+        /// What it holds (`TYPE`).
+        kind: String,
+    },
+
     /// Dead-letter of a head whose stream entry was deleted.
     #[error(
         "entry {entry} of partition {category}:{key} was deleted from the stream, so there is nothing to dead-letter; use `convoy skip` to acknowledge it"
@@ -256,6 +271,7 @@ impl AdminError {
                 | AdminError::HeadMoved { .. }
                 | AdminError::HeadChanged { .. }
                 | AdminError::NothingToDo { .. }
+                | AdminError::NotAStream { .. }
                 | AdminError::EntryDeleted { .. }
         )
     }
@@ -752,6 +768,7 @@ impl Admin {
         let mut it = values.into_iter();
         let mut next = || it.next().unwrap_or(Value::Nil);
         let mut rows = Vec::new();
+        let mut incarnations = Vec::new();
         for k in keys_ {
             let len_p = ok_int(&next()).max(0) as u64;
             let len_b = ok_int(&next()).max(0) as u64;
@@ -766,6 +783,7 @@ impl Admin {
                     (Some(a), Some(b)) => Some(a + b),
                     _ => None,
                 };
+                incarnations.push(unit.get("inc").cloned());
                 rows.push(status(
                     k,
                     g,
@@ -777,16 +795,19 @@ impl Admin {
                 ));
             }
         }
-        self.liveness(category, &mut rows).await?;
+        self.liveness(category, &mut rows, &incarnations).await?;
         Ok(rows)
     }
 
     /// Fills in whether each unit's owner is alive and how long its
-    /// liveness lasts (one pipeline over the distinct owners).
+    /// liveness lasts (one pipeline over the distinct owners). An owner is
+    /// alive for a unit while its liveness key holds the incarnation the
+    /// unit was taken in (`incarnations`, one per row; `None`: not known).
     async fn liveness(
         &self,
         category: &str,
         rows: &mut [PartitionStatus],
+        incarnations: &[Option<String>],
     ) -> Result<(), AdminError> {
         let mut owners: Vec<(String, String)> = rows
             .iter()
@@ -800,19 +821,28 @@ impl Admin {
         let mut pipe = redis::pipe();
         for (g, o) in &owners {
             pipe.cmd("PTTL").arg(keys::alive(g, o));
+            pipe.cmd("GET").arg(keys::alive(g, o));
         }
         let mut c = self.conn.clone();
-        let ttls: Vec<i64> = pipe.query_async(&mut c).await.map_err(|e| {
+        let replies: Vec<(i64, Option<String>)> = pipe.query_async(&mut c).await.map_err(|e| {
             Error::redis(
                 format!("failed to read the liveness of {category}'s owners"),
                 e,
             )
         })?;
-        let left: BTreeMap<(String, String), i64> = owners.into_iter().zip(ttls).collect();
-        for r in rows.iter_mut() {
+        let left: BTreeMap<(String, String), (i64, Option<String>)> =
+            owners.into_iter().zip(replies).collect();
+        for (r, inc) in rows.iter_mut().zip(incarnations) {
             let Some(owner) = &r.owner else { continue };
+            let Some((ttl, live)) = left.get(&(r.group.clone(), owner.clone())) else {
+                continue;
+            };
+            if inc.is_some() && live != inc {
+                // Alive again, but in a later incarnation: this lease is dead.
+                continue;
+            }
             // -2: no such key (the owner is gone); -1: no expiry (alive).
-            match left.get(&(r.group.clone(), owner.clone())) {
+            match Some(ttl) {
                 Some(ms) if *ms >= 0 => {
                     r.owner_alive = true;
                     r.lease_ms_left = Some(*ms as u64);
@@ -901,7 +931,8 @@ impl Admin {
             pending_p + pending_b,
             lag,
         )];
-        self.liveness(category, &mut rows).await?;
+        self.liveness(category, &mut rows, &[unit.get("inc").cloned()])
+            .await?;
         let [status] = rows;
         let lanes = [(Lane::Primary, &primary), (Lane::Backfill, &backfill)];
 
@@ -1082,6 +1113,27 @@ impl Admin {
                     audit_id: at(6),
                 })
             }
+            "not_a_stream" => {
+                let (category, key, _) = unit();
+                Err(AdminError::NotAStream {
+                    category,
+                    key,
+                    stream: at(1),
+                    kind: at(2),
+                })
+            }
+            "unhalted" => Ok(HeadOutcome {
+                op,
+                entry_id: String::new(),
+                lane: Lane::Primary,
+                stream: primary,
+                was_pending: false,
+                forced: false,
+                fenced: None,
+                deleted: false,
+                dlq_id: None,
+                audit_id: at(1),
+            }),
             "empty" => {
                 let (category, key, group) = unit();
                 Err(AdminError::NothingToDo {

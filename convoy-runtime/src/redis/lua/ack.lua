@@ -11,14 +11,18 @@
 -- KEYS[5r+1 .. 5r+5] for request r (from 0): lease, stream, unit state
 -- hash, the category's set of registered groups, the group's acknowledged
 -- count (for lag); the last KEY is the owner's liveness key
--- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, flags
--- ('h': the head had failures, clear them; 'a': record the unit's last
--- activity; 't': trim what every group consumed; '-' alone: none), number
--- of ids, the entry ids
+-- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, the
+-- owner's incarnation, flags ('h': the head had failures, clear them; 'a':
+-- record the unit's last activity; 't': trim what every group consumed;
+-- '-' alone: none), number of ids, the entry ids
 --
--- Returns per request: -1 when the lease is not held with this token by a
--- live owner, else the number of entries acknowledged.
-local alive = redis.call('EXISTS', KEYS[#KEYS]) == 1
+-- A trim never removes an entry that is still pending for any consumer of
+-- any group: after a read whose reply was lost, this consumer may have
+-- entries pending below the ones it acknowledges, and they must survive
+-- until it has re-read and handled them.
+--
+-- Returns per request: a refusal (see fence.lua) when fenced out, else the
+-- number of entries acknowledged.
 local group = ARGV[1]
 local now = ARGV[2]
 
@@ -47,10 +51,15 @@ end
 -- Removes what every registered group has consumed.
 local function trim(stream, groups_key, last)
   if groups_of(groups_key) <= 1 then
-    -- The only group reading this stream: this consumer handles and
-    -- acknowledges entries in id order, so everything up to the last id is
-    -- done. One trim removes them all.
-    redis.call('XTRIM', stream, 'MINID', after(last))
+    -- The only group reading this stream: everything up to the last id
+    -- acknowledged is done, except what is still pending (entries of a
+    -- read whose reply never arrived, not handled yet).
+    local min = after(last)
+    local oldest = redis.call('XPENDING', stream, group, '-', '+', 1)[1]
+    if oldest and less(oldest[1], min) then
+      min = oldest[1]
+    end
+    redis.call('XTRIM', stream, 'MINID', min)
     return
   end
   local known = {}
@@ -87,18 +96,20 @@ local a = 3
 local r = 0
 while a <= #ARGV do
   local token = ARGV[a]
-  local flags = ARGV[a + 1]
-  local n = tonumber(ARGV[a + 2])
+  local inc = ARGV[a + 1]
+  local flags = ARGV[a + 2]
+  local n = tonumber(ARGV[a + 3])
   local ids = {}
   for j = 1, n do
-    ids[j] = ARGV[a + 2 + j]
+    ids[j] = ARGV[a + 3 + j]
   end
-  a = a + 3 + n
+  a = a + 4 + n
   local lease, stream, unit, groups_key, acked =
     KEYS[5 * r + 1], KEYS[5 * r + 2], KEYS[5 * r + 3], KEYS[5 * r + 4], KEYS[5 * r + 5]
   r = r + 1
-  if not alive or redis.call('GET', lease) ~= token then
-    out[#out + 1] = -1
+  local no = refusal(lease, token, KEYS[#KEYS], inc)
+  if no then
+    out[#out + 1] = no
   else
     local done = redis.call('XACK', stream, group, unpack(ids))
     if string.find(flags, 'h', 1, true) then

@@ -3,25 +3,40 @@
 -- old consumers that have nothing pending.
 --
 -- KEYS[1] lease, KEYS[2] stream, KEYS[3] the owner's liveness key
--- ARGV[1] fence token (the consumer name), ARGV[2] group
+-- ARGV[1] fence token (the consumer name), ARGV[2] group,
+-- ARGV[3] the owner's incarnation
 --
--- Returns -1 when the lease is not held with this token, else the number of
--- entries claimed.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
-  return -1
+-- Returns {refusal} (see fence.lua) when fenced out, {-4, type} when the
+-- stream's key holds something other than a stream, else
+-- {1, claimed, deleted ids...}: the number of entries now pending for this
+-- consumer, and the ids that were pending but whose entries no longer
+-- exist (XAUTOCLAIM drops them from the pending list; the caller reports
+-- them, it never skips them silently).
+local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[3])
+if no then
+  return {no}
+end
+local wrong = not_a_stream(KEYS[2])
+if wrong then
+  return {-4, wrong}
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  return 0
+  return {1, 0}
 end
-local created = redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')
+redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')
 local cursor = '0-0'
 local n = 0
+local out = {1, 0}
 repeat
   local r = redis.call('XAUTOCLAIM', KEYS[2], ARGV[2], ARGV[1], 0, cursor,
     'COUNT', 1000, 'JUSTID')
   cursor = r[1]
   n = n + #r[2]
+  for _, id in ipairs(r[3] or {}) do
+    out[#out + 1] = id
+  end
 until cursor == '0-0'
+out[2] = n
 local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[2], ARGV[2])
 for _, c in ipairs(consumers) do
   local f = {}
@@ -32,4 +47,4 @@ for _, c in ipairs(consumers) do
     redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], f['name'])
   end
 end
-return n
+return out

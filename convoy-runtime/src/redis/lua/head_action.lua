@@ -32,6 +32,10 @@
 --
 -- Returns {status, ...}:
 --   {'empty'}                          nothing to act on
+--   {'not_a_stream', key, type}        a lane's key holds another type
+--   {'unhalted', audit id}             the unit was halted because its key
+--                                      was not a stream (fixed since): the
+--                                      halt is cleared, nothing skipped
 --   {'changed', head}                  the head is not ARGV[7]
 --   {'not_halted', head}               running partition, no force
 --   {'head_moved', head, halt_entry}   halted on another entry, no force
@@ -85,6 +89,25 @@ local function first_new(stream)
     return nil, last ~= nil
   end
   return r[1][1], last ~= nil
+end
+
+for i = 1, 2 do
+  local wrong = not_a_stream(streams[i])
+  if wrong then
+    return {'not_a_stream', streams[i], wrong}
+  end
+end
+
+-- Halted because a lane's key was not a stream, and fixed since: clear the
+-- halt and let the owner resume; no event is skipped.
+if redis.call('HGET', unit, 'halt_reason') == 'not a stream' then
+  redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
+    'halt_entry', 'head', 'attempts')
+  redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
+  local audit = redis.call('XADD', KEYS[6], '*', 'op', op, 'category', ARGV[5],
+    'key', ARGV[6], 'group', group, 'entry', '', 'operator', ARGV[3],
+    'time', ARGV[4], 'forced', ARGV[2], 'stream', streams[1], 'fenced', '')
+  return {'unhalted', audit}
 end
 
 local head, lane, pending, has_group = nil, 0, false, true

@@ -1,4 +1,4 @@
--- Fenced read of a unit: the lease is checked first, then the unit's
+-- Fenced read of a unit: the fence is checked first, then the unit's
 -- primary lanes are read (one stream per category the unit spans: one for
 -- a handler's partition, several for a process manager's correlation
 -- value), and the backfill lanes only when every primary lane is empty.
@@ -11,15 +11,18 @@
 -- ARGV[3] primary count, ARGV[4] backfill count,
 -- ARGV[5] '0' to re-read this consumer's pending entries, '>' for new ones,
 -- ARGV[6] n, ARGV[7] the lane to look at first (rotates for fairness
--- between the categories of one unit)
+-- between the categories of one unit), ARGV[8] the owner's incarnation
 --
 -- A stream without the group (new, or re-created by a publish after a
 -- reap) gets the group at id 0, so nothing published is skipped.
--- Returns {-1} when the lease is not held with this token by a live owner,
--- else {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
--- backfill lane, 0 none; entries as XREADGROUP returns them for one stream.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
-  return {-1}
+-- Returns {refusal} (see fence.lua) when fenced out; {-4, stream, type}
+-- when a lane's key holds something other than a stream; else
+-- {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
+-- backfill lane, 0 none; entries as XREADGROUP returns them for one stream
+-- (an entry deleted while pending comes back with no fields).
+local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[8])
+if no then
+  return {no}
 end
 
 local function read(stream, count)
@@ -29,6 +32,10 @@ local function read(stream, count)
   local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', count,
     'STREAMS', stream, ARGV[5])
   if type(r) == 'table' and r.err then
+    local wrong = not_a_stream(stream)
+    if wrong then
+      return {wrong = wrong}
+    end
     redis.call('XGROUP', 'CREATE', stream, ARGV[2], '0')
     r = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', count,
       'STREAMS', stream, ARGV[5])
@@ -50,6 +57,9 @@ for pass = 0, 1 do
     local i = (first + j) % n
     local stream = KEYS[2 + pass * n + i]
     local e = read(stream, ARGV[3 + pass])
+    if e and e.wrong then
+      return {-4, stream, e.wrong}
+    end
     if e then
       return {1, pass * n + i + 1, e}
     end

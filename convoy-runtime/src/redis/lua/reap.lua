@@ -8,12 +8,14 @@
 -- primary stream there and its backfill stream,
 -- KEYS[3n+3] the owner's liveness key
 -- ARGV[1] fence token, ARGV[2] partition key (correlation value),
--- ARGV[3] idle time (ms), ARGV[4] now (ms), ARGV[5] n
+-- ARGV[3] idle time (ms), ARGV[4] now (ms), ARGV[5] n,
+-- ARGV[6] the owner's incarnation
 --
--- Returns -1 when the lease is not held with this token, 0 when the unit is
--- not empty or not idle long enough, 1 when retired.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[#KEYS]) == 0 then
-  return -1
+-- Returns a refusal (see fence.lua) when fenced out, 0 when the unit is not
+-- empty or not idle long enough, 1 when retired.
+local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[6])
+if no then
+  return no
 end
 local n = tonumber(ARGV[5])
 for i = 1, n do

@@ -21,6 +21,8 @@ pub(crate) struct AckRequest {
     pub(crate) unit: Arc<str>,
     pub(crate) category: &'static str,
     pub(crate) token: Arc<str>,
+    /// The owner's incarnation the worker took the lease in.
+    pub(crate) inc: Arc<str>,
     pub(crate) ids: Vec<String>,
     /// Clear the head's failure count (it had failures).
     pub(crate) clear_head: bool,
@@ -28,7 +30,10 @@ pub(crate) struct AckRequest {
     pub(crate) touch: bool,
     /// Remove from the stream what every group has consumed.
     pub(crate) trim: bool,
-    /// `Ok(-1)` refused by the fence, `Ok(n)` acknowledged, `Err` not known.
+    /// `Ok(n)` with `n < 0` refused by the fence (a [`Refusal`] code),
+    /// `Ok(n)` acknowledged, `Err` not known.
+    ///
+    /// [`Refusal`]: super::super::scripts::Refusal
     pub(crate) reply: oneshot::Sender<Result<i64, String>>,
 }
 
@@ -77,6 +82,7 @@ pub(crate) async fn run(
                 .key(&*groups)
                 .key(&*acked)
                 .arg(&*r.token)
+                .arg(&*r.inc)
                 .arg(flags(r))
                 .arg(r.ids.len())
                 .arg(&r.ids);

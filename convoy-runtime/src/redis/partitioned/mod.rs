@@ -9,7 +9,7 @@ mod worker;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -42,9 +42,14 @@ pub(crate) struct Shared {
     pub(crate) index: usize,
     pub(crate) owner: String,
     pub(crate) permits: Semaphore,
-    pub(crate) exits: mpsc::UnboundedSender<(String, String)>,
+    pub(crate) exits: mpsc::UnboundedSender<WorkerExit>,
     /// This instance's liveness key for the group.
     pub(crate) alive: String,
+    /// The value the liveness key holds: new every time this instance
+    /// registers (at start and after its liveness lapsed), so leases taken
+    /// in an earlier incarnation are dead for everyone even though the
+    /// liveness key exists again.
+    incarnation: Mutex<Arc<str>>,
     /// The local lease deadline (monotonic ms) shared by every unit: the
     /// time the last successful liveness renewal was sent, plus the TTL,
     /// minus a margin. No worker starts an event past it.
@@ -54,6 +59,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The current incarnation (see the field).
+    pub(crate) fn incarnation(&self) -> Arc<str> {
+        match self.incarnation.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_incarnation(&self, inc: Arc<str>) {
+        match self.incarnation.lock() {
+            Ok(mut g) => *g = inc,
+            Err(poisoned) => *poisoned.into_inner() = inc,
+        }
+    }
+
     pub(crate) fn sub(&self) -> &Subscription {
         &self.plan.subscriptions[self.index]
     }
@@ -122,6 +142,14 @@ pub(crate) struct Lane {
     pub(crate) backfill_always: String,
 }
 
+/// A worker's end, as it reports it to the coordinator.
+pub(crate) struct WorkerExit {
+    pub(crate) key: String,
+    pub(crate) token: String,
+    /// The lease may still be held with this token (its release failed).
+    pub(crate) maybe_held: bool,
+}
+
 /// A running unit worker, as the coordinator sees it.
 pub(crate) struct UnitHandle {
     pub(crate) token: String,
@@ -134,12 +162,17 @@ pub(crate) struct UnitHandle {
 /// Discovers, leases and shares the units of one handler.
 pub(crate) struct Coordinator {
     shared: Arc<Shared>,
-    exits: mpsc::UnboundedReceiver<(String, String)>,
+    exits: mpsc::UnboundedReceiver<WorkerExit>,
     acks: Option<mpsc::UnboundedReceiver<acks::AckRequest>>,
     units: HashMap<String, UnitHandle>,
     /// Keys found held by another live instance, and when: not probed
     /// again for a lease TTL (unless released meanwhile).
     elsewhere: HashMap<String, Instant>,
+    /// Keys whose lease this instance may hold without a worker (a
+    /// release failed, or the reply to a lease-taking call was lost):
+    /// released (if still this owner's) at the next heartbeat, so no lease
+    /// of a live instance is left without a worker.
+    orphans: HashSet<String>,
     live: usize,
     partitions: usize,
     warned: bool,
@@ -160,6 +193,7 @@ impl Coordinator {
                 permits: Semaphore::new(MAX_IN_FLIGHT),
                 exits: tx,
                 alive,
+                incarnation: Mutex::new(Arc::from("")),
                 deadline: AtomicU64::new(0),
                 acks: acks_tx,
             }),
@@ -167,6 +201,7 @@ impl Coordinator {
             exits: rx,
             units: HashMap::new(),
             elsewhere: HashMap::new(),
+            orphans: HashSet::new(),
             live: 1,
             partitions: 0,
             warned: false,
@@ -208,11 +243,7 @@ impl Coordinator {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => self.cycle(&shutdown).await,
-                Some((key, token)) = self.exits.recv() => {
-                    if self.units.get(&key).is_some_and(|u| u.token == token) {
-                        self.units.remove(&key);
-                    }
-                }
+                Some(exit) = self.exits.recv() => self.on_exit(exit),
                 msg = wake_rx.recv() => match msg {
                     Some(Some(keys)) => self.on_wake(keys, &shutdown).await,
                     Some(None) => {
@@ -235,16 +266,30 @@ impl Coordinator {
         tracing::info!(handler = group, category, "partitioned consumer stopped");
     }
 
+    fn on_exit(&mut self, exit: WorkerExit) {
+        if exit.maybe_held {
+            self.orphans.insert(exit.key.clone());
+        }
+        if self
+            .units
+            .get(&exit.key)
+            .is_some_and(|u| u.token == exit.token)
+        {
+            self.units.remove(&exit.key);
+        }
+    }
+
     /// Registers the group for the category and declares this instance
-    /// alive.
+    /// alive, in a new incarnation.
     async fn register(&self) -> Result<(), crate::Error> {
         let s = &self.shared;
         let mut conn = s.broker.conn().await?;
         let sent = mono_ms();
+        let inc: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(&s.alive)
-            .arg(1)
+            .arg(&*inc)
             .arg("PX")
             .arg(s.ttl().as_millis() as u64)
             .ignore();
@@ -265,6 +310,7 @@ impl Coordinator {
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("failed to register the consumer group", e))?;
+        s.set_incarnation(inc);
         s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         Ok(())
     }
@@ -323,6 +369,7 @@ impl Coordinator {
             self.lapsed().await;
             return;
         }
+        self.release_orphans().await;
         let ttl = s.ttl();
         self.elsewhere.retain(|_, at| at.elapsed() < ttl);
         self.partitions = members.len();
@@ -392,12 +439,14 @@ impl Coordinator {
         let set = keys::instances(s.group());
         let categories = s.categories();
         let mut pipe = redis::pipe();
+        let inc = s.incarnation();
         pipe.cmd("SET")
             .arg(&s.alive)
-            .arg(1)
+            .arg(&*inc)
             .arg("XX")
             .arg("PX")
             .arg(s.ttl().as_millis() as u64)
+            .arg("GET")
             .cmd("ZADD")
             .arg(&set)
             .arg(now + s.ttl().as_millis() as u64)
@@ -422,7 +471,18 @@ impl Coordinator {
             .query_async(&mut conn)
             .await
             .map_err(|e| crate::Error::redis("heartbeat failed", e))?;
-        let renewed = !matches!(replies.first(), None | Some(Value::Nil));
+        // The liveness key held this incarnation: renewed. Missing: lapsed.
+        // Another value: another process renews it under the same instance
+        // id (and this call just overwrote it).
+        let held = replies.first().and_then(text);
+        let renewed = held.as_deref() == Some(&*inc);
+        if let Some(other) = held.as_deref().filter(|h| *h != &*inc) {
+            tracing::error!(handler = s.group(), owner = %s.owner, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
+        } else if held.is_none() && mono_ms() < s.deadline.load(Ordering::SeqCst) {
+            // The key should still be there: its TTL had not run out.
+            crate::metrics::state_lost(s.group());
+            tracing::error!(handler = s.group(), owner = %s.owner, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
+        }
         let live = replies.get(1).and_then(int).unwrap_or(1);
         self.live = live.max(1) as usize;
         // A unit is a key (a correlation value, for a process manager
@@ -481,6 +541,47 @@ impl Coordinator {
         }
     }
 
+    /// Releases the leases this instance may hold without a worker (see
+    /// `orphans`), whatever their generation; keeps those it could not.
+    async fn release_orphans(&mut self) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        let s = self.shared.clone();
+        let keys: Vec<String> = self
+            .orphans
+            .drain()
+            .filter(|k| !self.units.contains_key(k))
+            .collect();
+        let prefix = format!("{}:", s.owner);
+        let Ok(mut conn) = s.broker.conn().await else {
+            self.orphans.extend(keys);
+            return;
+        };
+        for key in keys {
+            let category = s.category();
+            let mut inv = SCRIPTS.release.prepare_invoke();
+            inv.key(s.lease_key(&key))
+                .key(keys::wake_stream(category))
+                .arg(&prefix)
+                .arg(&key)
+                .arg(super::publish::WAKE_MAXLEN)
+                .arg("prefix");
+            let r: Result<i64, _> = inv.invoke_async(&mut conn).await;
+            match r {
+                Ok(n) => {
+                    if n == 1 {
+                        tracing::info!(handler = s.group(), key = %key, "released a lease this instance held without a worker");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(handler = s.group(), key = %key, error = %crate::error::chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
+                    self.orphans.insert(key);
+                }
+            }
+        }
+    }
+
     /// Tries to take up to `max` of `candidates`; starts a worker for each
     /// unit taken.
     async fn acquire(&mut self, candidates: Vec<String>, max: usize, shutdown: &CancellationToken) {
@@ -492,7 +593,11 @@ impl Coordinator {
         for k in &candidates {
             inv.key(s.lease_key(k)).key(s.unit_key(k));
         }
-        inv.arg(&s.owner).arg(max).arg(s.group());
+        inv.key(&s.alive)
+            .arg(&s.owner)
+            .arg(max)
+            .arg(s.group())
+            .arg(&*s.incarnation());
         let r: Result<Value, _> = match s.broker.conn().await {
             Ok(mut c) => inv
                 .invoke_async(&mut c)
@@ -501,13 +606,34 @@ impl Coordinator {
             Err(e) => Err(crate::error::chain(&e)),
         };
         let results = match r {
-            Ok(Value::Array(items)) => items,
+            Ok(Value::Array(mut items)) if items.first().and_then(int) == Some(1) => {
+                match items.pop() {
+                    Some(Value::Array(results)) if items.len() == 1 => results,
+                    _ => Vec::new(),
+                }
+            }
+            Ok(Value::Array(items)) if items.first().and_then(int) == Some(-1) => {
+                // This instance's liveness lapsed: the next heartbeat finds
+                // that out and starts over in a new incarnation.
+                tracing::warn!(
+                    handler = s.group(),
+                    "not taking leases: this instance's liveness lapsed"
+                );
+                return;
+            }
             Ok(other) => {
                 tracing::warn!(?other, "unexpected reply to acquire");
                 return;
             }
             Err(e) => {
-                tracing::warn!(handler = s.group(), error = %e, "taking leases failed; retrying at the next heartbeat");
+                // The call may have run: any of the candidates may now be
+                // leased to this instance with no worker behind it.
+                tracing::warn!(handler = s.group(), error = %e, "taking leases failed; releasing what it may have taken at the next heartbeat");
+                self.orphans.extend(
+                    candidates
+                        .into_iter()
+                        .filter(|k| !self.units.contains_key(k)),
+                );
                 return;
             }
         };

@@ -24,8 +24,8 @@ use redis::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::super::reply::{Entry, entries, int};
-use super::super::scripts::SCRIPTS;
+use super::super::reply::{Entry, entries, int, text};
+use super::super::scripts::{NOT_A_STREAM, Refusal, SCRIPTS};
 use super::super::{keys, now_ms};
 use super::{Lane, Shared, UnitHandle, mono_ms};
 use crate::error::Error;
@@ -42,8 +42,8 @@ const BACKFILL_BATCH: usize = 10;
 enum Exit {
     /// Stop requested (shutdown or rebalancing): release the lease.
     Release,
-    /// The fence refused us: someone else holds the unit.
-    Lost,
+    /// The fence refused us (see [`Refusal`]).
+    Lost(Refusal),
     /// The local deadline passed without a renewal: stop touching the unit.
     Expired,
     /// The unit was reaped.
@@ -55,6 +55,9 @@ struct Worker {
     key: String,
     fence: Fence,
     token: String,
+    /// This instance's incarnation when the lease was taken (the fenced
+    /// scripts check that the liveness key still holds it).
+    inc: Arc<str>,
     wake: Arc<Notify>,
     stop: CancellationToken,
     halted: AtomicBool,
@@ -95,6 +98,7 @@ pub(super) fn spawn(
     stop: CancellationToken,
 ) -> UnitHandle {
     let token = fence.to_string();
+    let inc = s.incarnation();
     let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
@@ -111,6 +115,7 @@ pub(super) fn spawn(
         key,
         fence,
         token: token.clone(),
+        inc,
         wake: Arc::new(Notify::new()),
         stop,
         halted: AtomicBool::new(halted),
@@ -134,8 +139,12 @@ pub(super) fn spawn(
             let exits = w.s.exits.clone();
             let key = w.key.clone();
             let token = w.token.clone();
-            w.run().await;
-            let _ = exits.send((key, token));
+            let maybe_held = w.run().await;
+            let _ = exits.send(super::WorkerExit {
+                key,
+                token,
+                maybe_held,
+            });
         }),
     }
 }
@@ -149,7 +158,11 @@ impl Worker {
         mono_ms() >= self.s.deadline.load(Ordering::SeqCst)
     }
 
-    async fn run(mut self) {
+    /// Runs the unit to its end; returns whether the lease may still be
+    /// held with this worker's token (its release failed), so the
+    /// coordinator releases or retakes it: a lease held by a live instance
+    /// always has a worker behind it.
+    async fn run(mut self) -> bool {
         let exit = match self.reclaim().await {
             Ok(()) => self.consume().await,
             Err(exit) => exit,
@@ -157,17 +170,54 @@ impl Worker {
         match exit {
             Exit::Release | Exit::Expired => {
                 // Handled entries are acknowledged (fenced) before leaving.
-                if self.flush().await.is_ok() {
-                    self.release().await;
+                match self.flush().await {
+                    Ok(()) => !self.release().await,
+                    Err(Exit::Lost(why)) => {
+                        self.lost(why);
+                        false
+                    }
+                    Err(_) => !self.release().await,
                 }
             }
-            Exit::Lost => {
-                crate::metrics::lost(self.group(), 1);
-                tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "fenced out: another owner holds the unit");
+            Exit::Lost(why) => {
+                self.lost(why);
+                false
             }
             Exit::Retired => {
                 tracing::info!(handler = self.group(), key = %self.key, "drained idle partition retired");
+                false
             }
+        }
+    }
+
+    fn lost(&self, why: Refusal) {
+        crate::metrics::lost(self.group(), 1);
+        match why {
+            Refusal::LeaseGone => {
+                tracing::error!(handler = self.group(), key = %self.key, token = %self.token, "{}", why.describe())
+            }
+            _ => {
+                tracing::warn!(handler = self.group(), key = %self.key, token = %self.token, "{}", why.describe())
+            }
+        }
+    }
+
+    /// Halts the unit at once for a fault no retry can mend (a partition
+    /// key that holds something other than a stream); an operator fixes
+    /// the key, then skips to resume.
+    async fn halt_unit(&mut self, stream: &str, kind: &str) -> Result<(), Exit> {
+        let reason = format!(
+            "the partition's key {stream} holds a {kind}, not a stream; delete or rename that key, then run `convoy skip` for the partition to resume"
+        );
+        let err = HandlerError::msg(reason.clone());
+        match self.record_failure("", &err, Some("not a stream")).await {
+            Ok(_) => {
+                tracing::error!(handler = self.group(), key = %self.key, stream, kind, "partition halted: {reason}");
+                self.halted.store(true, Ordering::SeqCst);
+                crate::metrics::halted(self.group());
+                Ok(())
+            }
+            Err(exit) => Err(exit),
         }
     }
 
@@ -176,40 +226,59 @@ impl Worker {
     }
 
     /// Moves earlier generations' pending entries to this consumer.
-    async fn reclaim(&self) -> Result<(), Exit> {
-        let streams: Vec<&String> = self
+    async fn reclaim(&mut self) -> Result<(), Exit> {
+        let streams: Vec<String> = self
             .lanes
             .iter()
-            .flat_map(|l| [&l.primary, &l.backfill])
+            .flat_map(|l| [l.primary.clone(), l.backfill.clone()])
             .collect();
-        for stream in streams {
+        for stream in &streams {
+            let stream = stream.as_str();
             if stream.is_empty() {
                 continue;
             }
-            let r: Result<i64, Error> = async {
+            let r: Result<Vec<Value>, Error> = async {
                 let mut c = self.conn().await?;
                 let mut inv = SCRIPTS.claim.prepare_invoke();
                 inv.key(&self.lease)
                     .key(stream)
                     .key(&self.s.alive)
                     .arg(&self.token)
-                    .arg(self.group());
+                    .arg(self.group())
+                    .arg(&*self.inc);
                 inv.invoke_async(&mut c)
                     .await
                     .map_err(|e| Error::redis("failed to reclaim pending entries", e))
             }
             .await;
-            match r {
-                Ok(-1) => return Err(Exit::Lost),
-                Ok(0) => {}
-                Ok(n) => {
-                    crate::metrics::reclaimed(self.group(), n.max(0) as u64);
-                    tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
-                }
+            let v = match r {
+                Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
                     return Err(Exit::Release);
                 }
+            };
+            let code = v.first().and_then(int).unwrap_or(0);
+            if let Some(why) = Refusal::from_code(code) {
+                return Err(Exit::Lost(why));
+            }
+            if code == NOT_A_STREAM {
+                let kind = v.get(1).and_then(text).unwrap_or_default();
+                self.halt_unit(stream, &kind).await?;
+                return Ok(());
+            }
+            if code != 1 {
+                tracing::warn!(handler = self.group(), key = %self.key, reply = ?v, "unexpected reply to reclaim; giving the unit up rather than skipping ahead");
+                return Err(Exit::Release);
+            }
+            let n = v.get(1).and_then(int).unwrap_or(0).max(0) as u64;
+            if n > 0 {
+                crate::metrics::reclaimed(self.group(), n);
+                tracing::info!(handler = self.group(), key = %self.key, stream = %stream, claimed = n, "reclaimed pending entries of earlier owners");
+            }
+            let gone: Vec<String> = v.iter().skip(2).filter_map(text).collect();
+            if !gone.is_empty() {
+                self.report_missing(stream, &gone);
             }
         }
         Ok(())
@@ -287,9 +356,20 @@ impl Worker {
                     }
                     continue;
                 }
-                Err(ReadError::Refused) => return Exit::Lost,
+                Err(ReadError::Refused(why)) => return Exit::Lost(why),
+                Err(ReadError::NotAStream { stream, kind }) => {
+                    if let Err(exit) = self.halt_unit(&stream, &kind).await {
+                        return exit;
+                    }
+                    continue;
+                }
                 Err(ReadError::Failed(e)) => {
-                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "fenced read failed; retrying");
+                    // The read may have run without its reply reaching us:
+                    // the entries it delivered are then pending for this
+                    // consumer, unhandled. Re-read those before anything new.
+                    pending_mode = true;
+                    drained = false;
+                    tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
                     tokio::select! {
                         _ = self.stop.cancelled() => return Exit::Release,
                         _ = tokio::time::sleep(backoff) => {}
@@ -347,7 +427,8 @@ impl Worker {
             .arg(BACKFILL_BATCH)
             .arg(if pending { "0" } else { ">" })
             .arg(n)
-            .arg(self.rotate);
+            .arg(self.rotate)
+            .arg(&*self.inc);
         let v: Value = inv
             .invoke_async(&mut c)
             .await
@@ -356,9 +437,20 @@ impl Worker {
             return Err(malformed(&self.lanes));
         };
         match items.first().and_then(int) {
-            Some(-1) => return Err(ReadError::Refused),
             Some(1) => {}
-            _ => return Err(malformed(&self.lanes)),
+            Some(NOT_A_STREAM) => {
+                return Err(ReadError::NotAStream {
+                    stream: items.get(1).and_then(text).unwrap_or_default(),
+                    kind: items.get(2).and_then(text).unwrap_or_default(),
+                });
+            }
+            Some(code) => {
+                return Err(match Refusal::from_code(code) {
+                    Some(why) => ReadError::Refused(why),
+                    None => malformed(&self.lanes),
+                });
+            }
+            None => return Err(malformed(&self.lanes)),
         }
         let lane = items.get(1).and_then(int).unwrap_or(0).max(0) as usize;
         let batch = items.get(2).map(entries).unwrap_or_default();
@@ -399,7 +491,9 @@ impl Worker {
                 return Step::Halted;
             }
             if entry.fields.is_none() {
-                // Deleted while pending (for example by an operator): nothing to run.
+                // Pending but gone from the stream (deleted by hand, or lost
+                // with Redis state): nothing to run, and never quietly.
+                self.report_missing(stream, std::slice::from_ref(&entry.id));
                 return match self.done(at, &entry.id).await {
                     Ok(()) => Step::Done,
                     Err(exit) => Step::Exit(exit),
@@ -430,7 +524,7 @@ impl Worker {
                         Err(exit) => Step::Exit(exit),
                     };
                 }
-                Err(err) => match self.flush_then_fail(&entry.id, &err).await {
+                Err(err) => match self.flush_then_fail(&entry.id, failures, &err).await {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
                         self.failures_recorded = true;
@@ -496,9 +590,28 @@ impl Worker {
         self.ack(&at, &ids, trim).await
     }
 
-    async fn flush_then_fail(&mut self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
+    async fn flush_then_fail(
+        &mut self,
+        id: &str,
+        failures: u32,
+        err: &HandlerError,
+    ) -> Result<(u32, bool), Exit> {
         self.flush().await?;
-        self.fail(id, err).await
+        self.record_failure_after(id, failures, err, None).await
+    }
+
+    /// Logs and counts entries that were pending for this unit but are gone
+    /// from its stream: they can never be handled, and that is an error
+    /// an operator must see, not a quiet skip.
+    fn report_missing(&self, stream: &str, ids: &[String]) {
+        crate::metrics::missing(self.group(), ids.len());
+        tracing::error!(
+            handler = self.group(),
+            key = %self.key,
+            stream,
+            entries = ?ids,
+            "pending entries are gone from the stream and can never be handled (deleted by hand, or lost with Redis state); they are acknowledged so the partition can go on"
+        );
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
@@ -517,6 +630,7 @@ impl Worker {
                 unit: self.ack_names.1.clone(),
                 category: at.category,
                 token: self.ack_names.2.clone(),
+                inc: self.inc.clone(),
                 ids: ids.to_vec(),
                 clear_head: self.failures_recorded,
                 touch,
@@ -530,7 +644,11 @@ impl Worker {
                 Err(_) => Err("the ack batcher stopped".to_owned()),
             };
             match r {
-                Ok(-1) => return Err(Exit::Lost),
+                Ok(code) if Refusal::from_code(code).is_some() => {
+                    return Err(Exit::Lost(
+                        Refusal::from_code(code).unwrap_or(Refusal::FencedOut),
+                    ));
+                }
                 Ok(_) => {
                     if touch {
                         self.touched = Some(Instant::now());
@@ -554,8 +672,27 @@ impl Worker {
         }
     }
 
-    /// Records a failure of the head beside the lease.
-    async fn fail(&self, id: &str, err: &HandlerError) -> Result<(u32, bool), Exit> {
+    /// Records a failure of the head beside the lease (as its first
+    /// failure; see [`Self::record_failure_after`]).
+    async fn record_failure(
+        &self,
+        id: &str,
+        err: &HandlerError,
+        halt: Option<&str>,
+    ) -> Result<(u32, bool), Exit> {
+        self.record_failure_after(id, 0, err, halt).await
+    }
+
+    /// Records a failure of `id` after the `known` failures this worker
+    /// knew of, beside the lease; repeated after a lost reply, it counts
+    /// the failure once. `halt` halts the unit at once with that reason.
+    async fn record_failure_after(
+        &self,
+        id: &str,
+        known: u32,
+        err: &HandlerError,
+        halt: Option<&str>,
+    ) -> Result<(u32, bool), Exit> {
         let max = self.s.plan.config.server.retry.max_retries;
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -569,16 +706,22 @@ impl Worker {
                     .arg(id)
                     .arg(err.to_string())
                     .arg(max)
-                    .arg(now_ms());
+                    .arg(now_ms())
+                    .arg(known)
+                    .arg(&*self.inc)
+                    .arg(halt.unwrap_or(""));
                 inv.invoke_async(&mut c)
                     .await
                     .map_err(|e| Error::redis("failed to record a failure", e))
             }
             .await;
             match r {
-                Ok(v) if v.first() == Some(&-1) => return Err(Exit::Lost),
                 Ok(v) => {
-                    let n = v.first().copied().unwrap_or(1).max(0) as u32;
+                    let first = v.first().copied().unwrap_or(1);
+                    if let Some(why) = Refusal::from_code(first) {
+                        return Err(Exit::Lost(why));
+                    }
+                    let n = first.max(0) as u32;
                     return Ok((n, v.get(1) == Some(&1)));
                 }
                 Err(e) => {
@@ -610,19 +753,24 @@ impl Worker {
                 .arg(&self.key)
                 .arg(idle_ms)
                 .arg(now_ms())
-                .arg(self.lanes.len());
+                .arg(self.lanes.len())
+                .arg(&*self.inc);
             inv.invoke_async(&mut c)
                 .await
                 .map_err(|e| Error::redis("reap failed", e))
         }
         .await;
         match r {
-            Ok(-1) => Err(Exit::Lost),
+            Ok(code) if Refusal::from_code(code).is_some() => Err(Exit::Lost(
+                Refusal::from_code(code).unwrap_or(Refusal::FencedOut),
+            )),
             Ok(1) => Ok(true),
             Ok(_) => Ok(false),
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; will try again later");
-                Ok(false)
+                // It may have run (the unit retired, its lease gone): give
+                // the unit up rather than act on a lease that may be gone.
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "reap failed; giving the unit up (it may have been retired)");
+                Err(Exit::Release)
             }
         }
     }
@@ -642,7 +790,9 @@ impl Worker {
         !matches!(r, Ok(None))
     }
 
-    async fn release(&self) {
+    /// Releases the lease; returns whether it is known not to be held with
+    /// this token any more (released, or held by someone else).
+    async fn release(&self) -> bool {
         let r: Result<i64, Error> = async {
             let mut c = self.conn().await?;
             let mut inv = SCRIPTS.release.prepare_invoke();
@@ -659,11 +809,13 @@ impl Worker {
         .await;
         match r {
             Ok(1) => {
-                tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released")
+                tracing::info!(handler = self.group(), key = %self.key, token = %self.token, "lease released");
+                true
             }
-            Ok(_) => {}
+            Ok(_) => true,
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; it lapses with this instance's liveness, or this instance takes it back")
+                tracing::warn!(handler = self.group(), key = %self.key, error = %crate::error::chain(&e), "lease release failed; the coordinator releases it later, or it lapses with this instance's liveness");
+                false
             }
         }
     }
@@ -677,7 +829,12 @@ struct At {
 }
 
 enum ReadError {
-    Refused,
+    Refused(Refusal),
+    /// A lane's key holds something other than a stream.
+    NotAStream {
+        stream: String,
+        kind: String,
+    },
     Failed(Error),
 }
 

@@ -1,0 +1,37 @@
+-- Prepended to every fenced script (see scripts.rs): the fence check.
+--
+-- A caller may act on a unit while its lease holds the caller's fence
+-- token and the caller's liveness key holds the caller's incarnation.
+-- Returns nil when it may, else why not:
+--   -1  another owner holds the lease (fenced out)
+--   -2  the lease is gone (an operator's --force, or Redis lost its state)
+--   -3  the caller's liveness lapsed, or was renewed by another process
+--       under the same instance id
+local function refusal(lease, token, alive, inc)
+  if redis.call('GET', alive) ~= inc then
+    return -3
+  end
+  local cur = redis.call('GET', lease)
+  if cur == token then
+    return nil
+  end
+  if cur == false then
+    return -2
+  end
+  return -1
+end
+
+-- Whether a key holds something other than a stream (an operator's or a
+-- foreign program's key where a partition stream belongs). Returns its type
+-- then, else nil.
+local function not_a_stream(key)
+  if key == '' then
+    return nil
+  end
+  local t = redis.call('TYPE', key)
+  t = t.ok or t
+  if t == 'none' or t == 'stream' then
+    return nil
+  end
+  return t
+end
