@@ -95,6 +95,8 @@ struct FaultRecording {
     instance: String,
     seed: u64,
     fail_percent: u64,
+    /// The handler's work, ms, from .. to.
+    work_ms: (u64, u64),
 }
 
 #[event_handler(part_of = Account, sequential_by = "client_id")]
@@ -113,7 +115,7 @@ impl FaultRecording {
             .enter(&e.client_id, &id, &label)
             .await
             .map_err(HandlerError::msg)?;
-        tokio::time::sleep(rng.ms(1, 8)).await;
+        tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;
         self.record.exit(entered).await.map_err(HandlerError::msg)
     }
 }
@@ -133,6 +135,9 @@ struct Settings {
     per_key: u64,
     reap_idle_ms: u64,
     fail_percent: u64,
+    work_ms: (u64, u64),
+    /// Percent of units of work that raise a burst of events at once.
+    burst_percent: u64,
     faults: Vec<Planned>,
 }
 
@@ -141,9 +146,11 @@ impl Settings {
         let root = Rng::new(seed);
         let mut r = root.fork(1);
         let keys = r.range(8, 16) as usize;
-        let per_key = r.range(15, 30);
+        let per_key = r.range(20, 50);
         let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
         let fail_percent = *r.pick(&[0, 2, 5]);
+        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
+        let burst_percent = *r.pick(&[0, 5, 15]);
         let faults = faults::plan(
             &mut root.fork(2),
             &PlanParams {
@@ -161,6 +168,8 @@ impl Settings {
             per_key,
             reap_idle_ms,
             fail_percent,
+            work_ms,
+            burst_percent,
             faults,
         }
     }
@@ -234,6 +243,7 @@ async fn child_engine() {
         instance: format!("{instance}/p{proc}"),
         seed,
         fail_percent: settings.fail_percent,
+        work_ms: settings.work_ms,
     };
     let domain = Domain::builder()
         .config(config(&url, &settings))
@@ -566,7 +576,14 @@ async fn publish(domain: &Domain, s: &Settings) -> BTreeMap<String, Vec<String>>
     while raised < total {
         let mut uow = domain.unit_of_work();
         let mut batch = Vec::new();
-        for _ in 0..rng.range(1, 3) {
+        // Mostly one to three events; sometimes a burst, so that keys have
+        // a backlog (batched reads, and acknowledgements of several events).
+        let n = if rng.chance(s.burst_percent) {
+            rng.range(10, 40)
+        } else {
+            rng.range(1, 3)
+        };
+        for _ in 0..n {
             let open: Vec<usize> = (0..left.len()).filter(|&i| left[i].1 < s.per_key).collect();
             if open.is_empty() {
                 break;
@@ -662,11 +679,13 @@ impl Outcome {
 
     fn report(&self) -> String {
         let mut s = format!(
-            "FAILED schedule seed {} (max_unacked {}, {} keys x {} events, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+            "FAILED schedule seed {} (max_unacked {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
             self.settings.keys,
             self.settings.per_key,
+            self.settings.burst_percent,
+            self.settings.work_ms,
             self.settings.reap_idle_ms,
             self.settings.fail_percent,
             self.settings.fault_list()
