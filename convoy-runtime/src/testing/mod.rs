@@ -20,6 +20,15 @@
 //!   (a binary built by cargo, or the current test binary re-executed with
 //!   [`current_test_command`]) so a crash (`kill -9`) or a stall (`SIGSTOP`
 //!   past the lease, then `SIGCONT`) is real.
+//! - [`FaultProxy`] is a TCP proxy between engines (in this process or in
+//!   others) and the server that injects network faults: it holds the
+//!   reply of a chosen request ([`delay_reply`](FaultProxy::delay_reply)),
+//!   lets Redis run a request but swallows its reply and breaks the
+//!   connection ([`drop_reply`](FaultProxy::drop_reply)), cuts every
+//!   connection ([`cut_all`](FaultProxy::cut_all)) or stops all traffic for
+//!   a while ([`pause`](FaultProxy::pause) / [`resume`](FaultProxy::resume)).
+//!   Requests are picked by [`Match`]: a command name, or one of convoy's
+//!   Lua scripts by [`script_sha`] (e.g. the fenced read, `"read"`).
 //! - [`Recorder`] records, in Redis, which instance handled which event of
 //!   which key and when. It flags two different events of one key being
 //!   handled at the same time, even when the two handlers run in different
@@ -66,6 +75,7 @@
 
 mod order;
 mod process;
+mod proxy;
 mod recorder;
 mod server;
 
@@ -76,6 +86,7 @@ use std::time::Duration;
 
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use process::{ChildEngine, current_test_command, free_port};
+pub use proxy::{FaultProxy, Match, script_sha};
 pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
 pub use server::{DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder};
 
@@ -195,6 +206,17 @@ pub enum TestingError {
         "failed to find the path of the current test binary; run the test through `cargo test`"
     )]
     CurrentExe {
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The [`FaultProxy`] could not be started.
+    #[error(
+        "the fault proxy failed while {action}; check that 127.0.0.1 is usable and that the process may open more sockets and threads"
+    )]
+    Proxy {
+        /// What was being done.
+        action: &'static str,
         /// Why it failed.
         #[source]
         source: io::Error,
