@@ -5,13 +5,20 @@
 //! Per schedule: a system-under-test `redis-server` with the append-only
 //! file (`appendfsync always`), and a separate *record* server that is never
 //! faulted, where the handlers record every enter and exit (instance,
-//! process and fence generation) with the testing kit's `Recorder`. The
-//! engines are this test binary re-executed (`child_engine`, selected by
-//! `CONVOY_FAULT_CHILD`); the publisher runs in the test process. The
-//! faults, chosen from the seed only (their timing is the machine's):
-//! `kill -9` of an engine (restarted under the same or a new instance id),
-//! `SIGSTOP` past (or within) the lease then `SIGCONT`, Redis stop+restart
-//! and kill+restart, Redis frozen (`SIGSTOP`), `CLIENT PAUSE`.
+//! process and fence generation) in the layout of the testing kit's
+//! `Recorder` (`support/record.rs`). The engines are this test binary
+//! re-executed (`child_engine`, selected by `CONVOY_FAULT_CHILD`), with a
+//! 600 ms Redis response timeout; the publisher (its own engine, memory
+//! outbox) runs in the test process. Engines and publisher reach Redis
+//! through a `FaultProxy`. The faults, chosen from the seed only (their
+//! timing is the machine's): `kill -9` of an engine (restarted under the
+//! same or a new instance id), `SIGSTOP` past (or within) the lease then
+//! `SIGCONT`, Redis stop+restart and kill+restart (often while an engine is
+//! stopped), Redis frozen (`SIGSTOP`), `CLIENT PAUSE`, and through the
+//! proxy: every connection cut, all traffic paused, the replies of one of
+//! convoy's scripts (read, ack, claim, fail, acquire, release, reap,
+//! publish) or of a plain command (SET, XREAD, SMEMBERS) delayed past the
+//! response timeout or dropped after Redis ran the request.
 //!
 //! The checks, per key, from the record server: (1) every committed event
 //! was handled to completion at least once; (2) nothing handled out of
@@ -50,7 +57,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use convoy_runtime::redis::RedisBroker;
-use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, Window, current_test_command};
+use convoy_runtime::testing::{
+    ChildEngine, FaultProxy, Match, Recorder, RedisServer, Window, current_test_command, script_sha,
+};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::{Action, Observed, PlanParams, Planned, Rng, StallRecord, Verdict};
 use serde::{Deserialize, Serialize};
@@ -67,6 +76,9 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_millis(600);
 const DRAIN: Duration = Duration::from_secs(60);
 /// The drain gives up earlier when nothing completes for this long.
 const STUCK: Duration = Duration::from_secs(12);
+/// Whether engines and the publisher go through a [`FaultProxy`] (and the
+/// schedules use its faults).
+const PROXY: bool = true;
 /// Schedules of the bounded run.
 const BOUNDED_SCHEDULES: u64 = 24;
 
@@ -277,6 +289,7 @@ struct Slot {
 struct Harness {
     settings: Settings,
     sut: RedisServer,
+    proxy: Option<FaultProxy>,
     /// What engines and the publisher connect to.
     engine_url: String,
     record_url: String,
@@ -310,8 +323,15 @@ impl Harness {
             .expect("record client")
             .get_connection_with_timeout(Duration::from_secs(2))
             .expect("record connection");
-        let engine_url = sut.url();
+        let proxy = if PROXY {
+            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], sut.port()));
+            Some(FaultProxy::start(upstream).expect("fault proxy"))
+        } else {
+            None
+        };
+        let engine_url = proxy.as_ref().map_or_else(|| sut.url(), FaultProxy::url);
         let mut h = Harness {
+            proxy,
             ns: format!("faults-{}", settings.seed),
             settings,
             sut,
@@ -364,7 +384,7 @@ impl Harness {
             .env("CONVOY_FAULT_RECORD", &self.record_url)
             .env("CONVOY_FAULT_NS", &self.ns)
             .env("CONVOY_FAULT_SCHEDULE", self.settings.seed.to_string())
-            .env("CONVOY_FAULT_PROXY", "0")
+            .env("CONVOY_FAULT_PROXY", if PROXY { "1" } else { "0" })
             .env("CONVOY_FAULT_INSTANCE", instance)
             .env("CONVOY_FAULT_PROC", proc.to_string())
             .env(
@@ -458,15 +478,56 @@ impl Harness {
                 );
                 self.note(format!("CLIENT PAUSE {} ms: {r}", d.as_millis()));
             }
-            Action::ProxyCut
-            | Action::ProxyPause
-            | Action::ProxyResume
-            | Action::Delay { .. }
-            | Action::Drop { .. }
-            | Action::ProxyClear => {
-                self.note(format!("{action:?}: no proxy on this branch yet, skipped"));
+            Action::ProxyCut => {
+                if let Some(p) = &self.proxy {
+                    p.cut_all();
+                }
+                self.note_proxy("proxy cut_all");
+            }
+            Action::ProxyPause => {
+                if let Some(p) = &self.proxy {
+                    p.pause();
+                }
+                self.note_proxy("proxy paused");
+            }
+            Action::ProxyResume => {
+                if let Some(p) = &self.proxy {
+                    p.resume();
+                }
+                self.note_proxy("proxy resumed");
+            }
+            Action::Delay {
+                target,
+                delay,
+                times,
+            } => {
+                if let Some(p) = &self.proxy {
+                    p.delay_reply(matcher(target), *delay, *times);
+                }
+                self.note_proxy(&format!(
+                    "proxy: delay the next {times} {target} replies by {} ms",
+                    delay.as_millis()
+                ));
+            }
+            Action::Drop { target, times } => {
+                if let Some(p) = &self.proxy {
+                    p.drop_reply(matcher(target), *times);
+                }
+                self.note_proxy(&format!("proxy: drop the next {times} {target} replies"));
+            }
+            Action::ProxyClear => {
+                if let Some(p) = &self.proxy {
+                    p.clear();
+                }
+                self.note_proxy("proxy rules cleared");
             }
         }
+    }
+
+    /// Notes a proxy action with how many reply faults fired so far.
+    fn note_proxy(&mut self, what: &str) {
+        let fired = self.proxy.as_ref().map_or(0, FaultProxy::fired);
+        self.note(format!("{what} (reply faults fired so far: {fired})"));
     }
 
     fn name(&self, slot: usize) -> String {
@@ -553,6 +614,10 @@ impl Harness {
         }
         self.thaw();
         self.redis_up();
+        if let Some(p) = &self.proxy {
+            p.clear();
+            p.resume();
+        }
         for slot in 0..self.slots.len() {
             if self.slots[slot].child.is_none() {
                 let instance = self.slots[slot].instance.clone();
@@ -561,6 +626,16 @@ impl Harness {
         }
         self.watch_children();
         self.note("healed".into());
+    }
+}
+
+/// The proxy rule for a fault's target.
+fn matcher(target: &faults::Target) -> Match {
+    match target {
+        faults::Target::Script(name) => {
+            Match::Script(script_sha(name).unwrap_or_else(|| panic!("no convoy script {name:?}")))
+        }
+        faults::Target::Command(name) => Match::Command((*name).to_owned()),
     }
 }
 
@@ -660,20 +735,24 @@ struct Outcome {
     events: usize,
     elapsed: Duration,
     dir: Option<PathBuf>,
+    /// Proxy replies delayed or dropped.
+    fired: usize,
 }
 
 impl Outcome {
     fn summary(&self) -> String {
         format!(
-            "seed {} max_unacked {}: {} faults, {} events, {} handled, {} re-runs, {} violations, {:.1} s",
+            "seed {} max_unacked {}: {} faults ({} proxy replies hit), {} events, {} handled, {} re-runs, {} violations, {:.1} s\n    faults: {}",
             self.settings.seed,
             self.settings.max_unacked,
             self.settings.faults.len(),
+            self.fired,
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
             self.verdict.violations.len(),
-            self.elapsed.as_secs_f64()
+            self.elapsed.as_secs_f64(),
+            self.settings.fault_list()
         )
     }
 
@@ -730,7 +809,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
-    let settings = Settings::new(seed, false);
+    let settings = Settings::new(seed, PROXY);
     let dir = log_dir(seed);
     write(
         &dir,
@@ -837,6 +916,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         verdict.violations.push(format!("(engine) {c}"));
     }
     write(&dir, "timeline.txt", &harness_note);
+    let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
 
     let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
@@ -866,6 +946,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         events,
         elapsed: started.elapsed(),
         dir,
+        fired,
     }
 }
 
