@@ -32,7 +32,7 @@
 //! The three ways to run it:
 //!
 //! ```sh
-//! # the bounded run, part of `cargo test --workspace --all-features` (24 schedules):
+//! # the bounded run, part of `cargo test --workspace --all-features` (30 schedules):
 //! cargo test -p convoy-tests --test fault_schedules -- bounded_run --nocapture
 //! # one seed again (its faults are the same; the engines log to the printed directory):
 //! CONVOY_FAULT_SEED=1234 cargo test -p convoy-tests --test fault_schedules -- replay --nocapture
@@ -80,7 +80,7 @@ const STUCK: Duration = Duration::from_secs(12);
 /// schedules use its faults).
 const PROXY: bool = true;
 /// Schedules of the bounded run.
-const BOUNDED_SCHEDULES: u64 = 24;
+const BOUNDED_SCHEDULES: u64 = 30;
 
 #[derive(Aggregate)]
 #[aggregate(category = "faulty")]
@@ -1094,7 +1094,7 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// The bounded run of the normal test suite: 24 schedules, half with
+/// The bounded run of the normal test suite: 30 schedules, half with
 /// `max_unacked = 1`, half with `5` (`CONVOY_FAULT_BASE` shifts the seeds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
