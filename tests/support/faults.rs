@@ -815,7 +815,7 @@ mod tests {
     }
 
     #[test]
-    fn check_2_fails_on_order_and_on_long_replays() {
+    fn check_2_fails_on_order_and_on_long_redeliveries() {
         let mut swapped = clean();
         swapped[1].event = "c".into();
         swapped[2].event = "b".into();
@@ -847,7 +847,7 @@ mod tests {
     }
 
     #[test]
-    fn replays_are_counted_like_check_order() {
+    fn redelivered_runs_are_counted_like_check_order() {
         let p = ids(&["a", "b", "c", "d"]);
         assert_eq!(replays(&p, &ids(&["a", "b", "c", "d"])), vec![]);
         assert_eq!(
