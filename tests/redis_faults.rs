@@ -2,6 +2,10 @@
 //! real `redis-server` processes, with what the handlers saw recorded in a
 //! second Redis that the fault never touches:
 //!
+//! - the reply of a fenced read delayed past the response timeout, or
+//!   dropped with the connection after Redis ran the read (through the
+//!   testing kit's `FaultProxy`): the entries it delivered are re-read and
+//!   handled in order, never skipped and trimmed away;
 //! - Redis restarted without persistence: fence generations never repeat,
 //!   and the engine reports that Redis lost its state;
 //! - an engine stalled (`SIGSTOP`) across a Redis restart and resumed just
@@ -17,8 +21,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use convoy_runtime::Priority;
-use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, current_test_command};
+use convoy_runtime::testing::{
+    ChildEngine, FaultProxy, Match, Recorder, RedisServer, current_test_command, script_sha,
+};
+use convoy_runtime::{Domain, Priority};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redis::AsyncCommands;
 use support::*;
@@ -219,4 +225,141 @@ async fn a_stall_across_a_redis_restart_leaves_no_lease_without_a_worker() {
     convoy_runtime::testing::check_order(&published(&all), &seen, 2 * keys)
         .expect("order, nothing lost");
     drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
+    let sut = RedisServer::start().expect("redis");
+    let record = RedisServer::start().expect("redis for the record");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
+    let rec = Recorder::new(&record.url(), "lost-read").expect("recorder");
+    // The engine talks to Redis through the proxy, with a short response
+    // timeout; the publisher talks to Redis directly.
+    let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
+        .expect("broker")
+        .response_timeout(Duration::from_millis(500));
+    let engine = Domain::builder()
+        .config(test_config(&proxy.url()))
+        .instance_id("e0")
+        .broker(broker)
+        .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
+        .init()
+        .expect("domain")
+        .engine()
+        .spawn();
+    let p = publisher(test_config(&sut.url()), "p");
+    let read = script_sha("read").expect("the read script");
+    let seen = |n: usize| {
+        let rec = rec.clone();
+        async move { rec.seen("c0").await.is_ok_and(|s| s.len() >= n) }
+    };
+    publish(&p, &[Posted::new("c0", 0)], Priority::Normal).await;
+    wait_until(WAIT, "c0#0 handled", || seen(1)).await;
+
+    // 1. The reply of the read that delivers c0#1 arrives after the
+    //    engine gave up on it (timed out); c0#2 is published after Redis
+    //    ran that read.
+    proxy.delay_reply(Match::Script(read.clone()), Duration::from_millis(1500), 1);
+    publish(&p, &[Posted::new("c0", 1)], Priority::Normal).await;
+    wait_until(WAIT, "the read of c0#1 ran", || async {
+        proxy.fired() == 1
+    })
+    .await;
+    publish(&p, &[Posted::new("c0", 2)], Priority::Normal).await;
+    wait_until(WAIT, "c0#2 handled", || async {
+        rec.seen("c0")
+            .await
+            .is_ok_and(|s| s.contains(&"c0#2".to_owned()))
+    })
+    .await;
+
+    // 2. The reply of the read that delivers c0#3 is dropped with the
+    //    connection (Redis ran it); then c0#4.
+    proxy.drop_reply(Match::Script(read), 1);
+    publish(&p, &[Posted::new("c0", 3)], Priority::Normal).await;
+    wait_until(WAIT, "the read of c0#3 ran", || async {
+        proxy.fired() == 2
+    })
+    .await;
+    publish(&p, &[Posted::new("c0", 4)], Priority::Normal).await;
+    wait_until(WAIT, "c0#4 handled", || async {
+        rec.seen("c0")
+            .await
+            .is_ok_and(|s| s.contains(&"c0#4".to_owned()))
+    })
+    .await;
+
+    let all: Vec<Posted> = (0..5).map(|seq| Posted::new("c0", seq)).collect();
+    let seen = rec.seen_all().await.expect("seen");
+    convoy_runtime::testing::check_order(&published(&all), &seen, 0)
+        .expect("every event handled once, in order");
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() {
+    let _ = snapshotter();
+    let sut = RedisServer::start().expect("redis");
+    let url = sut.url();
+    let rec = Recorder::new(&url, "gone").expect("recorder");
+    let events: Vec<Posted> = (0..3).map(|seq| Posted::new("g0", seq)).collect();
+    publish(
+        &publisher(test_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
+    // An earlier owner read all three (they are pending for it), then the
+    // middle entry was deleted by hand.
+    let group = group(&url);
+    let mut c = sut.connection().await.expect("conn");
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("ledger:g0")
+        .arg(group)
+        .arg("0")
+        .query_async(&mut c)
+        .await
+        .expect("group");
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("old:1")
+        .arg("STREAMS")
+        .arg("ledger:g0")
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .expect("read as the old owner");
+    let ids: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
+        .arg("ledger:g0")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .expect("xrange");
+    let _: i64 = c.xdel("ledger:g0", &[&ids[1].0]).await.expect("xdel");
+    let missing_before = counter(convoy_runtime::metrics::MISSING_ENTRIES);
+
+    let engine = domain(
+        test_config(&url),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    wait_until(WAIT, "g0#2 handled", || async {
+        rec.seen("g0").await.is_ok_and(|s| s.len() == 2)
+    })
+    .await;
+    assert_eq!(
+        rec.seen("g0").await.expect("seen"),
+        vec!["g0#0".to_owned(), "g0#2".to_owned()]
+    );
+    assert_eq!(
+        counter(convoy_runtime::metrics::MISSING_ENTRIES),
+        missing_before + 1,
+        "the deleted entry is counted"
+    );
+    engine.shutdown().await.expect("shutdown");
 }

@@ -33,7 +33,7 @@ mod partitioned;
 mod plain;
 mod publish;
 mod reply;
-mod scripts;
+pub(crate) mod scripts;
 mod state;
 pub use state::RedisStateStore;
 mod wake;

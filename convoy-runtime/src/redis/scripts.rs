@@ -21,6 +21,30 @@ pub(crate) struct Scripts {
     pub(crate) replay: Script,
 }
 
+#[cfg(feature = "testing")]
+impl Scripts {
+    /// A script by the stem of its file in `lua/` (for the testing kit's
+    /// fault proxy).
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Script> {
+        Some(match name {
+            "publish" => &self.publish,
+            "acquire" => &self.acquire,
+            "release" => &self.release,
+            "read" => &self.read,
+            "ack" => &self.ack,
+            "fail" => &self.fail,
+            "claim" => &self.claim,
+            "reap" => &self.reap,
+            "plain_ack" => &self.plain_ack,
+            "dead_letter" => &self.dead_letter,
+            "save_state" => &self.save_state,
+            "head_action" => &self.head_action,
+            "replay" => &self.replay,
+            _ => return None,
+        })
+    }
+}
+
 /// Why a fenced script refused to act (the codes of `fence.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {

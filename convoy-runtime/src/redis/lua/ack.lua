@@ -24,6 +24,7 @@
 -- Returns per request: a refusal (see fence.lua) when fenced out, else the
 -- number of entries acknowledged.
 local group = ARGV[1]
+local live = redis.call('GET', KEYS[#KEYS])
 local now = ARGV[2]
 
 local function less(a, b)
@@ -107,7 +108,7 @@ while a <= #ARGV do
   local lease, stream, unit, groups_key, acked =
     KEYS[5 * r + 1], KEYS[5 * r + 2], KEYS[5 * r + 3], KEYS[5 * r + 4], KEYS[5 * r + 5]
   r = r + 1
-  local no = refusal(lease, token, KEYS[#KEYS], inc)
+  local no = refusal_given(live, lease, token, inc)
   if no then
     out[#out + 1] = no
   else

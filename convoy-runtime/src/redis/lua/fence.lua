@@ -7,8 +7,10 @@
 --   -2  the lease is gone (an operator's --force, or Redis lost its state)
 --   -3  the caller's liveness lapsed, or was renewed by another process
 --       under the same instance id
-local function refusal(lease, token, alive, inc)
-  if redis.call('GET', alive) ~= inc then
+-- `live` is what the caller's liveness key holds (read once per call by
+-- scripts that check several units).
+local function refusal_given(live, lease, token, inc)
+  if live ~= inc then
     return -3
   end
   local cur = redis.call('GET', lease)
@@ -19,6 +21,10 @@ local function refusal(lease, token, alive, inc)
     return -2
   end
   return -1
+end
+
+local function refusal(lease, token, alive, inc)
+  return refusal_given(redis.call('GET', alive), lease, token, inc)
 end
 
 -- Whether a key holds something other than a stream (an operator's or a
