@@ -310,6 +310,11 @@ struct Harness {
     log: Vec<String>,
     /// Engines that exited without being killed.
     crashed: Vec<String>,
+    /// The reply rule in force (one at a time) and `fired()` when it was
+    /// added.
+    rule: Option<(String, usize)>,
+    /// Every reply rule and how often it fired.
+    rules: Vec<(String, usize)>,
 }
 
 impl Harness {
@@ -350,6 +355,8 @@ impl Harness {
             frozen: false,
             log: Vec::new(),
             crashed: Vec::new(),
+            rule: None,
+            rules: Vec::new(),
         };
         h.start_us = h.now_us();
         for slot in 0..ENGINES {
@@ -503,6 +510,7 @@ impl Harness {
             } => {
                 if let Some(p) = &self.proxy {
                     p.delay_reply(matcher(target), *delay, *times);
+                    self.rule = Some((format!("delay {target}"), p.fired()));
                 }
                 self.note_proxy(&format!(
                     "proxy: delay the next {times} {target} replies by {} ms",
@@ -512,14 +520,22 @@ impl Harness {
             Action::Drop { target, times } => {
                 if let Some(p) = &self.proxy {
                     p.drop_reply(matcher(target), *times);
+                    self.rule = Some((format!("drop {target}"), p.fired()));
                 }
                 self.note_proxy(&format!("proxy: drop the next {times} {target} replies"));
             }
-            Action::ProxyClear => {
-                if let Some(p) = &self.proxy {
-                    p.clear();
-                }
-                self.note_proxy("proxy rules cleared");
+            Action::ProxyClear => self.clear_rules(),
+        }
+    }
+
+    /// Forgets the reply rule in force, noting how often it fired.
+    fn clear_rules(&mut self) {
+        if let Some(p) = &self.proxy {
+            p.clear();
+            if let Some((rule, before)) = self.rule.take() {
+                let fired = p.fired().saturating_sub(before);
+                self.rules.push((rule.clone(), fired));
+                self.note_proxy(&format!("proxy rules cleared ({rule} fired {fired} times)"));
             }
         }
     }
@@ -614,8 +630,8 @@ impl Harness {
         }
         self.thaw();
         self.redis_up();
+        self.clear_rules();
         if let Some(p) = &self.proxy {
-            p.clear();
             p.resume();
         }
         for slot in 0..self.slots.len() {
@@ -737,16 +753,20 @@ struct Outcome {
     dir: Option<PathBuf>,
     /// Proxy replies delayed or dropped.
     fired: usize,
+    /// Each reply rule and how often it fired.
+    rules: Vec<(String, usize)>,
 }
 
 impl Outcome {
     fn summary(&self) -> String {
         format!(
-            "seed {} max_unacked {}: {} faults ({} proxy replies hit), {} events, {} handled, {} re-runs, {} violations, {:.1} s\n    faults: {}",
+            "seed {} max_unacked {}: {} faults ({} proxy replies hit, {} of {} reply rules fired), {} events, {} handled, {} re-runs, {} violations, {:.1} s\n    faults: {}",
             self.settings.seed,
             self.settings.max_unacked,
             self.settings.faults.len(),
             self.fired,
+            self.rules.iter().filter(|(_, n)| *n > 0).count(),
+            self.rules.len(),
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
@@ -917,6 +937,7 @@ async fn run_schedule(seed: u64) -> Outcome {
     }
     write(&dir, "timeline.txt", &harness_note);
     let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
+    let rules = harness.rules.clone();
 
     let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
@@ -947,6 +968,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         elapsed: started.elapsed(),
         dir,
         fired,
+        rules,
     }
 }
 
@@ -1045,6 +1067,26 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
             .count()
     };
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    // How many reply rules of each target fired at least once: a rule that
+    // never fires (e.g. a script hash that does not match) tests nothing.
+    let mut rules: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (rule, fired) in outcomes.iter().flat_map(|o| &o.rules) {
+        let e = rules.entry(rule.as_str()).or_default();
+        e.0 += usize::from(*fired > 0);
+        e.1 += 1;
+    }
+    let rules: Vec<String> = rules
+        .iter()
+        .map(|(r, (f, n))| format!("{r} {f}/{n}"))
+        .collect();
+    println!(
+        "[{what}] reply rules that fired: {}",
+        if rules.is_empty() {
+            "none installed".to_owned()
+        } else {
+            rules.join(", ")
+        }
+    );
     println!(
         "[{what}] {} schedules ({} with max_unacked 1, {} with 5) in {:.0} s; faults: {}; {} events, {} re-runs; {} violations in {} schedule(s){}",
         outcomes.len(),
