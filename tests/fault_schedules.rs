@@ -26,8 +26,12 @@
 //! (3) no two windows of different events of one key overlap, except a
 //! stalled owner finishing the event it had in flight (see
 //! `faults::overlap_allowed`). Every failure prints the seed, the faults,
-//! a replay command and the directory with the engines' logs.
-//! Even seeds run with `max_unacked = 1`, odd ones with `5`.
+//! a replay command and a directory that keeps the engines' logs
+//! (`{instance}-p{process}.log`), the timeline of the faults on the record
+//! server's clock (`timeline.txt`), and what convoy left in Redis for the
+//! keys in question with their windows (`evidence.txt`). Even seeds run
+//! with `max_unacked = 1`, odd ones with `5`. A seed gives the same faults
+//! as long as `faults::plan` and `Settings::new` are unchanged.
 //!
 //! The three ways to run it:
 //!
@@ -328,6 +332,9 @@ impl Harness {
             .expect("record client")
             .get_connection_with_timeout(Duration::from_secs(2))
             .expect("record connection");
+        clock
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("record connection timeout");
         let proxy = if PROXY {
             let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], sut.port()));
             Some(FaultProxy::start(upstream).expect("fault proxy"))
