@@ -25,7 +25,9 @@
 //! order, re-runs only as in-order replays no longer than `max_unacked`;
 //! (3) no two windows of different events of one key overlap, except a
 //! stalled owner finishing the event it had in flight (see
-//! `faults::overlap_allowed`). Every failure prints the seed, the faults,
+//! `faults::overlap_allowed`); (4) a fence generation of a key is seen by
+//! one process only, and never goes back from one started window to the
+//! next. A window runs from the handler's first line to its exit record. Every failure prints the seed, the faults,
 //! a replay command and a directory that keeps the engines' logs
 //! (`{instance}-p{process}.log`), the timeline of the faults on the record
 //! server's clock (`timeline.txt`), and what convoy left in Redis for the
@@ -119,6 +121,7 @@ struct FaultRecording {
 impl FaultRecording {
     #[handle]
     async fn booked(&self, e: Booked, ctx: &Context) -> Result<(), HandlerError> {
+        let invoked = SystemTime::now();
         let id = event_id(&e.client_id, e.seq);
         let mut rng = Rng::new(self.seed ^ hash(&id));
         if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
@@ -128,7 +131,7 @@ impl FaultRecording {
         let label = format!("{}@{generation}", self.instance);
         let entered = self
             .record
-            .enter(&e.client_id, &id, &label)
+            .enter(&e.client_id, &id, &label, invoked)
             .await
             .map_err(HandlerError::msg)?;
         tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;

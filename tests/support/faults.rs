@@ -448,6 +448,11 @@ pub fn label_proc(label: &str) -> Option<usize> {
     proc.parse().ok()
 }
 
+/// The fence generation in a recorder label.
+pub fn label_generation(label: &str) -> Option<u64> {
+    label.rsplit_once('@')?.1.parse().ok()
+}
+
 pub fn label(instance: &str, proc: usize, generation: u64) -> String {
     format!("{instance}/p{proc}@{generation}")
 }
@@ -489,7 +494,11 @@ pub struct Observed<'a> {
 ///    at most `max_unacked` of them, may run again);
 /// 3. no two windows of different events of one key overlap in time, except
 ///    when one of them is a stalled owner finishing the event it had in
-///    flight (see [`overlap_allowed`]).
+///    flight (see [`overlap_allowed`]);
+/// 4. fence tokens: a generation of a key is only ever seen by one process,
+///    and no window starts at a generation older than that of a window
+///    started before it (a stale owner never starts an event after a newer
+///    owner did).
 pub fn check(o: &Observed<'_>) -> Verdict {
     let mut v = Verdict::default();
     let mut bad_keys = std::collections::BTreeSet::new();
@@ -587,6 +596,56 @@ pub fn check(o: &Observed<'_>) -> Verdict {
                     b.start_us,
                     show_end(b_end)
                 ));
+                bad_keys.insert(key.clone());
+            }
+        }
+    }
+    // (4) fence generations.
+    for (key, windows) in o.windows {
+        let mut by_start: Vec<&Window> = windows.iter().collect();
+        by_start.sort_by_key(|w| w.start_us);
+        let mut holder: HashMap<u64, (usize, &Window)> = HashMap::new();
+        let mut newest: Option<(u64, &Window)> = None;
+        let mut found = 0;
+        for w in by_start {
+            let (Some(proc), Some(generation)) =
+                (label_proc(&w.instance), label_generation(&w.instance))
+            else {
+                v.violations.push(format!(
+                    "(4) key {key}: window label `{}` has no process or generation",
+                    w.instance
+                ));
+                continue;
+            };
+            let mut problem = None;
+            match holder.get(&generation) {
+                Some((p, first)) if *p != proc => {
+                    problem = Some(format!(
+                        "(4) key {key}: generation {generation} was used by two processes: {} in {} and {} in {}",
+                        first.instance, first.event, w.instance, w.event
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    holder.insert(generation, (proc, w));
+                }
+            }
+            match newest {
+                Some((g, n)) if generation < g => {
+                    problem = problem.or(Some(format!(
+                        "(4) key {key}: {} started {} at generation {generation} after {} had started {} at the newer generation {g}",
+                        w.instance, w.event, n.instance, n.event
+                    )));
+                }
+                Some((g, _)) if generation == g => {}
+                _ => newest = Some((generation, w)),
+            }
+            if let Some(p) = problem {
+                found += 1;
+                // The first few say it; the rest follow from them.
+                if found <= 3 {
+                    v.violations.push(p);
+                }
                 bad_keys.insert(key.clone());
             }
         }
@@ -943,8 +1002,38 @@ mod tests {
     }
 
     #[test]
+    fn check_4_fails_on_a_repeated_or_older_generation() {
+        let v = run(clean(), &[], &HashMap::new(), 1);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        // Another process at generation 1.
+        let mut repeated = clean();
+        repeated[2] = w(50, 60, "c", "e1/p1@1");
+        let v = run(repeated, &[], &HashMap::new(), 1);
+        assert!(
+            v.violations
+                .iter()
+                .any(|l| l.starts_with("(4) key k: generation 1 was used by two processes")),
+            "{:?}",
+            v.violations
+        );
+        // An older generation starting after a newer one.
+        let mut older = clean();
+        older[1] = w(30, 40, "b", "e1/p1@2");
+        older[2] = w(50, 60, "c", "e0/p0@1");
+        let v = run(older, &[], &HashMap::new(), 1);
+        assert!(
+            v.violations
+                .iter()
+                .any(|l| l.starts_with("(4) key k: e0/p0@1 started c at generation 1 after")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
     fn labels_parse() {
         assert_eq!(label_proc(&label("e0", 12, 7)), Some(12));
+        assert_eq!(label_generation(&label("e0", 12, 7)), Some(7));
         assert_eq!(label_proc("e0@7"), None);
     }
 }

@@ -12,11 +12,15 @@
 //! window would be opened twice). Here both scripts are idempotent (an enter
 //! carries a token naming its window; an exit only sets the end once) and
 //! every call is retried until it is answered, within a bound.
+//!
+//! A window starts when the handler was invoked (its first line, by the
+//! engine's clock, which on one machine is the record server's clock) and
+//! ends when the exit script runs (the record server's `TIME`).
 #![allow(dead_code, missing_docs, unreachable_pub)]
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -29,12 +33,13 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 const RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// KEYS: 1 windows hash, 2 seen list, 3 keys set, 4 window counter,
-/// 5 tokens hash. ARGV: 1 token, 2 event id, 3 label, 4 key.
+/// 5 tokens hash. ARGV: 1 token, 2 event id, 3 label, 4 key, 5 when the
+/// handler was invoked (µs since the epoch, the engine's clock: the same
+/// machine clock as the record server's `TIME`).
 const ENTER_LUA: &str = r"
 local have = redis.call('HGET', KEYS[5], ARGV[1])
 if have then return tonumber(have) end
-local t = redis.call('TIME')
-local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+local now_us = ARGV[5]
 local window = redis.call('INCR', KEYS[4])
 redis.call('HSET', KEYS[5], ARGV[1], window)
 redis.call('RPUSH', KEYS[2], ARGV[2])
@@ -99,8 +104,20 @@ impl Record {
             .cloned()
     }
 
-    /// Opens a window: `label` is in `event` of `key` from now on.
-    pub async fn enter(&self, key: &str, event: &str, label: &str) -> Result<Entered, String> {
+    /// Opens a window: `label` is in `event` of `key` since `invoked` (the
+    /// handler's first line; a stop between it and this record still counts
+    /// the handler as in flight before the stop).
+    pub async fn enter(
+        &self,
+        key: &str,
+        event: &str,
+        label: &str,
+        invoked: SystemTime,
+    ) -> Result<Entered, String> {
+        let invoked_us = invoked
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| format!("the clock is before 1970: {e}"))?
+            .as_micros();
         let token = format!(
             "{}:{}",
             self.process,
@@ -116,7 +133,8 @@ impl Record {
             .arg(&token)
             .arg(event)
             .arg(label)
-            .arg(key);
+            .arg(key)
+            .arg(invoked_us.to_string());
         let window: u64 = self.retry("enter", &invocation).await?;
         Ok(Entered {
             key: key.to_owned(),
