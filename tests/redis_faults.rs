@@ -363,3 +363,18 @@ async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() 
     );
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restarted_under_the_same_instance_id_loses_nothing() {
+    let sut = RedisServer::start().expect("redis");
+    let url = sut.url();
+    let first: Vec<Posted> = (0..3).map(|seq| Posted::new("r0", seq)).collect();
+    let later: Vec<Posted> = (3..6).map(|seq| Posted::new("r0", seq)).collect();
+    publish(&publisher(test_config(&url), "p"), &first, Priority::Normal).await;
+    // The process restarts: a new memory outbox numbers its records from 1
+    // again, under the same instance id.
+    publish(&publisher(test_config(&url), "p"), &later, Priority::Normal).await;
+    let mut c = sut.connection().await.expect("conn");
+    let len: u64 = c.xlen("ledger:r0").await.expect("xlen");
+    assert_eq!(len, 6, "records of the restarted publisher were dropped");
+}

@@ -11,9 +11,20 @@ const KEEP_PUBLISHED: usize = 10_000;
 
 /// An in-memory outbox. Records live as long as the process: use it for the
 /// inline broker, tests, and engines whose events can be re-derived.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryOutbox {
     inner: Mutex<Inner>,
+    /// New for every outbox: its numbering starts at 1 each time.
+    identity: String,
+}
+
+impl Default for MemoryOutbox {
+    fn default() -> Self {
+        MemoryOutbox {
+            inner: Mutex::default(),
+            identity: uuid::Uuid::new_v4().simple().to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +50,10 @@ impl MemoryOutbox {
 }
 
 impl OutboxStore for MemoryOutbox {
+    fn producer_identity(&self) -> &str {
+        &self.identity
+    }
+
     fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
         self.with(|i| {
             for envelope in envelopes {

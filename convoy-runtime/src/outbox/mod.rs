@@ -66,4 +66,28 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Every record still kept (for inspection and tests).
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
+
+    /// The identity under which this store's sequence numbers are unique.
+    ///
+    /// The broker drops a re-sent batch by the highest sequence number it
+    /// has published for a producer, which is the engine's instance id plus
+    /// this identity. A store whose sequence numbers start again (one in
+    /// memory, after a restart) must never reuse an identity, or a restarted
+    /// process under the same instance id would have its first records
+    /// dropped as "already published". The default is new for every
+    /// process, which is safe for a store whose numbering does not start
+    /// again within a process (after a crash, a re-sent batch of a store
+    /// that outlives its process may then be published twice); a store
+    /// whose numbering can start again within a process returns an identity
+    /// of its own (as [`MemoryOutbox`] does); a durable store whose sequence
+    /// numbers never repeat returns a stable identity, so re-sends after a
+    /// crash are dropped.
+    fn producer_identity(&self) -> &str {
+        &DEFAULT_IDENTITY
+    }
 }
+
+/// The default [`OutboxStore::producer_identity`]: one per process, so the
+/// sequence numbers of two processes never share a high-water mark.
+static DEFAULT_IDENTITY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());

@@ -38,7 +38,9 @@ impl std::fmt::Debug for OutboxProcessor {
 }
 
 impl OutboxProcessor {
-    /// A processor publishing `store` to `broker`.
+    /// A processor publishing `store` to `broker` for the engine instance
+    /// `producer` (with the store's [`OutboxStore::producer_identity`], it
+    /// names the high-water mark that drops re-sent batches).
     pub fn new(
         store: Arc<dyn OutboxStore>,
         broker: Arc<dyn Broker>,
@@ -46,6 +48,7 @@ impl OutboxProcessor {
         producer: String,
         wake: Arc<Notify>,
     ) -> Self {
+        let producer = format!("{producer}/{}", store.producer_identity());
         OutboxProcessor {
             store,
             broker,

@@ -21,7 +21,7 @@
 //! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended` |
 //! | `convoy:lease:{pm}:*:{value}` | string | a sequential process manager's lease on a correlation value (all its categories) |
-//! | `convoy:producer:{id}` | string, PX | the last outbox seq an instance published (drops re-sent records) |
+//! | `convoy:producer:{id}` | string, PX | the last outbox seq a producer (`{instance id}/{outbox store identity}`) published (drops re-sent records) |
 
 /// `{category}:__wake__`.
 pub fn wake_stream(category: &str) -> String {
