@@ -16,6 +16,13 @@
 //!   (`SIGSTOP` / `SIGCONT`). Dropping it kills the process and removes the
 //!   directory. If `redis-server` is missing the start fails with an error
 //!   that says how to install it; tests are never skipped silently.
+//! - [`PgServer`] runs `initdb` into a temporary directory and starts a
+//!   real PostgreSQL server on a free port (as the `postgres` user when the
+//!   tests run as root), with [`stop`](PgServer::stop),
+//!   [`kill`](PgServer::kill), [`restart`](PgServer::restart),
+//!   [`freeze`](PgServer::freeze) / [`thaw`](PgServer::thaw), fresh
+//!   databases ([`create_database`](PgServer::create_database)) and `psql`
+//!   for checks. Missing server binaries are an error naming the package.
 //! - [`ChildEngine`] wraps an engine running in a separate OS process
 //!   (a binary built by cargo, or the current test binary re-executed with
 //!   [`current_test_command`]) so a crash (`kill -9`) or a stall (`SIGSTOP`
@@ -74,6 +81,7 @@
 //!   killed with `SIGKILL` leaves its `redis-server` children running.
 
 mod order;
+mod postgres;
 mod process;
 mod proxy;
 mod recorder;
@@ -85,6 +93,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
+pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
 pub use proxy::{FaultProxy, Match, script_sha};
 pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
@@ -220,6 +229,42 @@ pub enum TestingError {
         /// Why it failed.
         #[source]
         source: io::Error,
+    },
+    /// The PostgreSQL server binaries are not installed.
+    #[error(
+        "the PostgreSQL server binaries (initdb, postgres) were not found in `pg_config --bindir`, /usr/lib/postgresql/*/bin or PATH; install them (for example `apt-get install postgresql`)"
+    )]
+    PostgresNotFound,
+    /// Running as root, but there is no `postgres` user to run the server as.
+    #[error(
+        "PostgreSQL refuses to run as root and there is no `postgres` user to run it as; install the postgresql package (it creates the user) or run the tests as another user"
+    )]
+    PostgresUser,
+    /// `initdb` failed.
+    #[error("initdb failed; fix the cause it printed:\n{output}")]
+    PostgresInit {
+        /// What initdb printed.
+        output: String,
+    },
+    /// The PostgreSQL server exited or did not come up.
+    #[error(
+        "postgres on port {port} exited or did not accept connections ({status}); fix the cause shown at the end of its log:\n{log_tail}"
+    )]
+    PostgresExited {
+        /// The port it was started on.
+        port: u16,
+        /// How it exited.
+        status: ExitStatus,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+    /// A SQL command run through `psql` failed.
+    #[error("SQL `{sql}` failed: {message}")]
+    Sql {
+        /// The command.
+        sql: String,
+        /// What psql printed.
+        message: String,
     },
     /// A Redis command failed.
     #[error(

@@ -86,7 +86,7 @@ impl RedisServerBuilder {
     /// Blocks the calling thread while it waits. If the port is taken before
     /// the server binds it, a new port is tried.
     pub fn start(self) -> Result<RedisServer, TestingError> {
-        let dir = make_temp_dir()?;
+        let dir = make_temp_dir("redis")?;
         // From here on `server`'s Drop removes the directory on every path.
         let mut server = RedisServer {
             config: self,
@@ -453,7 +453,9 @@ fn log_tail(dir: &Path) -> String {
     tail
 }
 
-fn make_temp_dir() -> Result<PathBuf, TestingError> {
+/// A new directory under the system's temporary directory, named for
+/// `kind` (`redis`, `postgres`).
+pub(super) fn make_temp_dir(kind: &str) -> Result<PathBuf, TestingError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let base = std::env::temp_dir();
     let nanos = SystemTime::now()
@@ -461,7 +463,7 @@ fn make_temp_dir() -> Result<PathBuf, TestingError> {
         .map_or(0, |elapsed| elapsed.subsec_nanos());
     loop {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = base.join(format!("convoy-redis-{}-{nanos}-{n}", std::process::id()));
+        let dir = base.join(format!("convoy-{kind}-{}-{nanos}-{n}", std::process::id()));
         match fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
