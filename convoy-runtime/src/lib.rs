@@ -80,6 +80,7 @@ pub mod process_manager;
 pub mod redis;
 pub mod registry;
 pub mod routing;
+mod signal;
 pub mod uow;
 
 #[cfg(feature = "testing")]
@@ -99,6 +100,7 @@ pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerE
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
 pub use process_manager::ProcessManager;
+pub use signal::shutdown_signal;
 /// The shutdown token brokers receive (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use uow::UnitOfWork;
