@@ -9,16 +9,6 @@ use convoy_runtime::testing::{Recorder, RedisServer};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::*;
 
-fn group(url: &str) -> &'static str {
-    publisher(test_config(url), "probe")
-        .registry()
-        .handlers()
-        .iter()
-        .find(|h| h.name.ends_with("::Recording"))
-        .map(|h| h.name)
-        .expect("Recording is registered")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_the_engine() {
     let recorder = DebuggingRecorder::new();
@@ -54,7 +44,7 @@ async fn metrics_follow_the_engine() {
     })
     .await;
     let mut c = server.connection().await.expect("conn");
-    let unit = format!("convoy:unit:{}:ledger:c2", group(&url));
+    let unit = format!("convoy:unit:{}:ledger:c2", recording_group(&url));
     wait_until(Duration::from_secs(30), "c2 halted", || {
         let mut c = c.clone();
         let unit = unit.clone();

@@ -383,12 +383,7 @@ async fn child_engine() {
         .expect("once");
     engine_domain(&url, &instance)
         .engine()
-        .run_until(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal");
-            term.recv().await;
-        })
+        .run_until(convoy_runtime::shutdown_signal())
         .await
         .expect("engine");
 }

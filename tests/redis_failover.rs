@@ -46,12 +46,7 @@ async fn child_engine() {
     }
     let engine = domain(config, &instance, handler).engine();
     engine
-        .run_until(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal");
-            term.recv().await;
-        })
+        .run_until(convoy_runtime::shutdown_signal())
         .await
         .expect("engine");
 }
@@ -219,7 +214,7 @@ async fn stalled_owner_is_fenced_out() {
     );
     let mut c = server.connection().await.expect("conn");
     let gens: BTreeMap<String, String> = c
-        .hgetall(format!("convoy:unit:{}:ledger:c0", support_group(&url)))
+        .hgetall(format!("convoy:unit:{}:ledger:c0", recording_group(&url)))
         .await
         .expect("unit");
     assert!(
@@ -228,14 +223,4 @@ async fn stalled_owner_is_fenced_out() {
     );
     drop(a);
     drop(b);
-}
-
-fn support_group(url: &str) -> &'static str {
-    publisher(test_config(url), "probe")
-        .registry()
-        .handlers()
-        .iter()
-        .find(|h| h.name.ends_with("::Recording"))
-        .map(|h| h.name)
-        .expect("Recording is registered")
 }

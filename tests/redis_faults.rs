@@ -57,21 +57,14 @@ fn counter(name: &str) -> u64 {
         .sum()
 }
 
-fn group(url: &str) -> &'static str {
-    publisher(test_config(url), "probe")
-        .registry()
-        .handlers()
-        .iter()
-        .find(|h| h.name.ends_with("::Recording"))
-        .map(|h| h.name)
-        .expect("Recording is registered")
-}
-
 async fn generation(server: &RedisServer, key: &str) -> u64 {
     let mut c = server.connection().await.expect("conn");
     let g: Option<String> = c
         .hget(
-            format!("convoy:unit:{}:ledger:{key}", group(&server.url())),
+            format!(
+                "convoy:unit:{}:ledger:{key}",
+                recording_group(&server.url())
+            ),
             "gen",
         )
         .await
@@ -157,12 +150,7 @@ async fn child_engine() {
     let handler = Recording::new(rec, &instance, Duration::from_millis(5));
     let engine = domain(test_config(&url), &instance, handler).engine();
     engine
-        .run_until(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal");
-            term.recv().await;
-        })
+        .run_until(convoy_runtime::shutdown_signal())
         .await
         .expect("engine");
 }
@@ -311,7 +299,7 @@ async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() 
     .await;
     // An earlier owner read all three (they are pending for it), then the
     // middle entry was deleted by hand.
-    let group = group(&url);
+    let group = recording_group(&url);
     let mut c = sut.connection().await.expect("conn");
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")

@@ -83,7 +83,7 @@
 //! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
 //! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes |
 //! | 4. brokers | `broker/inline.rs`, `redis/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools). A broker never imports the domain, the engine or the unit of work |
-//! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`) |
+//! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`] |
 //!
 //! Where each rule of the specification is enforced:
 //!
@@ -132,6 +132,7 @@ pub mod redis;
 // 5. assembly
 mod domain;
 mod engine;
+mod signal;
 mod uow;
 
 #[cfg(feature = "testing")]
@@ -153,6 +154,7 @@ pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerE
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
 pub use process_manager::ProcessManager;
+pub use signal::shutdown_signal;
 /// The shutdown token brokers receive (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use uow::UnitOfWork;

@@ -241,3 +241,14 @@ pub async fn seen_count(recorder: &Recorder) -> usize {
         Err(_) => 0,
     }
 }
+
+/// The consumer group (handler name) of [`Recording`].
+pub fn recording_group(url: &str) -> &'static str {
+    publisher(test_config(url), "probe")
+        .registry()
+        .handlers()
+        .iter()
+        .find(|h| h.name.ends_with("::Recording"))
+        .map(|h| h.name)
+        .expect("Recording is registered")
+}

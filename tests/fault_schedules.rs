@@ -1,0 +1,1179 @@
+//! Randomized fault schedules (issue #9, "Testing"): three engine processes
+//! and a publisher share one Redis while a seeded schedule of faults hits
+//! them, then everything is healed, drained and checked per key.
+//!
+//! Per schedule: a system-under-test `redis-server` with the append-only
+//! file (`appendfsync always`), and a separate *record* server that is never
+//! faulted, where the handlers record every enter and exit (instance,
+//! process and fence generation) in the layout of the testing kit's
+//! `Recorder` (`support/record.rs`). The engines are this test binary
+//! re-executed (`child_engine`, selected by `CONVOY_FAULT_CHILD`), with a
+//! 600 ms Redis response timeout; the publisher (its own engine, memory
+//! outbox) runs in the test process. Engines and publisher reach Redis
+//! through a `FaultProxy`. The faults, chosen from the seed only (their
+//! timing is the machine's): `kill -9` of an engine (restarted under the
+//! same or a new instance id), `SIGSTOP` past (or within) the lease then
+//! `SIGCONT`, Redis stop+restart and kill+restart (often while an engine is
+//! stopped), Redis frozen (`SIGSTOP`), `CLIENT PAUSE`, and through the
+//! proxy: every connection cut, all traffic paused, the replies of one of
+//! convoy's scripts (read, ack, claim, fail, acquire, release, reap,
+//! publish) or of a plain command (SET, XREAD, SMEMBERS) delayed past the
+//! response timeout or dropped after Redis ran the request.
+//!
+//! The checks, per key, from the record server: (1) every committed event
+//! was handled to completion at least once; (2) nothing handled out of
+//! order, re-runs only as in-order replays no longer than `max_unacked`;
+//! (3) no two windows of different events of one key overlap, except a
+//! stalled owner finishing the event it had in flight (see
+//! `faults::overlap_allowed`); (4) a fence generation of a key is seen by
+//! one process only, and never goes back from one started window to the
+//! next. A window runs from the handler's first line to its exit record. Every failure prints the seed, the faults,
+//! a replay command and a directory that keeps the engines' logs
+//! (`{instance}-p{process}.log`), the timeline of the faults on the record
+//! server's clock (`timeline.txt`), and what convoy left in Redis for the
+//! keys in question with their windows (`evidence.txt`). Even seeds run
+//! with `max_unacked = 1`, odd ones with `5`. A seed gives the same faults
+//! as long as `faults::plan` and `Settings::new` are unchanged.
+//!
+//! The three ways to run it:
+//!
+//! ```sh
+//! # the bounded run, part of `cargo test --workspace --all-features` (30 schedules):
+//! cargo test -p convoy-tests --test fault_schedules -- bounded_run --nocapture
+//! # one seed again (its faults are the same; the engines log to the printed directory):
+//! CONVOY_FAULT_SEED=1234 cargo test -p convoy-tests --test fault_schedules -- replay --nocapture
+//! # a long run (CONVOY_FAULT_BASE=n picks the first seed, default: from the clock):
+//! CONVOY_FAULT_SCHEDULES=300 cargo test --release -p convoy-tests --test fault_schedules -- --ignored long_run --nocapture
+//! ```
+//!
+//! `CONVOY_FAULT_LOG` sets the engines' `RUST_LOG` (default
+//! `convoy_runtime=info`); `CONVOY_FAULT_KEEP=1` keeps the log directory of
+//! passing schedules too.
+
+#[path = "support/faults.rs"]
+mod faults;
+#[path = "support/record.rs"]
+mod record;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use convoy_runtime::redis::RedisBroker;
+use convoy_runtime::testing::{
+    ChildEngine, FaultProxy, Match, Recorder, RedisServer, Window, current_test_command, script_sha,
+};
+use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
+use faults::{Action, Observed, PlanParams, Planned, Rng, StallRecord, Verdict};
+use serde::{Deserialize, Serialize};
+
+/// Engine processes per schedule.
+const ENGINES: usize = 3;
+/// Faults start within this time; events are published over it too.
+const PHASE: Duration = Duration::from_millis(3500);
+const LEASE_TTL_MS: u64 = 1200;
+const HEARTBEAT_S: f64 = 0.3;
+/// The engines' Redis response timeout: delayed replies go past it.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(600);
+/// The longest wait for the drain after healing.
+const DRAIN: Duration = Duration::from_secs(60);
+/// The drain gives up earlier when nothing completes for this long.
+const STUCK: Duration = Duration::from_secs(12);
+/// Whether engines and the publisher go through a [`FaultProxy`] (and the
+/// schedules use its faults).
+const PROXY: bool = true;
+/// Schedules of the bounded run.
+const BOUNDED_SCHEDULES: u64 = 30;
+
+#[derive(Aggregate)]
+#[aggregate(category = "faulty")]
+struct Account;
+
+/// The `seq`-th event of a client (from 0).
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Account)]
+struct Booked {
+    client_id: String,
+    seq: u64,
+}
+
+fn event_id(key: &str, seq: u64) -> String {
+    format!("{key}#{seq}")
+}
+
+/// Records enter and exit of every event in the record server, labelled
+/// `{instance}/p{process}@{generation}`; works a few ms in between. Fails
+/// the first attempt of a few events (before entering) to exercise retries.
+struct FaultRecording {
+    record: record::Record,
+    /// `{instance}/p{process}`.
+    instance: String,
+    seed: u64,
+    fail_percent: u64,
+    /// The handler's work, ms, from .. to.
+    work_ms: (u64, u64),
+}
+
+#[event_handler(part_of = Account, sequential_by = "client_id")]
+impl FaultRecording {
+    #[handle]
+    async fn booked(&self, e: Booked, ctx: &Context) -> Result<(), HandlerError> {
+        let invoked = SystemTime::now();
+        let id = event_id(&e.client_id, e.seq);
+        let mut rng = Rng::new(self.seed ^ hash(&id));
+        if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
+            return Err(HandlerError::msg(format!("transient failure of {id}")));
+        }
+        let generation = ctx.fence().map_or(0, |f| f.generation);
+        let label = format!("{}@{generation}", self.instance);
+        let entered = self
+            .record
+            .enter(&e.client_id, &id, &label, invoked)
+            .await
+            .map_err(HandlerError::msg)?;
+        tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;
+        self.record.exit(entered).await.map_err(HandlerError::msg)
+    }
+}
+
+fn hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// What one schedule runs with; all of it follows from the seed.
+#[derive(Debug, Clone)]
+struct Settings {
+    seed: u64,
+    max_unacked: usize,
+    keys: usize,
+    per_key: u64,
+    reap_idle_ms: u64,
+    fail_percent: u64,
+    work_ms: (u64, u64),
+    /// Percent of units of work that raise a burst of events at once.
+    burst_percent: u64,
+    faults: Vec<Planned>,
+}
+
+impl Settings {
+    fn new(seed: u64, proxy: bool) -> Self {
+        let root = Rng::new(seed);
+        let mut r = root.fork(1);
+        let keys = r.range(8, 16) as usize;
+        let per_key = r.range(20, 50);
+        let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
+        let fail_percent = *r.pick(&[0, 2, 5]);
+        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
+        let burst_percent = *r.pick(&[0, 5, 15]);
+        let faults = faults::plan(
+            &mut root.fork(2),
+            &PlanParams {
+                phase: PHASE,
+                engines: ENGINES,
+                lease_ttl: Duration::from_millis(LEASE_TTL_MS),
+                response_timeout: RESPONSE_TIMEOUT,
+                proxy,
+            },
+        );
+        Settings {
+            seed,
+            max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
+            keys,
+            per_key,
+            reap_idle_ms,
+            fail_percent,
+            work_ms,
+            burst_percent,
+            faults,
+        }
+    }
+
+    fn fault_list(&self) -> String {
+        let items: Vec<String> = self
+            .faults
+            .iter()
+            .map(|p| format!("@{}ms {}", p.at.as_millis(), p.fault))
+            .collect();
+        format!("[{}]", items.join("; "))
+    }
+
+    fn incidents(&self) -> usize {
+        self.faults.iter().map(|p| p.fault.incidents()).sum()
+    }
+}
+
+fn replay_command(seed: u64) -> String {
+    format!(
+        "CONVOY_FAULT_SEED={seed} cargo test -p convoy-tests --test fault_schedules -- replay --nocapture"
+    )
+}
+
+fn config(url: &str, s: &Settings) -> Config {
+    let mut c = Config::default();
+    c.broker.url = url.to_owned();
+    let p = &mut c.server.partitioning;
+    p.lease_ttl_ms = LEASE_TTL_MS;
+    p.heartbeat_interval_seconds = Some(HEARTBEAT_S);
+    p.poll_interval_seconds = 0.05;
+    p.reap_idle_ms = s.reap_idle_ms;
+    p.max_unacked = s.max_unacked;
+    c.server.retry.max_retries = 50;
+    c.server.retry.initial_backoff_ms = 10;
+    c.server.retry.max_backoff_ms = 100;
+    c
+}
+
+fn broker(url: &str) -> RedisBroker {
+    RedisBroker::from_url(url)
+        .expect("a redis URL")
+        .response_timeout(RESPONSE_TIMEOUT)
+}
+
+/// Runs an engine until SIGTERM when started as a child engine by a
+/// schedule (`CONVOY_FAULT_CHILD` set); does nothing otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_engine() {
+    let Ok(url) = std::env::var("CONVOY_FAULT_CHILD") else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let seed: u64 = var("CONVOY_FAULT_SCHEDULE").parse().expect("seed");
+    let settings = Settings::new(seed, var("CONVOY_FAULT_PROXY") == "1");
+    let instance = var("CONVOY_FAULT_INSTANCE");
+    let proc = var("CONVOY_FAULT_PROC");
+    let record = record::Record::new(
+        &var("CONVOY_FAULT_RECORD"),
+        &var("CONVOY_FAULT_NS"),
+        &format!("p{proc}"),
+    )
+    .expect("record server client");
+    let handler = FaultRecording {
+        record,
+        instance: format!("{instance}/p{proc}"),
+        seed,
+        fail_percent: settings.fail_percent,
+        work_ms: settings.work_ms,
+    };
+    let domain = Domain::builder()
+        .config(config(&url, &settings))
+        .broker(broker(&url))
+        .instance_id(instance)
+        .handler(handler)
+        .init()
+        .expect("engine domain");
+    domain
+        .engine()
+        .shutdown_timeout(Duration::from_secs(3))
+        .run_until(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            term.recv().await;
+        })
+        .await
+        .expect("engine");
+}
+
+/// One engine slot: the process currently playing it.
+struct Slot {
+    instance: String,
+    proc: usize,
+    child: Option<ChildEngine>,
+}
+
+/// The system under test and its fault injection; owned by the fault
+/// thread while the schedule runs.
+struct Harness {
+    settings: Settings,
+    sut: RedisServer,
+    proxy: Option<FaultProxy>,
+    /// What engines and the publisher connect to.
+    engine_url: String,
+    record_url: String,
+    ns: String,
+    dir: PathBuf,
+    slots: Vec<Slot>,
+    next_proc: usize,
+    next_id: usize,
+    clock: redis::Connection,
+    start_us: u64,
+    stalls: Vec<StallRecord>,
+    /// Slot -> (process, stopped at).
+    stopped: HashMap<usize, (usize, u64)>,
+    kills: HashMap<usize, u64>,
+    redis_down: bool,
+    frozen: bool,
+    /// Timeline lines, with record-clock times.
+    log: Vec<String>,
+    /// Engines that exited without being killed.
+    crashed: Vec<String>,
+    /// The reply rule in force (one at a time) and `fired()` when it was
+    /// added.
+    rule: Option<(String, usize)>,
+    /// Every reply rule and how often it fired.
+    rules: Vec<(String, usize)>,
+}
+
+impl Harness {
+    fn start(settings: Settings, dir: PathBuf, record: &RedisServer) -> Self {
+        let sut = RedisServer::builder()
+            .append_only(true)
+            .start()
+            .expect("system-under-test redis-server");
+        let clock = record
+            .client()
+            .expect("record client")
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("record connection");
+        clock
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("record connection timeout");
+        let proxy = if PROXY {
+            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], sut.port()));
+            Some(FaultProxy::start(upstream).expect("fault proxy"))
+        } else {
+            None
+        };
+        let engine_url = proxy.as_ref().map_or_else(|| sut.url(), FaultProxy::url);
+        let mut h = Harness {
+            proxy,
+            ns: format!("faults-{}", settings.seed),
+            settings,
+            sut,
+            engine_url,
+            record_url: record.url(),
+            dir,
+            slots: Vec::new(),
+            next_proc: 0,
+            next_id: ENGINES,
+            clock,
+            start_us: 0,
+            stalls: Vec::new(),
+            stopped: HashMap::new(),
+            kills: HashMap::new(),
+            redis_down: false,
+            frozen: false,
+            log: Vec::new(),
+            crashed: Vec::new(),
+            rule: None,
+            rules: Vec::new(),
+        };
+        h.start_us = h.now_us();
+        for slot in 0..ENGINES {
+            let child = h.spawn(&format!("e{slot}"));
+            h.slots.push(child);
+        }
+        h
+    }
+
+    /// µs of the record server's clock (the clock of the windows).
+    fn now_us(&mut self) -> u64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query(&mut self.clock)
+            .expect("TIME on the record server");
+        s * 1_000_000 + us
+    }
+
+    fn note(&mut self, what: String) {
+        let t = self.now_us().saturating_sub(self.start_us);
+        self.log
+            .push(format!("{:>7.3}s {what}", t as f64 / 1_000_000.0));
+    }
+
+    fn spawn(&mut self, instance: &str) -> Slot {
+        let proc = self.next_proc;
+        self.next_proc += 1;
+        let log = self.dir.join(format!("{instance}-p{proc}.log"));
+        let out = File::create(&log).expect("engine log file");
+        let err = out.try_clone().expect("engine log file");
+        let mut cmd: Command = current_test_command("child_engine").expect("test binary");
+        cmd.env("CONVOY_FAULT_CHILD", &self.engine_url)
+            .env("CONVOY_FAULT_RECORD", &self.record_url)
+            .env("CONVOY_FAULT_NS", &self.ns)
+            .env("CONVOY_FAULT_SCHEDULE", self.settings.seed.to_string())
+            .env("CONVOY_FAULT_PROXY", if PROXY { "1" } else { "0" })
+            .env("CONVOY_FAULT_INSTANCE", instance)
+            .env("CONVOY_FAULT_PROC", proc.to_string())
+            .env(
+                "RUST_LOG",
+                std::env::var("CONVOY_FAULT_LOG").unwrap_or_else(|_| "convoy_runtime=info".into()),
+            )
+            .env_remove("CONVOY_FAULT_SEED")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = ChildEngine::spawn(&mut cmd).expect("spawn an engine");
+        self.note(format!("started {instance}/p{proc} (pid {})", child.pid()));
+        Slot {
+            instance: instance.to_owned(),
+            proc,
+            child: Some(child),
+        }
+    }
+
+    fn run(&mut self, timeline: &[(Duration, Action)]) {
+        let start = Instant::now();
+        for (at, action) in timeline {
+            if let Some(wait) = (start + *at).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            self.watch_children();
+            self.apply(action);
+        }
+    }
+
+    fn apply(&mut self, action: &Action) {
+        match action {
+            Action::Kill(slot) => {
+                let name = self.name(*slot);
+                let proc = self.slots[*slot].proc;
+                if let Some(mut child) = self.slots[*slot].child.take() {
+                    let _ = child.kill9();
+                }
+                let at = self.now_us();
+                self.kills.insert(proc, at);
+                self.note(format!("kill -9 {name}"));
+            }
+            Action::Respawn { slot, same_id } => {
+                let instance = if *same_id {
+                    self.slots[*slot].instance.clone()
+                } else {
+                    self.next_id += 1;
+                    format!("e{}", self.next_id - 1)
+                };
+                self.slots[*slot] = self.spawn(&instance);
+            }
+            Action::Stop(slot) => {
+                let proc = self.slots[*slot].proc;
+                let from = self.now_us();
+                if let Some(child) = self.slots[*slot].child.as_mut()
+                    && child.stop().is_ok()
+                {
+                    self.stopped.insert(*slot, (proc, from));
+                }
+                let name = self.name(*slot);
+                self.note(format!("SIGSTOP {name}"));
+            }
+            Action::Cont(slot) => self.cont(*slot),
+            Action::RedisDown { graceful } => {
+                let r = if *graceful {
+                    self.sut.stop()
+                } else {
+                    self.sut.kill()
+                };
+                r.expect("stop the system-under-test redis");
+                self.redis_down = true;
+                self.frozen = false;
+                self.note(format!(
+                    "redis {}",
+                    if *graceful { "stopped" } else { "killed" }
+                ));
+            }
+            Action::RedisUp => self.redis_up(),
+            Action::Freeze => {
+                self.sut.freeze().expect("freeze redis");
+                self.frozen = true;
+                self.note("redis frozen".into());
+            }
+            Action::Thaw => self.thaw(),
+            Action::ClientPause(d) => {
+                let r = self.sut_command(
+                    redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(d.as_millis() as u64)
+                        .arg("ALL"),
+                );
+                self.note(format!("CLIENT PAUSE {} ms: {r}", d.as_millis()));
+            }
+            Action::ProxyCut => {
+                if let Some(p) = &self.proxy {
+                    p.cut_all();
+                }
+                self.note_proxy("proxy cut_all");
+            }
+            Action::ProxyPause => {
+                if let Some(p) = &self.proxy {
+                    p.pause();
+                }
+                self.note_proxy("proxy paused");
+            }
+            Action::ProxyResume => {
+                if let Some(p) = &self.proxy {
+                    p.resume();
+                }
+                self.note_proxy("proxy resumed");
+            }
+            Action::Delay {
+                target,
+                delay,
+                times,
+            } => {
+                if let Some(p) = &self.proxy {
+                    p.delay_reply(matcher(target), *delay, *times);
+                    self.rule = Some((format!("delay {target}"), p.fired()));
+                }
+                self.note_proxy(&format!(
+                    "proxy: delay the next {times} {target} replies by {} ms",
+                    delay.as_millis()
+                ));
+            }
+            Action::Drop { target, times } => {
+                if let Some(p) = &self.proxy {
+                    p.drop_reply(matcher(target), *times);
+                    self.rule = Some((format!("drop {target}"), p.fired()));
+                }
+                self.note_proxy(&format!("proxy: drop the next {times} {target} replies"));
+            }
+            Action::ProxyClear => self.clear_rules(),
+        }
+    }
+
+    /// Forgets the reply rule in force, noting how often it fired.
+    fn clear_rules(&mut self) {
+        if let Some(p) = &self.proxy {
+            p.clear();
+            if let Some((rule, before)) = self.rule.take() {
+                let fired = p.fired().saturating_sub(before);
+                self.rules.push((rule.clone(), fired));
+                self.note_proxy(&format!("proxy rules cleared ({rule} fired {fired} times)"));
+            }
+        }
+    }
+
+    /// Notes a proxy action with how many reply faults fired so far.
+    fn note_proxy(&mut self, what: &str) {
+        let fired = self.proxy.as_ref().map_or(0, FaultProxy::fired);
+        self.note(format!("{what} (reply faults fired so far: {fired})"));
+    }
+
+    fn name(&self, slot: usize) -> String {
+        let s = &self.slots[slot];
+        format!("{}/p{}", s.instance, s.proc)
+    }
+
+    fn cont(&mut self, slot: usize) {
+        if let Some(child) = self.slots[slot].child.as_mut() {
+            let _ = child.cont();
+        }
+        if let Some((proc, from_us)) = self.stopped.remove(&slot) {
+            let to_us = self.now_us();
+            self.stalls.push(StallRecord {
+                proc,
+                from_us,
+                to_us,
+            });
+        }
+        let name = self.name(slot);
+        self.note(format!("SIGCONT {name}"));
+    }
+
+    fn thaw(&mut self) {
+        if self.frozen {
+            self.sut.thaw().expect("thaw redis");
+            self.frozen = false;
+            self.note("redis thawed".into());
+        }
+    }
+
+    fn redis_up(&mut self) {
+        if self.redis_down {
+            self.sut
+                .restart()
+                .expect("restart the system-under-test redis");
+            self.redis_down = false;
+            self.note("redis restarted".into());
+        }
+    }
+
+    /// One command on the system under test, directly (not through the
+    /// proxy); the outcome as text.
+    fn sut_command(&self, cmd: &redis::Cmd) -> String {
+        let r = redis::Client::open(self.sut.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)));
+        match r {
+            Ok(mut conn) => match cmd.query::<redis::Value>(&mut conn) {
+                Ok(v) => format!("{v:?}"),
+                Err(e) => format!("failed: {e}"),
+            },
+            Err(e) => format!("failed: {e}"),
+        }
+    }
+
+    /// Notes engines that exited although nobody killed them.
+    fn watch_children(&mut self) {
+        let mut gone = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(child) = s.child.as_mut()
+                && let Ok(Some(status)) = child.try_status()
+            {
+                gone.push((
+                    i,
+                    format!("{}/p{} exited by itself ({status})", s.instance, s.proc),
+                ));
+                s.child = None;
+            }
+        }
+        for (slot, what) in gone {
+            self.note(what.clone());
+            self.crashed.push(what);
+            // Keep three engines running.
+            let instance = self.slots[slot].instance.clone();
+            self.slots[slot] = self.spawn(&instance);
+        }
+    }
+
+    /// Ends every fault still in force and makes sure three engines run.
+    fn heal(&mut self) {
+        let stopped: Vec<usize> = self.stopped.keys().copied().collect();
+        for slot in stopped {
+            self.cont(slot);
+        }
+        self.thaw();
+        self.redis_up();
+        self.clear_rules();
+        if let Some(p) = &self.proxy {
+            p.resume();
+        }
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].child.is_none() {
+                let instance = self.slots[slot].instance.clone();
+                self.slots[slot] = self.spawn(&instance);
+            }
+        }
+        self.watch_children();
+        self.note("healed".into());
+    }
+}
+
+/// The proxy rule for a fault's target.
+fn matcher(target: &faults::Target) -> Match {
+    match target {
+        faults::Target::Script(name) => {
+            Match::Script(script_sha(name).unwrap_or_else(|| panic!("no convoy script {name:?}")))
+        }
+        faults::Target::Command(name) => Match::Command((*name).to_owned()),
+    }
+}
+
+/// Raises the schedule's events in per-key order, interleaved across keys,
+/// over the fault phase; returns what `commit` returned Ok for.
+async fn publish(domain: &Domain, s: &Settings) -> BTreeMap<String, Vec<String>> {
+    let mut rng = Rng::new(s.seed).fork(3);
+    let mut left: Vec<(String, u64)> = (0..s.keys).map(|k| (format!("k{k:02}"), 0)).collect();
+    let total = s.keys as u64 * s.per_key;
+    let mut committed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut raised = 0u64;
+    let start = Instant::now();
+    while raised < total {
+        let mut uow = domain.unit_of_work();
+        let mut batch = Vec::new();
+        // Mostly one to three events; sometimes a burst, so that keys have
+        // a backlog (batched reads, and acknowledgements of several events).
+        let n = if rng.chance(s.burst_percent) {
+            rng.range(10, 40)
+        } else {
+            rng.range(1, 3)
+        };
+        for _ in 0..n {
+            let open: Vec<usize> = (0..left.len()).filter(|&i| left[i].1 < s.per_key).collect();
+            if open.is_empty() {
+                break;
+            }
+            let i = *rng.pick(&open);
+            let (key, seq) = (left[i].0.clone(), left[i].1);
+            left[i].1 += 1;
+            uow.raise(Booked {
+                client_id: key.clone(),
+                seq,
+            })
+            .expect("raise");
+            batch.push((key, seq));
+        }
+        raised += batch.len() as u64;
+        if uow.commit().await.is_ok() {
+            for (key, seq) in batch {
+                committed
+                    .entry(key.clone())
+                    .or_default()
+                    .push(event_id(&key, seq));
+            }
+        }
+        // Spread the events over the fault phase.
+        let due = PHASE.mul_f64(raised as f64 / total as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    committed
+}
+
+/// Every key's processing windows (committed keys and any other key seen).
+async fn windows(
+    recorder: &Recorder,
+    committed: &BTreeMap<String, Vec<String>>,
+) -> BTreeMap<String, Vec<Window>> {
+    let mut keys: Vec<String> = committed.keys().cloned().collect();
+    if let Ok(seen) = recorder.seen_all().await {
+        keys.extend(seen.into_keys());
+    }
+    keys.sort();
+    keys.dedup();
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let w = recorder
+            .windows_of(&key)
+            .await
+            .expect("record server windows");
+        out.insert(key, w);
+    }
+    out
+}
+
+fn completed(
+    committed: &BTreeMap<String, Vec<String>>,
+    windows: &BTreeMap<String, Vec<Window>>,
+) -> usize {
+    committed
+        .iter()
+        .map(|(k, ids)| {
+            let ws = windows.get(k).map(Vec::as_slice).unwrap_or_default();
+            ids.iter()
+                .filter(|id| ws.iter().any(|w| &w.event == *id && w.end_us != u64::MAX))
+                .count()
+        })
+        .sum()
+}
+
+/// What one schedule did.
+struct Outcome {
+    settings: Settings,
+    verdict: Verdict,
+    events: usize,
+    elapsed: Duration,
+    dir: Option<PathBuf>,
+    /// Proxy replies delayed or dropped.
+    fired: usize,
+    /// Each reply rule and how often it fired.
+    rules: Vec<(String, usize)>,
+}
+
+impl Outcome {
+    fn summary(&self) -> String {
+        format!(
+            "seed {} max_unacked {}: {} faults ({} proxy replies hit, {} of {} reply rules fired), {} events, {} handled, {} re-runs, {} violations, {:.1} s\n    faults: {}",
+            self.settings.seed,
+            self.settings.max_unacked,
+            self.settings.faults.len(),
+            self.fired,
+            self.rules.iter().filter(|(_, n)| *n > 0).count(),
+            self.rules.len(),
+            self.events,
+            self.verdict.handled,
+            self.verdict.reruns,
+            self.verdict.violations.len(),
+            self.elapsed.as_secs_f64(),
+            self.settings.fault_list()
+        )
+    }
+
+    fn report(&self) -> String {
+        let mut s = format!(
+            "FAILED schedule seed {} (max_unacked {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+            self.settings.seed,
+            self.settings.max_unacked,
+            self.settings.keys,
+            self.settings.per_key,
+            self.settings.burst_percent,
+            self.settings.work_ms,
+            self.settings.reap_idle_ms,
+            self.settings.fail_percent,
+            self.settings.fault_list()
+        );
+        for v in self.verdict.violations.iter().take(20) {
+            s.push_str(&format!("  {v}\n"));
+        }
+        if self.verdict.violations.len() > 20 {
+            s.push_str(&format!(
+                "  … {} more (see the log directory)\n",
+                self.verdict.violations.len() - 20
+            ));
+        }
+        if let Some(dir) = &self.dir {
+            s.push_str(&format!("  logs and evidence: {}\n", dir.display()));
+        }
+        s.push_str(&format!(
+            "  replay: {}\n",
+            replay_command(self.settings.seed)
+        ));
+        s
+    }
+}
+
+fn log_dir(seed: u64) -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "convoy-faults-{}-seed{seed}-{nanos}",
+        std::process::id()
+    ));
+    fs::create_dir_all(&dir).expect("log directory");
+    dir
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    if let Ok(mut f) = File::create(dir.join(name)) {
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+async fn run_schedule(seed: u64) -> Outcome {
+    let started = Instant::now();
+    let settings = Settings::new(seed, PROXY);
+    let dir = log_dir(seed);
+    write(
+        &dir,
+        "schedule.txt",
+        &format!(
+            "{settings:#?}\nfaults: {}\nreplay: {}\n",
+            settings.fault_list(),
+            replay_command(seed)
+        ),
+    );
+    let record = tokio::task::spawn_blocking(|| {
+        RedisServer::start().expect("record redis-server (never faulted)")
+    })
+    .await
+    .expect("start record server");
+    let record_url = record.url();
+    let (s2, d2) = (settings.clone(), dir.clone());
+    let (mut harness, record) =
+        tokio::task::spawn_blocking(move || (Harness::start(s2, d2, &record), record))
+            .await
+            .expect("start the system under test");
+    let engine_url = harness.engine_url.clone();
+    let recorder = Recorder::new(&record_url, harness.ns.clone()).expect("recorder");
+
+    // The publisher: its own domain and engine (the outbox processor runs
+    // continuously and keeps records pending while Redis is unreachable).
+    let publisher = Domain::builder()
+        .config(config(&engine_url, &settings))
+        .broker(broker(&engine_url))
+        .instance_id("publisher")
+        .init()
+        .expect("publisher domain");
+    let publishing = publisher.engine().spawn();
+
+    let timeline = faults::timeline(&settings.faults);
+    let faults_task = tokio::task::spawn_blocking(move || {
+        harness.run(&timeline);
+        harness.heal();
+        harness
+    });
+    let committed = publish(&publisher, &settings).await;
+    let mut harness = faults_task.await.expect("fault thread");
+
+    // Drain: until the outbox is empty and every committed event completed,
+    // at most DRAIN, or until nothing completed for STUCK.
+    let events: usize = committed.values().map(Vec::len).sum();
+    let drain_start = Instant::now();
+    let mut last = (0usize, Instant::now());
+    let mut drained = false;
+    while drain_start.elapsed() < DRAIN && last.1.elapsed() < STUCK {
+        let pending = publisher.outbox().pending(1).await.map_or(1, |p| p.len());
+        let done = completed(&committed, &windows(&recorder, &committed).await);
+        if pending == 0 && done == events {
+            drained = true;
+            break;
+        }
+        if done > last.0 {
+            last = (done, Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Late re-runs (a stalled owner's, a redelivery) still show up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let harness_note = {
+        let h = &mut harness;
+        let secs = h.start_us / 1_000_000;
+        let header = format!(
+            "t=0 is {} µs of the record clock (unix) = {:02}:{:02}:{:02}.{:06} UTC, as in the engine logs",
+            h.start_us,
+            secs / 3600 % 24,
+            secs / 60 % 60,
+            secs % 60,
+            h.start_us % 1_000_000
+        );
+        h.log.insert(0, header);
+        h.watch_children();
+        h.note(format!(
+            "drain {} after {:.1} s",
+            if drained { "complete" } else { "gave up" },
+            drain_start.elapsed().as_secs_f64()
+        ));
+        h.log.join("\n")
+    };
+    let windows = windows(&recorder, &committed).await;
+    let mut verdict = faults::check(&Observed {
+        committed: &committed,
+        windows: &windows,
+        stalls: &harness.stalls,
+        kills: &harness.kills,
+        max_unacked: settings.max_unacked,
+        incidents: settings.incidents(),
+    });
+    let pending = publisher
+        .outbox()
+        .pending(10_000)
+        .await
+        .map_or(0, |p| p.len());
+    if pending > 0 {
+        verdict.violations.push(format!(
+            "(1) the publisher's outbox still holds {pending} pending record(s) after the drain"
+        ));
+    }
+    for c in &harness.crashed {
+        verdict.violations.push(format!("(engine) {c}"));
+    }
+    write(&dir, "timeline.txt", &harness_note);
+    let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
+    let rules = harness.rules.clone();
+
+    let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
+    if !verdict.violations.is_empty() {
+        write(&dir, "violations.txt", &verdict.violations.join("\n"));
+        let evidence = evidence(&harness, &publisher, &verdict.keys, &windows).await;
+        write(&dir, "evidence.txt", &evidence);
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), publishing.shutdown()).await;
+    tokio::task::spawn_blocking(move || {
+        // Engines first (SIGKILL), so they do not log the servers going away.
+        let mut harness = harness;
+        harness.slots.clear();
+        drop(harness);
+        drop(record);
+    })
+    .await
+    .expect("teardown");
+    let dir = if keep {
+        Some(dir)
+    } else {
+        let _ = fs::remove_dir_all(&dir);
+        None
+    };
+    Outcome {
+        settings,
+        verdict,
+        events,
+        elapsed: started.elapsed(),
+        dir,
+        fired,
+        rules,
+    }
+}
+
+/// The state convoy left in the system under test for the keys with
+/// problems, and their windows.
+async fn evidence(
+    h: &Harness,
+    domain: &Domain,
+    keys: &[String],
+    windows: &BTreeMap<String, Vec<Window>>,
+) -> String {
+    let group = domain
+        .registry()
+        .handlers()
+        .iter()
+        .find(|d| d.name.ends_with("::FaultRecording"))
+        .map_or("?", |d| d.name);
+    let mut out = format!(
+        "handler group {group}\nstalls: {:?}\nkills: {:?}\n",
+        h.stalls, h.kills
+    );
+    let conn = h
+        .sut
+        .connection_with_timeout(Duration::from_secs(2))
+        .await
+        .ok();
+    for key in keys {
+        out.push_str(&format!("\n== key {key}\n"));
+        if let Some(mut c) = conn.clone() {
+            let stream = format!("faulty:{key}");
+            let unit = format!("convoy:unit:{group}:faulty:{key}");
+            let lease = format!("convoy:lease:{group}:faulty:{key}");
+            let cmds: Vec<Vec<&str>> = vec![
+                vec!["GET", &lease],
+                vec!["HGETALL", &unit],
+                vec!["XLEN", &stream],
+                vec!["XPENDING", &stream, group],
+                vec!["XPENDING", &stream, group, "-", "+", "10"],
+                vec!["XINFO", "GROUPS", &stream],
+                vec!["XRANGE", &stream, "-", "+", "COUNT", "5"],
+            ];
+            for args in cmds {
+                let mut cmd = redis::cmd(args[0]);
+                for a in &args[1..] {
+                    cmd.arg(*a);
+                }
+                let v: Result<redis::Value, _> = cmd.query_async(&mut c).await;
+                out.push_str(&format!("{}\n  -> {v:?}\n", args.join(" ")));
+            }
+        }
+        for w in windows.get(key).map(Vec::as_slice).unwrap_or_default() {
+            let at = |us: u64| format!("{:.6}s", us.saturating_sub(h.start_us) as f64 / 1e6);
+            out.push_str(&format!(
+                "  window {} {} [{} .. {}]\n",
+                w.instance,
+                w.event,
+                at(w.start_us),
+                if w.end_us == u64::MAX {
+                    "never exited".to_owned()
+                } else {
+                    at(w.end_us)
+                }
+            ));
+        }
+    }
+    out
+}
+
+/// Runs `seeds`, prints one line per schedule and a summary, and panics
+/// with every failed schedule's report.
+async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
+    let started = Instant::now();
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for seed in seeds {
+        let o = run_schedule(seed).await;
+        println!("[{what}] {}", o.summary());
+        if !o.verdict.violations.is_empty() {
+            println!("{}", o.report());
+        }
+        outcomes.push(o);
+    }
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for o in &outcomes {
+        for p in &o.settings.faults {
+            *kinds.entry(p.fault.kind()).or_default() += 1;
+        }
+    }
+    let failed: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| !o.verdict.violations.is_empty())
+        .collect();
+    let by_unacked = |n: usize| {
+        outcomes
+            .iter()
+            .filter(|o| o.settings.max_unacked == n)
+            .count()
+    };
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    // How many reply rules of each target fired at least once: a rule that
+    // never fires (e.g. a script hash that does not match) tests nothing.
+    let mut rules: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (rule, fired) in outcomes.iter().flat_map(|o| &o.rules) {
+        let e = rules.entry(rule.as_str()).or_default();
+        e.0 += usize::from(*fired > 0);
+        e.1 += 1;
+    }
+    let rules: Vec<String> = rules
+        .iter()
+        .map(|(r, (f, n))| format!("{r} {f}/{n}"))
+        .collect();
+    println!(
+        "[{what}] reply rules that fired: {}",
+        if rules.is_empty() {
+            "none installed".to_owned()
+        } else {
+            rules.join(", ")
+        }
+    );
+    println!(
+        "[{what}] {} schedules ({} with max_unacked 1, {} with 5) in {:.0} s; faults: {}; {} events, {} re-runs; {} violations in {} schedule(s){}",
+        outcomes.len(),
+        by_unacked(1),
+        by_unacked(5),
+        started.elapsed().as_secs_f64(),
+        kinds.join(", "),
+        outcomes.iter().map(|o| o.events).sum::<usize>(),
+        outcomes.iter().map(|o| o.verdict.reruns).sum::<usize>(),
+        outcomes
+            .iter()
+            .map(|o| o.verdict.violations.len())
+            .sum::<usize>(),
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ": seeds {:?}",
+                failed.iter().map(|o| o.settings.seed).collect::<Vec<_>>()
+            )
+        }
+    );
+    if !failed.is_empty() {
+        let lines: Vec<String> = failed
+            .iter()
+            .map(|o| {
+                format!(
+                    "  seed {} (max_unacked {}): {}\n    replay: {}",
+                    o.settings.seed,
+                    o.settings.max_unacked,
+                    o.verdict.violations.first().map_or("", String::as_str),
+                    replay_command(o.settings.seed)
+                )
+            })
+            .collect();
+        panic!(
+            "{} of {} fault schedules failed (full reports above):\n{}",
+            failed.len(),
+            outcomes.len(),
+            lines.join("\n")
+        );
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// The bounded run of the normal test suite: 30 schedules, half with
+/// `max_unacked = 1`, half with `5` (`CONVOY_FAULT_BASE` shifts the seeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_run() {
+    let base = env_u64("CONVOY_FAULT_BASE").unwrap_or(1);
+    run_all("bounded", base..base + BOUNDED_SCHEDULES).await;
+}
+
+/// One schedule again: `CONVOY_FAULT_SEED=n`. Does nothing without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay() {
+    let Some(seed) = env_u64("CONVOY_FAULT_SEED") else {
+        return;
+    };
+    run_all("replay", [seed]).await;
+}
+
+/// `CONVOY_FAULT_SCHEDULES` schedules (default 300) from seed
+/// `CONVOY_FAULT_BASE` (default: from the clock, printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run with --ignored long_run"]
+async fn long_run() {
+    let n = env_u64("CONVOY_FAULT_SCHEDULES").unwrap_or(300);
+    let base = env_u64("CONVOY_FAULT_BASE").unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() % 1_000_000 * 1000)
+    });
+    println!("[long] {n} schedules from seed {base} (CONVOY_FAULT_BASE={base})");
+    run_all("long", base..base + n).await;
+}
