@@ -27,7 +27,7 @@
 //! stalled owner finishing the event it had in flight (see
 //! `faults::overlap_allowed`); (4) a fence generation of a key is seen by
 //! one process only, and never goes back from one started window to the
-//! next. A window runs from the handler's first line to its exit record. Every failure prints the seed, the faults,
+//! next. A window runs from the engine's dispatch of the attempt (`Context::dispatched_at`) to its exit record. Every failure prints the seed, the faults,
 //! a replay command and a directory that keeps the engines' logs
 //! (`{instance}-p{process}.log`), the timeline of the faults on the record
 //! server's clock (`timeline.txt`), and what convoy left in Redis for the
@@ -121,7 +121,11 @@ struct FaultRecording {
 impl FaultRecording {
     #[handle]
     async fn booked(&self, e: Booked, ctx: &Context) -> Result<(), HandlerError> {
-        let invoked = SystemTime::now();
+        // The window starts when the engine dispatched the attempt (read
+        // before its last lease check), not at this line: a process stopped
+        // between the two runs this line only after it is resumed, and that
+        // is the event it already had in flight, not a new one.
+        let invoked = ctx.dispatched_at();
         let id = event_id(&e.client_id, e.seq);
         let mut rng = Rng::new(self.seed ^ hash(&id));
         if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
@@ -730,10 +734,13 @@ async fn windows(
     keys.dedup();
     let mut out = BTreeMap::new();
     for key in keys {
-        let w = recorder
+        let mut w = recorder
             .windows_of(&key)
             .await
             .expect("record server windows");
+        // In start order: a stalled owner's in-flight event writes its
+        // enter record only after it is resumed.
+        w.sort_by_key(|w| w.start_us);
         out.insert(key, w);
     }
     out

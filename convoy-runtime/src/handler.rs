@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use crate::envelope::{Envelope, Priority};
 use crate::error::Error;
@@ -157,6 +158,7 @@ pub struct Context {
     partition_key: Option<String>,
     fence: Option<Fence>,
     attempt: u32,
+    dispatched_at: SystemTime,
     policy: Arc<KeyPolicy>,
     pending: Mutex<PendingEvents>,
 }
@@ -179,9 +181,17 @@ impl Context {
             partition_key: envelope.partition_key.clone(),
             fence: None,
             attempt,
+            dispatched_at: SystemTime::now(),
             policy,
             pending: Mutex::new(PendingEvents::default()),
         }
+    }
+
+    /// Sets when the engine dispatched this attempt.
+    #[doc(hidden)]
+    pub fn with_dispatched_at(mut self, at: SystemTime) -> Self {
+        self.dispatched_at = at;
+        self
     }
 
     /// Sets the fence of the partition being consumed.
@@ -225,6 +235,18 @@ impl Context {
     /// Which attempt this is, starting at 1.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// When the engine dispatched this attempt to the handler, read just
+    /// before the worker's last lease check. A process stalled (stopped,
+    /// swapped out) right after that check runs the handler only when it
+    /// resumes, possibly after its lease lapsed and another owner moved on:
+    /// that is the one event a stalled owner may still finish, and this
+    /// time tells it apart from an event started after the stall (which the
+    /// lease check prevents). Recorders of handler windows use it as the
+    /// window's start.
+    pub fn dispatched_at(&self) -> SystemTime {
+        self.dispatched_at
     }
 
     /// Raises a follow-up event. It is added to the outbox, with its key

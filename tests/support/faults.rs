@@ -473,7 +473,7 @@ pub struct Verdict {
 pub struct Observed<'a> {
     /// Every committed event id per key, in publish order.
     pub committed: &'a BTreeMap<String, Vec<String>>,
-    /// Every processing window per key, in enter order.
+    /// Every processing window per key, in start order (dispatch time).
     pub windows: &'a BTreeMap<String, Vec<Window>>,
     pub stalls: &'a [StallRecord],
     /// When each killed process was gone (µs, record clock).
@@ -488,7 +488,7 @@ pub struct Observed<'a> {
 ///
 /// 1. no committed event missing: each was handled to completion (a window
 ///    with an exit) at least once;
-/// 2. order: [`check_order`] on the enter order (nothing skipped, re-runs
+/// 2. order: [`check_order`] on the start order (nothing skipped, re-runs
 ///    only as in-order replays of a suffix), and each replay no longer than
 ///    `max_unacked` (after an interruption only the unacknowledged events,
 ///    at most `max_unacked` of them, may run again);

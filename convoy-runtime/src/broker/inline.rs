@@ -75,7 +75,10 @@ impl InlineBroker {
         {
             let mut attempt = 1;
             loop {
-                match plan.invoke(sub, envelope, attempt, None).await {
+                match plan
+                    .invoke(sub, envelope, attempt, None, std::time::SystemTime::now())
+                    .await
+                {
                     Ok(_) => break,
                     Err(e) if attempt > retry.max_retries => {
                         tracing::error!(handler = sub.name, id = %envelope.id, error = %e, "handler failed after retries; event dead-lettered");

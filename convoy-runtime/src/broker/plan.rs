@@ -208,6 +208,7 @@ impl ConsumerPlan {
         envelope: &Envelope,
         attempt: u32,
         fence: Option<Fence>,
+        dispatched_at: std::time::SystemTime,
     ) -> Result<Dispatched, HandlerError> {
         let span = tracing::debug_span!(
             "handle",
@@ -226,7 +227,8 @@ impl ConsumerPlan {
                     id: envelope.id.clone(),
                 }));
             }
-            let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone());
+            let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone())
+                .with_dispatched_at(dispatched_at);
             if let Some(f) = fence {
                 ctx = ctx.with_fence(f);
             }

@@ -233,7 +233,17 @@ impl PlainConsumer {
         let mut attempt = 1;
         loop {
             let result = match entry.envelope(stream) {
-                Ok(env) => self.plan.invoke(self.sub(), &env, attempt, None).await,
+                Ok(env) => {
+                    self.plan
+                        .invoke(
+                            self.sub(),
+                            &env,
+                            attempt,
+                            None,
+                            std::time::SystemTime::now(),
+                        )
+                        .await
+                }
                 Err(e) => Err(HandlerError::from(e)),
             };
             match result {

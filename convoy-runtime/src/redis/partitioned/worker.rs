@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -440,9 +440,23 @@ impl Worker {
             let result = match entry.envelope(stream) {
                 Ok(env) => {
                     let _permit = self.s.permits.acquire().await;
+                    // The wait for a permit may have outlasted the lease:
+                    // check the deadline again, after reading the clock, so
+                    // an attempt either fails this check after a stall or
+                    // carries a dispatch time from before it.
+                    let dispatched_at = SystemTime::now();
+                    if self.past_deadline() {
+                        return Step::Exit(Exit::Expired);
+                    }
                     self.s
                         .plan
-                        .invoke(self.s.sub(), &env, attempt, Some(self.fence.clone()))
+                        .invoke(
+                            self.s.sub(),
+                            &env,
+                            attempt,
+                            Some(self.fence.clone()),
+                            dispatched_at,
+                        )
                         .await
                 }
                 Err(e) => Err(HandlerError::from(e)),
