@@ -173,6 +173,14 @@ impl PgServer {
                 Err(TestingError::PortTaken { .. }) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
+                // Backends of a killed server still exiting (they die a
+                // moment after the postmaster, holding its shared memory).
+                Err(TestingError::PostgresExited { log_tail, .. })
+                    if log_tail.contains("pre-existing shared memory block")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 other => return other,
             }
         }
@@ -311,7 +319,8 @@ impl PgServer {
                 );
             }
             let ready = Command::new(self.tool("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(["-q", "-U", "postgres", "-d", "postgres", "-h", "127.0.0.1"])
+                .args(["-p", &self.port.to_string()])
                 .status()
                 .is_ok_and(|s| s.success());
             if ready {
