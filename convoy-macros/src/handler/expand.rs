@@ -89,6 +89,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
     });
 
     let checks = check::field_checks(handler);
+    let part_of_checks = check::part_of_checks(handler, &consts);
 
     quote! {
         #[doc(hidden)]
@@ -96,11 +97,14 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         const _: () = {
             #(#resolved)*
 
+            const __CONVOY_CATEGORY: &'static str = #category;
+            #part_of_checks
+
             static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::HandlerDescriptor =
                 ::convoy_runtime::__private::HandlerDescriptor {
                     name: ::core::concat!(::core::module_path!(), "::", #name),
                     kind: #handler_kind,
-                    category: #category,
+                    category: __CONVOY_CATEGORY,
                     sequential_by: #sequential_by,
                     handles: &[#(#consts.descriptor),*],
                 };
