@@ -90,3 +90,16 @@ pub const fn same_category(a: &str, b: &str) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::same_category;
+
+    #[test]
+    fn same_category_compares_whole_strings() {
+        assert!(same_category("order", "order"));
+        assert!(!same_category("order", "orders"));
+        assert!(!same_category("order", "ordex"));
+        assert!(same_category("", ""));
+    }
+}

@@ -475,6 +475,43 @@ mod tests {
     }
 
     #[test]
+    fn context_before_the_message_is_reported_once() {
+        for item in [
+            parse_quote! {
+                impl Ledger {
+                    #[handle]
+                    async fn on(&self, ctx: Context, e: Debited) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+            parse_quote! {
+                impl Ledger {
+                    #[handle]
+                    async fn on(&self, ctx: &convoy_runtime::Context, e: Debited) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+        ] {
+            assert_eq!(
+                errors(Kind::Event, quote!(part_of = Account), item),
+                [
+                    "`Context` is not an event: the event comes first, then the context by shared reference: `async fn on(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`"
+                ]
+            );
+        }
+        let item: Item = parse_quote! {
+            impl Ledger {
+                #[handle]
+                async fn on(&self, ctx: Context) -> Result<(), HandlerError> { Ok(()) }
+            }
+        };
+        assert_eq!(
+            errors(Kind::Command, quote!(part_of = Account), item),
+            [
+                "`Context` is not a command: the command comes first, then the context by shared reference: `async fn on(&self, command: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`"
+            ]
+        );
+    }
+
+    #[test]
     fn duplicates_and_forms() {
         let item: Item = parse_quote! {
             impl ClientLedger {

@@ -256,6 +256,8 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("fn __convoy_check_key_1 (__convoy_event : & OrderShipped) { __convoy_assert_key (& __convoy_event . client_id) }"), "{out}");
+        assert!(out.contains("category : __CONVOY_CATEGORY"), "{out}");
+        assert!(out.contains("const _ : () = :: core :: assert ! (:: convoy_runtime :: __private :: same_category (__CONVOY_MESSAGE_1 . descriptor . category , __CONVOY_CATEGORY) , \"`OrderShipped` is not part of `Order`, the aggregate of this handler: use `part_of = ` the aggregate of `OrderShipped` (its `#[event(part_of = ..)]`), or handle it in a second handler\")"), "{out}");
         assert!(out.contains("inventory :: submit !"), "{out}");
     }
 
