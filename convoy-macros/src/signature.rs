@@ -87,7 +87,23 @@ pub(crate) fn check_arguments<'a>(
     shape: &str,
 ) -> Arguments<'a> {
     let returns = "`#[handle]` methods return `Result<(), E>` where `E` converts into `convoy_runtime::HandlerError`";
+    let mut context_first = false;
     let message = match inputs.next() {
+        Some(FnArg::Typed(arg)) if is_context(&arg.ty) => {
+            let article = if noun.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                "an"
+            } else {
+                "a"
+            };
+            problems.on(
+                arg,
+                format!(
+                    "`Context` is not {article} {noun}: the {noun} comes first, then the context by shared reference: {shape}"
+                ),
+            );
+            context_first = true;
+            None
+        }
         Some(FnArg::Typed(arg)) => match &*arg.ty {
             Type::Reference(r) => {
                 problems.on(
@@ -117,6 +133,9 @@ pub(crate) fn check_arguments<'a>(
 
     let with_ctx = match inputs.next() {
         None => false,
+        // Already reported as the context written before the message: the
+        // argument after it is most likely the message, not a context.
+        Some(_) if context_first => true,
         Some(FnArg::Typed(arg)) => {
             match &*arg.ty {
                 Type::Reference(r) if r.mutability.is_none() => {}
@@ -162,5 +181,20 @@ pub(crate) fn check_arguments<'a>(
         message,
         with_ctx,
         output,
+    }
+}
+
+/// Whether `ty` is the handler context (`Context`, `&Context`,
+/// `convoy_runtime::Context`, ..): the last path segment is `Context`.
+fn is_context(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => is_context(&r.elem),
+        Type::Paren(p) => is_context(&p.elem),
+        Type::Path(path) if path.qself.is_none() => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Context" && s.arguments.is_empty()),
+        _ => false,
     }
 }

@@ -95,15 +95,17 @@ pub trait Event: Message {}
 )]
 pub trait Command: Message {}
 
-/// A field type that can serve as a partition key: string-like or
-/// integer-like, or an `Option` of one (where `None` is the null key,
-/// rejected when the message is raised).
+/// A field type that can serve as a partition key: string-like,
+/// integer-like or a [`uuid::Uuid`] (rendered hyphenated, lowercase), or an
+/// `Option` of one (where `None` is the null key, rejected when the message
+/// is raised).
 ///
-/// Implement it for your own identifier newtypes.
+/// Implement it for your own identifier types; wrap a type from another
+/// crate in a newtype of yours and implement it for the newtype.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a partition key",
     label = "this field's type is not string-like or integer-like",
-    note = "partition keys are strings, integers or `Option`s of them; implement `convoy_runtime::PartitionKey` for your own identifier types"
+    note = "partition keys are strings, integers, `uuid::Uuid`s or `Option`s of them; implement `convoy_runtime::PartitionKey` for your own identifier types, and wrap a type from another crate in a newtype that implements `PartitionKey`"
 )]
 pub trait PartitionKey {
     /// The key as it appears in the stream name, or `None` for the null key.
@@ -137,6 +139,13 @@ impl PartitionKey for std::sync::Arc<str> {
 impl PartitionKey for std::borrow::Cow<'_, str> {
     fn to_partition_key(&self) -> Option<String> {
         Some(self.to_string())
+    }
+}
+
+/// The hyphenated lowercase form, `67e55044-10b1-426f-9247-bb680e5fe0c8`.
+impl PartitionKey for uuid::Uuid {
+    fn to_partition_key(&self) -> Option<String> {
+        Some(self.hyphenated().to_string())
     }
 }
 
@@ -212,5 +221,15 @@ mod tests {
         assert_eq!((&KeyProbe(&n)).probe_key(), Some(Some("42".into())));
         assert_eq!((&KeyProbe(&o)).probe_key(), Some(None));
         assert_eq!((&KeyProbe(&f)).probe_key(), None);
+    }
+
+    #[test]
+    fn uuid_keys_are_hyphenated_lowercase() {
+        let id = uuid::Uuid::from_u128(0x67E5_5044_10B1_426F_9247_BB68_0E5F_E0C8);
+        assert_eq!(
+            id.to_partition_key().as_deref(),
+            Some("67e55044-10b1-426f-9247-bb680e5fe0c8")
+        );
+        assert_eq!(Some(id).to_partition_key(), id.to_partition_key());
     }
 }

@@ -72,3 +72,34 @@ impl crate::Aggregate for UnknownAggregate {
 pub const fn category_of<M: crate::Message>() -> &'static str {
     <<M as crate::Message>::Aggregate as crate::Aggregate>::CATEGORY
 }
+
+/// `a == b`, usable in constants: generated code asserts with it that every
+/// message type a handler handles belongs to the handler's `part_of`
+/// aggregate (same category), so that a mismatch is a compile error.
+pub const fn same_category(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_category;
+
+    #[test]
+    fn same_category_compares_whole_strings() {
+        assert!(same_category("order", "order"));
+        assert!(!same_category("order", "orders"));
+        assert!(!same_category("order", "ordex"));
+        assert!(same_category("", ""));
+    }
+}

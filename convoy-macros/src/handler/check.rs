@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
+use syn::spanned::Spanned;
 use syn::{
     FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
     ReceiverKind, Type,
@@ -357,6 +358,40 @@ pub(crate) fn field_checks(handler: &Handler<'_>) -> TokenStream {
     }
 }
 
+/// Compile-time assertions that every handled type belongs to the
+/// handler's `part_of` aggregate: both categories are constants, so a
+/// handler `part_of = Account` handling an event of `Order` fails to compile
+/// (rustc's E0080 with the message below), spanned at the handled type.
+/// They read the `Handled` constants and `__CONVOY_CATEGORY`, so a type that
+/// is not a message, or a `part_of` that is not an aggregate, is not
+/// reported again here.
+pub(crate) fn part_of_checks(handler: &Handler<'_>, consts: &[Ident]) -> TokenStream {
+    let part_of = handler
+        .part_of
+        .to_token_stream()
+        .to_string()
+        .replace(' ', "");
+    let attr = handler.kind.attr();
+    handler
+        .handled
+        .iter()
+        .zip(consts)
+        .map(|(h, c)| {
+            let ty = h.ty;
+            let written = ty.to_token_stream().to_string().replace(' ', "");
+            let message = format!(
+                "`{written}` is not part of `{part_of}`, the aggregate of this handler: use `part_of = ` the aggregate of `{written}` (its `#[{attr}(part_of = ..)]`), or handle it in a second handler"
+            );
+            quote_spanned! {ty.span()=>
+                const _: () = ::core::assert!(
+                    ::convoy_runtime::__private::same_category(#c.descriptor.category, __CONVOY_CATEGORY),
+                    #message
+                );
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use quote::quote;
@@ -436,6 +471,43 @@ mod tests {
         assert!(
             errors[4].starts_with("`#[handle]` methods return `Result<(), E>`"),
             "{errors:#?}"
+        );
+    }
+
+    #[test]
+    fn context_before_the_message_is_reported_once() {
+        for item in [
+            parse_quote! {
+                impl Ledger {
+                    #[handle]
+                    async fn on(&self, ctx: Context, e: Debited) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+            parse_quote! {
+                impl Ledger {
+                    #[handle]
+                    async fn on(&self, ctx: &convoy_runtime::Context, e: Debited) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+        ] {
+            assert_eq!(
+                errors(Kind::Event, quote!(part_of = Account), item),
+                [
+                    "`Context` is not an event: the event comes first, then the context by shared reference: `async fn on(&self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`"
+                ]
+            );
+        }
+        let item: Item = parse_quote! {
+            impl Ledger {
+                #[handle]
+                async fn on(&self, ctx: Context) -> Result<(), HandlerError> { Ok(()) }
+            }
+        };
+        assert_eq!(
+            errors(Kind::Command, quote!(part_of = Account), item),
+            [
+                "`Context` is not a command: the command comes first, then the context by shared reference: `async fn on(&self, command: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`"
+            ]
         );
     }
 

@@ -89,6 +89,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
     });
 
     let checks = check::field_checks(handler);
+    let part_of_checks = check::part_of_checks(handler, &consts);
 
     quote! {
         #[doc(hidden)]
@@ -96,11 +97,14 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         const _: () = {
             #(#resolved)*
 
+            const __CONVOY_CATEGORY: &'static str = #category;
+            #part_of_checks
+
             static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::HandlerDescriptor =
                 ::convoy_runtime::__private::HandlerDescriptor {
                     name: ::core::concat!(::core::module_path!(), "::", #name),
                     kind: #handler_kind,
-                    category: #category,
+                    category: __CONVOY_CATEGORY,
                     sequential_by: #sequential_by,
                     handles: &[#(#consts.descriptor),*],
                 };
@@ -252,6 +256,8 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("fn __convoy_check_key_1 (__convoy_event : & OrderShipped) { __convoy_assert_key (& __convoy_event . client_id) }"), "{out}");
+        assert!(out.contains("category : __CONVOY_CATEGORY"), "{out}");
+        assert!(out.contains("const _ : () = :: core :: assert ! (:: convoy_runtime :: __private :: same_category (__CONVOY_MESSAGE_1 . descriptor . category , __CONVOY_CATEGORY) , \"`OrderShipped` is not part of `Order`, the aggregate of this handler: use `part_of = ` the aggregate of `OrderShipped` (its `#[event(part_of = ..)]`), or handle it in a second handler\")"), "{out}");
         assert!(out.contains("inventory :: submit !"), "{out}");
     }
 

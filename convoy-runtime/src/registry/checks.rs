@@ -138,7 +138,9 @@ pub(super) fn check_handled_kinds(d: &Declarations, problems: &mut Vec<Problem>)
 }
 
 /// Handled types belong to the handler's category (a process manager
-/// spans categories, so this is about handlers).
+/// spans categories, so this is about handlers). The handler macros assert
+/// it at compile time; this is the defence in depth for descriptors
+/// registered by hand.
 pub(super) fn check_handled_categories(d: &Declarations, problems: &mut Vec<Problem>) {
     for h in &d.handlers {
         for m in h.handles.iter().filter(|m| m.category != h.category) {
