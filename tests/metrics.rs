@@ -20,13 +20,7 @@ async fn metrics_follow_the_engine() {
     let server = RedisServer::start().expect("redis");
     let url = server.url();
     let rec = Recorder::new(&url, "metrics").expect("recorder");
-    let engine = domain(
-        test_config(&url),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "e0");
     let mut events = interleaved(3, 4);
     events.push(Posted {
         poison: true,

@@ -82,13 +82,7 @@ async fn passwords_in_the_url_work_and_a_wrong_one_is_a_clear_error() {
         .expect("acl");
     let url = format!("redis://app:s3cret@127.0.0.1:{}/", server.port());
     let rec = Recorder::new(&server.url(), "auth").expect("recorder");
-    let engine = domain(
-        test_config(&url),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "e0");
     let p = publisher(test_config(&url), "p");
     let events = interleaved(2, 3);
     publish(&p, &events, Priority::Normal).await;

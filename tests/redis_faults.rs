@@ -329,13 +329,7 @@ async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() 
     let _: i64 = c.xdel("ledger:g0", &[&ids[1].0]).await.expect("xdel");
     let missing_before = counter(convoy_runtime::metrics::MISSING_ENTRIES);
 
-    let engine = domain(
-        test_config(&url),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "e0");
     wait_until(WAIT, "g0#2 handled", || async {
         rec.seen("g0").await.is_ok_and(|s| s.len() == 2)
     })

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use convoy_runtime::testing::Recorder;
 use convoy_runtime::{
-    Aggregate, Config, Context, Domain, Event, HandlerError, Priority, event_handler,
+    Aggregate, Config, Context, Domain, EngineHandle, Event, HandlerError, Priority, event_handler,
 };
 use serde::{Deserialize, Serialize};
 
@@ -240,6 +240,18 @@ pub async fn seen_count(recorder: &Recorder) -> usize {
         Ok(seen) => seen.values().map(Vec::len).sum(),
         Err(_) => 0,
     }
+}
+
+/// An engine named `instance` on `url` whose [`Recording`] handler records
+/// into `recorder` and does no work.
+pub fn spawn_recording(url: &str, recorder: &Recorder, instance: &str) -> EngineHandle {
+    domain(
+        test_config(url),
+        instance,
+        Recording::new(recorder.clone(), instance, Duration::ZERO),
+    )
+    .engine()
+    .spawn()
 }
 
 /// The consumer group (handler name) of [`Recording`].
