@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use convoy_runtime::CancellationToken as Token;
 use convoy_runtime::broker::ConsumerPlan;
-use convoy_runtime::broker::{Capabilities, Publication, PublishError};
+use convoy_runtime::broker::{Capabilities, Producer, Publication, PublishError};
 use convoy_runtime::handler::{BoxFuture, HandlerDescriptor, HandlerKind};
 use convoy_runtime::outbox::OutboxStatus;
 use convoy_runtime::{
@@ -118,7 +118,7 @@ impl Broker for PlainBroker {
     }
     fn publish<'a>(
         &'a self,
-        _producer: &'a str,
+        _producer: &'a Producer,
         _batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async { Ok(()) })

@@ -408,7 +408,7 @@ async fn crash_failover_of_an_instance_owner_loses_nothing() {
         p.outbox().clone(),
         p.broker().clone(),
         p.config().server.priority_lanes.clone(),
-        "publisher".into(),
+        "publisher",
         Arc::new(tokio::sync::Notify::new()),
     );
     processor.drain().await.expect("publish");
@@ -449,7 +449,7 @@ fn a_sequential_process_manager_needs_a_partitioning_broker() {
         }
         fn publish<'a>(
             &'a self,
-            _producer: &'a str,
+            _producer: &'a convoy_runtime::broker::Producer,
             _batch: &'a [convoy_runtime::broker::Publication],
         ) -> convoy_runtime::handler::BoxFuture<'a, Result<(), convoy_runtime::broker::PublishError>>
         {

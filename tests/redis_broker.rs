@@ -102,7 +102,7 @@ async fn passwords_in_the_url_work_and_a_wrong_one_is_a_clear_error() {
         p.outbox().clone(),
         p.broker().clone(),
         p.config().server.priority_lanes.clone(),
-        "p2".into(),
+        "p2",
         std::sync::Arc::new(tokio::sync::Notify::new()),
     );
     let err = processor.drain().await.expect_err("wrong password");

@@ -177,7 +177,7 @@ pub async fn drain_outbox(domain: &Domain) -> Result<()> {
         domain.outbox().clone(),
         domain.broker().clone(),
         domain.config().server.priority_lanes.clone(),
-        domain.instance_id().to_owned(),
+        domain.instance_id(),
         Arc::new(tokio::sync::Notify::new()),
     );
     processor

@@ -17,6 +17,16 @@
 //! enabled = false
 //! backfill_suffix = "backfill"
 //!
+//! [outbox]                         # default: in process memory
+//! # postgres_url = "postgres://app@127.0.0.1/app"  # PgOutbox (feature `postgres`)
+//! schema = "public"
+//! table = "convoy_outbox"          # also {table}_relay, {table}_applied
+//! retention_seconds = 0            # keep published rows this long (0: delete)
+//! leader_timeout_ms = 5000         # a stalled relay's leadership lapses after this
+//! poll_interval_ms = 1000          # fallback poll; commits wake the relay at once
+//! migrate = true                   # create/upgrade the tables at engine start
+//! max_connections = 8
+//!
 //! [server.retry]
 //! max_retries = 3
 //! initial_backoff_ms = 100
@@ -41,6 +51,126 @@ pub struct Config {
     pub broker: BrokerConfig,
     /// Engine settings.
     pub server: ServerConfig,
+    /// Where raised events wait to be published.
+    pub outbox: OutboxConfig,
+}
+
+/// `[outbox]`: where raised events wait to be published. Without
+/// `postgres_url` they wait in process memory (lost if the process dies
+/// before publishing them).
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    /// A `postgres://` URL: keep the outbox in PostgreSQL (`PgOutbox`,
+    /// feature `postgres`).
+    pub postgres_url: Option<String>,
+    /// The schema of the outbox tables.
+    pub schema: String,
+    /// The outbox table (its relay and applied-events tables are named
+    /// after it: `{table}_relay`, `{table}_applied`).
+    pub table: String,
+    /// How long published rows are kept (0: deleted as they are published).
+    pub retention_seconds: u64,
+    /// How long a stalled relay keeps its leadership before PostgreSQL ends
+    /// its session and another replica takes over.
+    pub leader_timeout_ms: u64,
+    /// How often the relay looks for rows when no commit notification
+    /// arrives (a safety net: commits wake it at once).
+    pub poll_interval_ms: u64,
+    /// Create or upgrade the tables when the engine starts.
+    pub migrate: bool,
+    /// Connections of the outbox's pool.
+    pub max_connections: u32,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            postgres_url: None,
+            schema: "public".to_owned(),
+            table: "convoy_outbox".to_owned(),
+            retention_seconds: 0,
+            leader_timeout_ms: 5_000,
+            poll_interval_ms: 1_000,
+            migrate: true,
+            max_connections: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for OutboxConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxConfig")
+            .field(
+                "postgres_url",
+                &self.postgres_url.as_deref().map(redact_url),
+            )
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("retention_seconds", &self.retention_seconds)
+            .field("leader_timeout_ms", &self.leader_timeout_ms)
+            .field("poll_interval_ms", &self.poll_interval_ms)
+            .field("migrate", &self.migrate)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+impl OutboxConfig {
+    fn validate(&self) -> Result<(), String> {
+        for (key, name) in [("schema", &self.schema), ("table", &self.table)] {
+            if !is_sql_identifier(name) {
+                return Err(format!(
+                    "[outbox] {key} = {name:?} must be a lower-case SQL identifier (a-z, 0-9, _; not starting with a digit; at most 48 characters)"
+                ));
+            }
+        }
+        if !(100..=600_000).contains(&self.leader_timeout_ms) {
+            return Err(format!(
+                "[outbox] leader_timeout_ms = {} must be between 100 and 600000",
+                self.leader_timeout_ms
+            ));
+        }
+        if !(10..=600_000).contains(&self.poll_interval_ms) {
+            return Err(format!(
+                "[outbox] poll_interval_ms = {} must be between 10 and 600000",
+                self.poll_interval_ms
+            ));
+        }
+        if !(2..=1_000).contains(&self.max_connections) {
+            return Err(format!(
+                "[outbox] max_connections = {} must be between 2 and 1000",
+                self.max_connections
+            ));
+        }
+        if self.retention_seconds > 10 * 365 * 24 * 3600 {
+            return Err(format!(
+                "[outbox] retention_seconds = {} must be at most ten years",
+                self.retention_seconds
+            ));
+        }
+        if let Some(url) = &self.postgres_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(format!(
+                "[outbox] postgres_url = {:?} must be a postgres:// or postgresql:// URL",
+                redact_url(url)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` is an identifier convoy can put in SQL unquoted-safe form:
+/// lower-case ASCII letters, digits and `_`, not starting with a digit, at
+/// most 48 characters (room for the `_relay` and `_applied` suffixes).
+pub(crate) fn is_sql_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 48
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// `[broker]`.
@@ -253,6 +383,7 @@ impl Config {
                 message,
             })
         };
+        self.outbox.validate().or_else(err)?;
         let p = &self.server.partitioning;
         if p.lease_ttl_ms < 100 {
             return err(format!(

@@ -86,7 +86,8 @@ impl Domain {
             &envelope,
             1,
             self.inner.policy.clone(),
-        );
+        )
+        .with_outbox(self.inner.outbox.store().clone());
         match handler.dispatch(&envelope, &ctx).await {
             Ok(Dispatched::Handled) => {
                 self.inner
@@ -202,7 +203,8 @@ impl DomainBuilder {
         self
     }
 
-    /// Uses this outbox store instead of the in-memory one.
+    /// Uses this outbox store instead of the one the configuration names
+    /// (`[outbox] postgres_url`, else the in-memory one).
     pub fn outbox(mut self, outbox: impl OutboxStore) -> Self {
         self.outbox = Some(Arc::new(outbox));
         self
@@ -340,15 +342,17 @@ impl DomainBuilder {
             Some(id) => id,
             None => default_instance_id(),
         };
+        let outbox = match self.outbox {
+            Some(o) => o,
+            None => outbox_from_config(&config)?,
+        };
         Ok(Domain {
             inner: Arc::new(Inner {
                 config,
                 registry: Arc::new(registry),
                 policy: Arc::new(policy),
                 broker,
-                outbox: OutboxHandle::new(
-                    self.outbox.unwrap_or_else(|| Arc::new(MemoryOutbox::new())),
-                ),
+                outbox: OutboxHandle::new(outbox),
                 event_handlers: self.event_handlers,
                 command_handlers,
                 process_managers,
@@ -381,6 +385,21 @@ fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
     };
     let broker: Arc<dyn Broker> = Arc::new(broker);
     Ok(broker)
+}
+
+fn outbox_from_config(config: &Config) -> Result<Arc<dyn OutboxStore>, Error> {
+    match &config.outbox.postgres_url {
+        None => Ok(Arc::new(MemoryOutbox::new())),
+        #[cfg(feature = "postgres")]
+        Some(_) => Ok(Arc::new(crate::postgres::PgOutbox::from_config(
+            &config.outbox,
+        )?)),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => Err(Error::Config {
+            file: "<code>".into(),
+            message: "[outbox] postgres_url needs convoy-runtime's `postgres` feature".into(),
+        }),
+    }
 }
 
 fn default_instance_id() -> String {

@@ -57,7 +57,7 @@ impl Engine {
             outbox.store().clone(),
             self.domain.broker().clone(),
             self.domain.config().server.priority_lanes.clone(),
-            self.domain.instance_id().to_owned(),
+            self.domain.instance_id(),
             outbox.wake().clone(),
         )
     }
@@ -108,16 +108,14 @@ impl Engine {
     fn spawn_with(self, token: CancellationToken) -> EngineHandle {
         let processor = Arc::new(self.processor());
         let outbox_token = CancellationToken::new();
-        let p = processor.clone();
-        let ot = outbox_token.clone();
-        let outbox_task = tokio::spawn(async move { p.run(ot).await });
+        let relay = self.domain.outbox().relay(processor, outbox_token.clone());
+        let outbox_task = tokio::spawn(relay);
         let plan = Arc::new(self.plan());
         let broker = self.domain.broker().clone();
         let consumer_task = tokio::spawn(broker.run(plan, token.clone()));
         EngineHandle {
             token,
             outbox_token,
-            processor,
             outbox_task,
             consumer_task,
             timeout: self.shutdown_timeout,
@@ -151,7 +149,6 @@ impl Engine {
 pub struct EngineHandle {
     token: CancellationToken,
     outbox_token: CancellationToken,
-    processor: Arc<OutboxProcessor>,
     outbox_task: tokio::task::JoinHandle<()>,
     consumer_task: tokio::task::JoinHandle<Result<(), Error>>,
     timeout: Duration,
@@ -169,7 +166,8 @@ impl EngineHandle {
     pub async fn shutdown(self) -> Result<(), Error> {
         self.token.cancel();
         let consumers = tokio::time::timeout(self.timeout, self.consumer_task).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.processor.drain()).await;
+        // The relay publishes what is pending once more before it returns
+        // (the events the last handlers raised).
         self.outbox_token.cancel();
         let _ = self.outbox_task.await;
         match consumers {

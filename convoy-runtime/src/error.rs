@@ -135,6 +135,34 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// Talking to PostgreSQL failed (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {context}")]
+    Postgres {
+        /// What was being done.
+        context: String,
+        /// The client error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A handler's exactly-once write was refused: a newer owner of the
+    /// partition already applied its effects (this owner stalled past its
+    /// lease), so this write rolls back and the worker gives up the unit.
+    #[error(
+        "handler `{handler}`: the effects of partition {stream:?} were applied by a newer owner (generation {newer} > {generation}); this write rolls back"
+    )]
+    FencedWrite {
+        /// The handler.
+        handler: String,
+        /// The partition stream.
+        stream: String,
+        /// This owner's lease generation.
+        generation: u64,
+        /// The generation that applied effects.
+        newer: u64,
+    },
+
     /// Redis answered a script with something this version does not
     /// understand.
     #[error(
@@ -175,6 +203,22 @@ pub enum Error {
         message: String,
     },
 
+    /// An outbox publisher was replaced: another process took over
+    /// publishing for the same producer at a newer epoch (a relay that
+    /// stalled past its leadership timeout). This process stops publishing
+    /// for it; its rows are published by the successor.
+    #[error(
+        "outbox publisher `{producer}` at epoch {epoch} was replaced by one at epoch {newer}; this process stops publishing and stands by"
+    )]
+    PublisherReplaced {
+        /// The producer name.
+        producer: String,
+        /// This publisher's epoch.
+        epoch: u64,
+        /// The successor's epoch.
+        newer: u64,
+    },
+
     /// The engine stopped because the shutdown signal fired.
     #[error("the engine is shutting down")]
     Shutdown,
@@ -205,6 +249,11 @@ impl Error {
                             | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
                     )
             }
+            #[cfg(feature = "postgres")]
+            Error::Postgres { source, .. } => matches!(
+                source,
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            ),
             _ => false,
         }
     }

@@ -1,6 +1,7 @@
 //! Handlers: what `#[event_handler]` and `#[command_handler]` generate, the
 //! [`Context`] a handler receives, and [`HandlerError`].
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -148,8 +149,27 @@ impl fmt::Display for Fence {
     }
 }
 
+/// Where the message being handled sits in its partition stream: the
+/// stream and the entry id. Entry ids grow within a stream, so a handler
+/// that records the last one it applied can tell a re-run from a new event
+/// (what `postgres::AppliedEvents` does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The partition stream (`order:c-1`).
+    pub stream: String,
+    /// The entry id (`1718000000000-0`: milliseconds, then a sequence).
+    pub entry_id: String,
+}
+
+impl Position {
+    /// The entry id as its two numbers, `None` if it has another form.
+    pub fn entry(&self) -> Option<(u64, u64)> {
+        let (ms, seq) = self.entry_id.split_once('-')?;
+        Some((ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
 /// What a handler knows about the message it handles.
-#[derive(Debug)]
 pub struct Context {
     handler: &'static str,
     message_id: String,
@@ -161,6 +181,24 @@ pub struct Context {
     dispatched_at: SystemTime,
     policy: Arc<KeyPolicy>,
     pending: Mutex<PendingEvents>,
+    position: Option<Position>,
+    /// The domain's outbox store, for `commit_in` (typed where it is used,
+    /// so that handlers do not depend on the outbox).
+    outbox: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("handler", &self.handler)
+            .field("message_id", &self.message_id)
+            .field("message_type", &self.message_type)
+            .field("partition_key", &self.partition_key)
+            .field("fence", &self.fence)
+            .field("position", &self.position)
+            .field("attempt", &self.attempt)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Context {
@@ -184,7 +222,29 @@ impl Context {
             dispatched_at: SystemTime::now(),
             policy,
             pending: Mutex::new(PendingEvents::default()),
+            position: None,
+            outbox: None,
         }
+    }
+
+    /// Sets where the message sits in its partition stream.
+    #[doc(hidden)]
+    pub fn with_position(mut self, position: Position) -> Self {
+        self.position = Some(position);
+        self
+    }
+
+    /// Sets the outbox store that `commit_in` writes to.
+    #[doc(hidden)]
+    pub fn with_outbox(mut self, outbox: Arc<dyn Any + Send + Sync>) -> Self {
+        self.outbox = Some(outbox);
+        self
+    }
+
+    /// The domain's outbox store, if the consumer set it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn outbox(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.outbox.as_deref()
     }
 
     /// Sets when the engine dispatched this attempt.
@@ -230,6 +290,14 @@ impl Context {
     /// partition owned under a lease (the Redis broker).
     pub fn fence(&self) -> Option<&Fence> {
         self.fence.as_ref()
+    }
+
+    /// Where the message sits in its partition stream, when it is consumed
+    /// one at a time per key (a `sequential_by` handler or process manager
+    /// on Redis, any handler on the inline broker); `None` for ordinary
+    /// handlers, which run events of a stream concurrently.
+    pub fn position(&self) -> Option<&Position> {
+        self.position.as_ref()
     }
 
     /// Which attempt this is, starting at 1.

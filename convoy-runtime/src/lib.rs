@@ -82,7 +82,7 @@
 //! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config.rs`, `metrics.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, `BoxFuture`, the one retry back-off |
 //! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
 //! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes |
-//! | 4. brokers | `broker/inline.rs`, `redis/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools). A broker never imports the domain, the engine or the unit of work |
+//! | 4. brokers and stores | `broker/inline.rs`, `redis/`, `postgres/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools); the PostgreSQL outbox, its relay and the exactly-once helper (feature `postgres`). A broker never imports the domain, the engine or the unit of work |
 //! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`] |
 //!
 //! Where each rule of the specification is enforced:
@@ -96,6 +96,10 @@
 //! | single active consumer per unit: leases, fences, incarnations, generations | `redis/lua/acquire.lua`, `redis/lua/fence.lua`, and their bindings in `redis/scripts/` |
 //! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
 //! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
+//! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `postgres/insert.rs` |
+//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch | `postgres/relay.rs`, `redis/lua/publish.lua` |
+//! | a re-sent outbox record never makes a second stream entry (dropped by its own seq) | `redis/lua/publish.lua` |
+//! | exactly-once, fenced handler effects in PostgreSQL | `postgres/applied.rs` |
 //! | operators' actions, atomic against the owner | `redis/admin/` and `redis/lua/head_action.lua` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -124,6 +128,9 @@ pub mod registry;
 pub mod broker;
 mod names;
 pub mod outbox;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod routing;
 
 // 4. brokers (the inline broker lives in `broker/inline.rs`)
@@ -150,7 +157,7 @@ pub use engine::{Engine, EngineHandle};
 pub use envelope::{Envelope, Priority};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;
-pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError};
+pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError, Position};
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
 pub use process_manager::ProcessManager;

@@ -16,6 +16,11 @@
 //! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions and not yet acknowledged by the handler |
 //! | `convoy_partition_warning` | gauge | `category` | 1 while the category has more live partitions than `partition_warning_threshold` |
 //! | `convoy_missing_entries_total` | counter | `handler` | entries that were pending for a unit but no longer exist in its stream when it came to handle them (deleted by hand, or lost with Redis state): never handled, always logged as an error |
+//! | `convoy_outbox_pending` | gauge | | outbox records waiting to be published (the store's backlog, all replicas) |
+//! | `convoy_outbox_oldest_pending_seconds` | gauge | | age of the oldest pending outbox record (0 when none) |
+//! | `convoy_outbox_abandoned` | gauge | | outbox records abandoned, waiting for an operator (`convoy outbox`) |
+//! | `convoy_outbox_published_total` | counter | | outbox records this process published |
+//! | `convoy_outbox_publish_failures_total` | counter | | failed publish calls of this process's outbox relay |
 //! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
 
 use std::time::Duration;
@@ -46,6 +51,17 @@ pub const PARTITION_WARNING: &str = "convoy_partition_warning";
 pub const MISSING_ENTRIES: &str = "convoy_missing_entries_total";
 /// Counter: times Redis was seen to have lost convoy's state.
 pub const STATE_LOST: &str = "convoy_state_lost_total";
+
+/// Gauge: outbox backlog.
+pub const OUTBOX_PENDING: &str = "convoy_outbox_pending";
+/// Gauge: age of the oldest pending outbox record, in seconds.
+pub const OUTBOX_OLDEST_PENDING: &str = "convoy_outbox_oldest_pending_seconds";
+/// Gauge: abandoned outbox records.
+pub const OUTBOX_ABANDONED: &str = "convoy_outbox_abandoned";
+/// Counter: outbox records published.
+pub const OUTBOX_PUBLISHED: &str = "convoy_outbox_published_total";
+/// Counter: failed outbox publish calls.
+pub const OUTBOX_PUBLISH_FAILURES: &str = "convoy_outbox_publish_failures_total";
 
 /// One handler's per-event metrics, registered once (when the engine
 /// starts, so install the recorder before that).
@@ -80,6 +96,32 @@ impl HandlerMetrics {
         self.failed.increment(1);
         self.seconds.record(took.as_secs_f64());
     }
+}
+
+pub(crate) fn outbox_published(n: usize) {
+    if n > 0 {
+        ::metrics::counter!(OUTBOX_PUBLISHED).increment(n as u64);
+    }
+}
+
+pub(crate) fn outbox_publish_failed() {
+    ::metrics::counter!(OUTBOX_PUBLISH_FAILURES).increment(1);
+}
+
+/// The outbox's backlog, the raise time of its oldest pending record (ms
+/// since the Unix epoch) and its abandoned count.
+pub(crate) fn outbox_stats(pending: u64, oldest_pending_ms: Option<u64>, abandoned: u64) {
+    ::metrics::gauge!(OUTBOX_PENDING).set(pending as f64);
+    let age = oldest_pending_ms
+        .map(|ms| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            now.saturating_sub(ms) as f64 / 1000.0
+        })
+        .unwrap_or(0.0);
+    ::metrics::gauge!(OUTBOX_OLDEST_PENDING).set(age);
+    ::metrics::gauge!(OUTBOX_ABANDONED).set(abandoned as f64);
 }
 
 pub(crate) fn owned(handler: &'static str, n: usize) {

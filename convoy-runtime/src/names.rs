@@ -106,7 +106,14 @@ pub fn pm_state(pm: &str, id: &str) -> String {
     format!("convoy:pm:{pm}:{id}")
 }
 
-/// `convoy:producer:{id}`.
-pub fn producer(id: &str) -> String {
-    format!("convoy:producer:{id}")
+/// `convoy:producer:{id}:sent`: the outbox seqs a producer published that
+/// it may still send again (drops re-sent records).
+pub fn producer_sent(id: &str) -> String {
+    format!("convoy:producer:{id}:sent")
+}
+
+/// `convoy:producer:{id}:epoch`: the fencing epoch of a producer's newest
+/// publisher (refuses a replaced relay).
+pub fn producer_epoch(id: &str) -> String {
+    format!("convoy:producer:{id}:epoch")
 }

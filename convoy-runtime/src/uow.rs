@@ -66,8 +66,44 @@ impl UnitOfWork {
         self.pending.is_empty()
     }
 
+    /// Writes every raised event in the caller's own transaction open on
+    /// `tx` (feature `postgres`, with a `PgOutbox` as the domain's outbox),
+    /// so the state change and its events commit or roll back together:
+    ///
+    /// ```ignore
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE accounts SET cents = cents - $1 WHERE id = $2")
+    ///     .bind(cents).bind(&id).execute(&mut *tx).await?;
+    /// let mut uow = domain.unit_of_work();
+    /// uow.raise(Debited { account_id: id, cents })?;
+    /// uow.commit_in(&mut tx).await?;
+    /// tx.commit().await?;
+    /// ```
+    ///
+    /// Events of one partition key publish in the order their transactions
+    /// commit: this call takes a transaction-scoped lock per key, held until
+    /// the transaction ends, so call it near the end. Returns how many
+    /// events were written.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn commit_in(self, tx: &mut sqlx::PgConnection) -> Result<usize, Error> {
+        let store: &dyn std::any::Any = &**self.outbox.store();
+        let outbox = store
+            .downcast_ref::<crate::postgres::PgOutbox>()
+            .ok_or(Error::Unsupported {
+                operation: "UnitOfWork::commit_in",
+                broker: "memory outbox".into(),
+                hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
+            })?;
+        let envelopes = self.pending.into_envelopes();
+        outbox.insert_in(tx, &envelopes).await?;
+        Ok(envelopes.len())
+    }
+
     /// Adds every raised event to the outbox, all or none, and wakes the
-    /// outbox processor. Returns how many events were committed.
+    /// outbox processor. Returns how many events were committed. (With a
+    /// `PgOutbox` this is a transaction of its own; use `commit_in` to
+    /// write them with your own changes.)
     pub async fn commit(self) -> Result<usize, Error> {
         let envelopes = self.pending.into_envelopes();
         let n = envelopes.len();

@@ -379,7 +379,7 @@ fn layer(m: &Module) -> Option<u8> {
         ] => 1,
         ["raise" | "handler" | "process_manager"] | ["registry", ..] => 2,
         ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan"] => 3,
-        ["broker", "inline"] | ["redis", ..] => 4,
+        ["broker", "inline"] | ["redis", ..] | ["postgres", ..] => 4,
         ["domain" | "uow" | "engine" | "signal"] => 5,
         ["testing", ..] | ["private"] => 6,
         _ => return None,

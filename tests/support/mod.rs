@@ -3,6 +3,8 @@
 //! the testing kit's [`Recorder`], and helpers to publish and wait.
 #![allow(dead_code, missing_docs, unreachable_pub)]
 
+pub mod pg;
+
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
@@ -199,7 +201,7 @@ pub async fn publish_outbox(domain: &Domain) {
         domain.outbox().clone(),
         domain.broker().clone(),
         domain.config().server.priority_lanes.clone(),
-        domain.instance_id().to_owned(),
+        domain.instance_id(),
         Arc::new(tokio::sync::Notify::new()),
     );
     processor.drain().await.expect("publish");

@@ -1,16 +1,19 @@
 //! The inline broker: in-process, one queue, one event at a time.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::plan::ConsumerPlan;
-use super::{Broker, Capabilities, Publication, PublishError};
+use super::{Broker, Capabilities, Producer, Publication, PublishError};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::handler::Position;
+use crate::names;
 
 /// An event an inline handler gave up on after its retries.
 #[derive(Debug, Clone)]
@@ -27,17 +30,50 @@ pub struct DeadLetter {
 /// one event at a time. It does not advertise `STREAM_PARTITIONING` but
 /// `SERIAL_DELIVERY`: `sequential_by` is an accepted no-op here because
 /// nothing runs in parallel.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct InlineBroker {
     queue: Mutex<VecDeque<Envelope>>,
     wake: Notify,
     dead: Mutex<Vec<DeadLetter>>,
+    /// When this broker was made (ms since the Unix epoch) and how many
+    /// events it delivered: the entry ids of handlers' positions
+    /// (`{started}-{n}`), growing across restarts as a stream's would.
+    started_ms: u64,
+    delivered: AtomicU64,
+}
+
+impl Default for InlineBroker {
+    fn default() -> Self {
+        InlineBroker {
+            queue: Mutex::default(),
+            wake: Notify::new(),
+            dead: Mutex::default(),
+            started_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            delivered: AtomicU64::new(0),
+        }
+    }
 }
 
 impl InlineBroker {
     /// A new, empty inline broker.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Where `envelope`, delivered now, sits: its partition stream's name
+    /// and the next entry id.
+    fn position(&self, envelope: &Envelope) -> Position {
+        let n = self.delivered.fetch_add(1, Ordering::Relaxed) + 1;
+        let stream = match &envelope.partition_key {
+            Some(k) => names::partition_stream(&envelope.category, k),
+            None => envelope.category.clone(),
+        };
+        Position {
+            stream,
+            entry_id: format!("{}-{n}", self.started_ms),
+        }
     }
 
     /// Events given up on after their retries.
@@ -68,6 +104,7 @@ impl InlineBroker {
 
     async fn deliver(&self, plan: &ConsumerPlan, envelope: &Envelope) {
         let retry = &plan.config.server.retry;
+        let position = self.position(envelope);
         for sub in plan
             .subscriptions
             .iter()
@@ -76,7 +113,14 @@ impl InlineBroker {
             let mut attempt = 1;
             loop {
                 match plan
-                    .invoke(sub, envelope, attempt, None, std::time::SystemTime::now())
+                    .invoke(
+                        sub,
+                        envelope,
+                        attempt,
+                        None,
+                        Some(position.clone()),
+                        std::time::SystemTime::now(),
+                    )
                     .await
                 {
                     Ok(_) => break,
@@ -114,7 +158,7 @@ impl Broker for InlineBroker {
 
     fn publish<'a>(
         &'a self,
-        _producer: &'a str,
+        _producer: &'a Producer,
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
         {

@@ -71,6 +71,22 @@ pub struct Publication {
     pub envelope: Envelope,
 }
 
+/// Who publishes a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Producer {
+    /// The name under which the broker recognises a re-sent publication
+    /// (the same outbox record sent again after a lost reply or a crash).
+    /// Unique per outbox whose sequence numbers never repeat: one process's
+    /// memory outbox, or one PostgreSQL outbox table shared by replicas.
+    pub name: String,
+    /// The publisher's fencing epoch: it grows every time another process
+    /// takes over publishing for `name`. A broker refuses a batch whose
+    /// epoch is below the newest it has seen, so a replaced publisher that
+    /// was stalled cannot publish after its successor. `0` for an outbox
+    /// with a single publisher.
+    pub epoch: u64,
+}
+
 /// A failed publish: how many publications of the batch went out, in order,
 /// before `error`.
 #[derive(Debug)]
@@ -96,10 +112,13 @@ pub trait Broker: Any + Send + Sync + 'static {
     }
 
     /// Publishes a batch in order. `producer` identifies the outbox so a
-    /// broker can drop a re-sent publication it already wrote.
+    /// broker can drop a re-sent publication it already wrote (by its
+    /// `seq`), and fences a replaced publisher by its epoch. A batch starts
+    /// at the producer's oldest pending record: every seq below its first
+    /// was settled and is never sent again.
     fn publish<'a>(
         &'a self,
-        producer: &'a str,
+        producer: &'a Producer,
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>>;
 

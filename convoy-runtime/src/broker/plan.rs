@@ -9,7 +9,9 @@ use tracing::Instrument;
 use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::error::Error;
-use crate::handler::{Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError};
+use crate::handler::{
+    Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError, Position,
+};
 use crate::key::KeyPolicy;
 use crate::message::MessageDescriptor;
 use crate::metrics::HandlerMetrics;
@@ -208,6 +210,7 @@ impl ConsumerPlan {
         envelope: &Envelope,
         attempt: u32,
         fence: Option<Fence>,
+        position: Option<Position>,
         dispatched_at: std::time::SystemTime,
     ) -> Result<Dispatched, HandlerError> {
         let span = tracing::debug_span!(
@@ -228,9 +231,13 @@ impl ConsumerPlan {
                 }));
             }
             let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone())
-                .with_dispatched_at(dispatched_at);
+                .with_dispatched_at(dispatched_at)
+                .with_outbox(self.outbox.store().clone());
             if let Some(f) = fence {
                 ctx = ctx.with_fence(f);
+            }
+            if let Some(p) = position {
+                ctx = ctx.with_position(p);
             }
             let started = std::time::Instant::now();
             let out = match sub.handler.dispatch(envelope, &ctx).await {

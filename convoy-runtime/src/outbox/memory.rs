@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{OutboxRecord, OutboxStatus, OutboxStore};
+use super::{OutboxRecord, OutboxStats, OutboxStatus, OutboxStore};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
@@ -50,8 +50,8 @@ impl MemoryOutbox {
 }
 
 impl OutboxStore for MemoryOutbox {
-    fn producer_identity(&self) -> &str {
-        &self.identity
+    fn producer(&self, instance_id: &str) -> String {
+        format!("{instance_id}/{}", self.identity)
     }
 
     fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
@@ -123,5 +123,63 @@ impl OutboxStore for MemoryOutbox {
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
         let v = self.with(|i| i.records.values().cloned().collect());
         Box::pin(async { Ok(v) })
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
+        let stats = self.with(|i| {
+            let mut stats = OutboxStats::default();
+            for r in i.records.values() {
+                match r.status {
+                    OutboxStatus::Pending => {
+                        stats.pending += 1;
+                        if stats.oldest_pending_ms.is_none() {
+                            stats.oldest_pending_ms = Some(r.envelope.time_ms);
+                        }
+                    }
+                    OutboxStatus::Abandoned { .. } => stats.abandoned += 1,
+                    OutboxStatus::Published => {}
+                }
+            }
+            stats
+        });
+        Box::pin(async { Ok(stats) })
+    }
+
+    fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        let v = self.with(|i| {
+            i.records
+                .values()
+                .filter(|r| matches!(r.status, OutboxStatus::Abandoned { .. }))
+                .take(limit)
+                .cloned()
+                .collect()
+        });
+        Box::pin(async { Ok(v) })
+    }
+
+    fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        let found = self.with(|i| match i.records.get_mut(&seq) {
+            Some(r) if matches!(r.status, OutboxStatus::Abandoned { .. }) => {
+                r.status = OutboxStatus::Pending;
+                r.attempts = 0;
+                true
+            }
+            _ => false,
+        });
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        let found = self.with(|i| {
+            let abandoned = matches!(
+                i.records.get(&seq).map(|r| &r.status),
+                Some(OutboxStatus::Abandoned { .. })
+            );
+            if abandoned {
+                i.records.remove(&seq);
+            }
+            abandoned
+        });
+        Box::pin(async move { Ok(found) })
     }
 }

@@ -1,20 +1,25 @@
 //! The outbox: raised events wait here, with their validated partition key,
 //! until the processor publishes them in order.
 //!
-//! To keep the outbox in your own database (written in the same
-//! transaction as your state), implement [`OutboxStore`] and pass it to
-//! `Domain::builder().outbox(..)`; [`MemoryOutbox`] is the reference
-//! implementation.
+//! [`MemoryOutbox`] keeps records in process memory: what a process had not
+//! published when it died is lost. With the `postgres` feature, `PgOutbox`
+//! keeps them in a table written in the caller's own transaction, so the
+//! state change and its events commit or roll back together, and a relay
+//! elected among the replicas publishes them in commit order per key (see
+//! the `postgres` module). Another store implements [`OutboxStore`] and is
+//! passed to `Domain::builder().outbox(..)`.
 
 mod memory;
-mod processor;
+pub(crate) mod processor;
 
 pub use memory::MemoryOutbox;
 pub use processor::OutboxProcessor;
 
+use std::any::Any;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -54,20 +59,34 @@ impl OutboxRecord {
     }
 }
 
-/// Storage for outbox records. [`MemoryOutbox`] keeps them in memory; a
-/// durable store (a database table written in the caller's transaction)
-/// implements the same trait.
-pub trait OutboxStore: Send + Sync + 'static {
+/// What an outbox holds now, for operators and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Records waiting to be published.
+    pub pending: u64,
+    /// When the oldest pending record was raised (ms since the Unix epoch).
+    pub oldest_pending_ms: Option<u64>,
+    /// Records abandoned, waiting for an operator.
+    pub abandoned: u64,
+}
+
+/// Storage for outbox records. [`MemoryOutbox`] keeps them in memory;
+/// `PgOutbox` (feature `postgres`) in a PostgreSQL table written in the
+/// caller's transaction.
+pub trait OutboxStore: Any + Send + Sync + 'static {
     /// Appends records atomically: all or none.
     fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>>;
 
-    /// Up to `limit` pending records, in sequence order.
+    /// Up to `limit` pending records, the oldest first: every pending
+    /// record of a partition key comes after the ones of that key that
+    /// committed before it, and nothing pending is below the first.
     fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
 
     /// Marks records published.
     fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// Marks a record abandoned; it is never retried.
+    /// Marks a record abandoned; it is never retried unless an operator
+    /// asks ([`OutboxStore::retry`]).
     fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>>;
 
     /// Counts a failed publish attempt of a record.
@@ -76,29 +95,55 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Every record still kept (for inspection and tests).
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
 
-    /// The identity under which this store's sequence numbers are unique.
+    /// Backlog, oldest pending record and abandoned count.
+    fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>>;
+
+    /// Up to `limit` abandoned records, the oldest first, with their reasons.
+    fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
+
+    /// Makes an abandoned record pending again (an operator's retry);
+    /// returns whether there was such a record. It then publishes after the
+    /// records of its key that were published while it was abandoned.
+    fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>>;
+
+    /// Deletes an abandoned record (an operator's discard); returns whether
+    /// there was such a record.
+    fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>>;
+
+    /// The producer name under which the broker recognises a re-sent
+    /// record of this store, for an engine whose instance id is
+    /// `instance_id`.
     ///
-    /// The broker drops a re-sent batch by the highest sequence number it
-    /// has published for a producer, which is the engine's instance id plus
-    /// this identity. A store whose sequence numbers start again (one in
-    /// memory, after a restart) must never reuse an identity, or a restarted
-    /// process under the same instance id would have its first records
-    /// dropped as "already published". The default is new for every
-    /// process, which is safe for a store whose numbering does not start
-    /// again within a process (after a crash, a re-sent batch of a store
-    /// that outlives its process may then be published twice); a store
-    /// whose numbering can start again within a process returns an identity
-    /// of its own (as [`MemoryOutbox`] does); a durable store whose sequence
-    /// numbers never repeat returns a stable identity, so re-sends after a
-    /// crash are dropped.
-    fn producer_identity(&self) -> &str {
-        &DEFAULT_IDENTITY
+    /// The broker drops a record it already published by its sequence
+    /// number within this name, so the name must change whenever the
+    /// numbering could start again: a restarted process that reuses its
+    /// instance id must never have records dropped as "already published".
+    /// The default is the instance id plus an id new in every process,
+    /// right for a store whose numbering does not outlive its process (as
+    /// [`MemoryOutbox`]'s). A durable store shared by replicas returns one
+    /// name for all of them (its sequence numbers never repeat), so a
+    /// record re-sent by another replica after a crash is dropped too.
+    fn producer(&self, instance_id: &str) -> String {
+        format!("{instance_id}/{}", *PROCESS_IDENTITY)
+    }
+
+    /// Runs the relay of this store until `shutdown` fires: publishing
+    /// pending records with `processor`. The default publishes whenever
+    /// records are committed in this process (and once a second), with
+    /// epoch 0; a store shared by several processes elects one publisher
+    /// and wakes it on commits in any of them (as `PgOutbox` does).
+    fn relay(
+        &self,
+        processor: Arc<OutboxProcessor>,
+        shutdown: CancellationToken,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move { processor.run(shutdown).await })
     }
 }
 
-/// The default [`OutboxStore::producer_identity`]: one per process, so the
-/// sequence numbers of two processes never share a high-water mark.
-static DEFAULT_IDENTITY: std::sync::LazyLock<String> =
+/// The default [`OutboxStore::producer`] suffix: one per process, so the
+/// sequence numbers of two processes never share a producer name.
+static PROCESS_IDENTITY: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());
 
 /// Where raised events go when committed: the domain's store, and the

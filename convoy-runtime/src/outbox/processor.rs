@@ -6,14 +6,22 @@ use tokio_util::sync::CancellationToken;
 
 use super::{OutboxRecord, OutboxStore};
 use crate::backoff::Backoff;
-use crate::broker::{Broker, Publication};
+use crate::broker::{Broker, Producer, Publication};
 use crate::config::PriorityLanesConfig;
 use crate::error::{Error, chain};
 use crate::key::check_key;
+use crate::metrics;
 use crate::routing::route;
 
 /// How many records one publish call carries.
 const BATCH: usize = 512;
+
+/// How often a relay exports the outbox's statistics (reading them is not
+/// free: a count of the backlog).
+pub(crate) const STATS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long a stopping relay keeps publishing what is pending.
+const FINAL_DRAIN: Duration = Duration::from_secs(5);
 
 /// Publishes outbox records in order: the one routing choke point.
 ///
@@ -40,16 +48,16 @@ impl std::fmt::Debug for OutboxProcessor {
 
 impl OutboxProcessor {
     /// A processor publishing `store` to `broker` for the engine instance
-    /// `producer` (with the store's [`OutboxStore::producer_identity`], it
-    /// names the high-water mark that drops re-sent batches).
+    /// `instance_id` (the store's [`OutboxStore::producer`] for it names
+    /// the set that drops re-sent records).
     pub fn new(
         store: Arc<dyn OutboxStore>,
         broker: Arc<dyn Broker>,
         lanes: PriorityLanesConfig,
-        producer: String,
+        instance_id: &str,
         wake: Arc<Notify>,
     ) -> Self {
-        let producer = format!("{producer}/{}", store.producer_identity());
+        let producer = store.producer(instance_id);
         OutboxProcessor {
             store,
             broker,
@@ -59,9 +67,32 @@ impl OutboxProcessor {
         }
     }
 
-    /// Publishes one batch of pending records; returns how many records were
-    /// settled (published or abandoned).
+    /// The producer name this processor publishes under.
+    pub fn producer(&self) -> &str {
+        &self.producer
+    }
+
+    /// Publishes one batch of pending records as the single publisher of
+    /// its store (epoch 0); returns how many records were settled
+    /// (published or abandoned).
     pub async fn process_batch(&self) -> Result<usize, Error> {
+        self.process_batch_as(&self.single()).await
+    }
+
+    /// This processor as the single publisher of its store.
+    fn single(&self) -> Producer {
+        Producer {
+            name: self.producer.clone(),
+            epoch: 0,
+        }
+    }
+
+    /// Publishes one batch of pending records as `producer` (a relay
+    /// elected among replicas passes the store's shared name and its
+    /// fencing epoch, see [`Producer::epoch`]); returns how many records
+    /// were settled. A replaced publisher gets
+    /// [`Error::PublisherReplaced`].
+    pub async fn process_batch_as(&self, producer: &Producer) -> Result<usize, Error> {
         let records = self.store.pending(BATCH).await?;
         if records.is_empty() {
             return Ok(0);
@@ -90,10 +121,14 @@ impl OutboxProcessor {
                 envelope: r.envelope.clone(),
             });
         }
-        match self.broker.publish(&self.producer, &batch).await {
+        if batch.is_empty() {
+            return Ok(settled);
+        }
+        match self.broker.publish(producer, &batch).await {
             Ok(()) => {
                 let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
                 self.store.mark_published(&seqs).await?;
+                metrics::outbox_published(seqs.len());
                 Ok(settled + seqs.len())
             }
             Err(e) => {
@@ -102,7 +137,11 @@ impl OutboxProcessor {
                     .map(|p| p.seq)
                     .collect();
                 self.store.mark_published(&seqs).await?;
-                if let Some(p) = batch.get(e.published) {
+                metrics::outbox_published(seqs.len());
+                metrics::outbox_publish_failed();
+                if let Some(p) = batch.get(e.published)
+                    && !matches!(e.error, Error::PublisherReplaced { .. })
+                {
                     self.store.record_failure(p.seq).await?;
                 }
                 Err(e.error)
@@ -120,9 +159,15 @@ impl OutboxProcessor {
 
     /// Publishes everything pending now; stops at the first broker error.
     pub async fn drain(&self) -> Result<usize, Error> {
+        self.drain_as(&self.single()).await
+    }
+
+    /// Publishes everything pending now as `producer`; stops at the first
+    /// broker error.
+    pub async fn drain_as(&self, producer: &Producer) -> Result<usize, Error> {
         let mut n = 0;
         loop {
-            let k = self.process_batch().await?;
+            let k = self.process_batch_as(producer).await?;
             if k == 0 {
                 return Ok(n);
             }
@@ -130,12 +175,50 @@ impl OutboxProcessor {
         }
     }
 
+    /// Exports the store's backlog, oldest pending age and abandoned count
+    /// as metrics.
+    pub async fn export_stats(&self) -> Result<(), Error> {
+        let stats = self.store.stats().await?;
+        metrics::outbox_stats(stats.pending, stats.oldest_pending_ms, stats.abandoned);
+        Ok(())
+    }
+
     /// Publishes until `shutdown` fires, waking when records are added and
-    /// backing off while the broker is unreachable.
+    /// backing off while the broker is unreachable; then publishes what is
+    /// pending once more (for up to 5 s) and returns.
     pub async fn run(&self, shutdown: CancellationToken) {
+        self.run_inner(&shutdown).await;
+        self.final_drain(&self.single()).await;
+    }
+
+    /// What wakes this processor when records are committed in this process.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wake(&self) -> &Arc<Notify> {
+        &self.wake
+    }
+
+    /// The last publish of a stopping relay: what is pending, for up to 5 s.
+    pub(crate) async fn final_drain(&self, producer: &Producer) {
+        match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %chain(&e), "outbox records stay pending at shutdown")
+            }
+            Err(_) => tracing::warn!("outbox records stay pending at shutdown (timed out)"),
+        }
+    }
+
+    async fn run_inner(&self, shutdown: &CancellationToken) {
         let mut backoff = Backoff::reconnect();
+        let mut exported: Option<std::time::Instant> = None;
         loop {
             let notified = self.wake.notified();
+            if exported.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
+                exported = Some(std::time::Instant::now());
+                if let Err(e) = self.export_stats().await {
+                    tracing::debug!(error = %chain(&e), "outbox statistics unavailable");
+                }
+            }
             match self.drain().await {
                 Ok(_) => {
                     backoff.reset();
@@ -147,7 +230,7 @@ impl OutboxProcessor {
                 }
                 Err(e) => {
                     tracing::warn!(error = %chain(&e), "outbox publish failed; records stay pending");
-                    if !backoff.wait_or_stop(&shutdown).await {
+                    if !backoff.wait_or_stop(shutdown).await {
                         return;
                     }
                 }

@@ -12,7 +12,7 @@ use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
-use crate::broker::{Broker, Capabilities, ConsumerPlan, Publication, PublishError};
+use crate::broker::{Broker, Capabilities, ConsumerPlan, Producer, Publication, PublishError};
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::process_manager::StateStore;
@@ -83,7 +83,7 @@ impl Broker for RedisBroker {
 
     fn publish<'a>(
         &'a self,
-        producer: &'a str,
+        producer: &'a Producer,
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
         Box::pin(async move {

@@ -22,7 +22,8 @@
 //! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
 //! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended`, `applied` |
-//! | `convoy:producer:{id}` | string, PX | the last outbox seq a producer (`{instance id}/{outbox store identity}`) published (drops re-sent records) |
+//! | `convoy:producer:{id}:sent` | sorted set, PX | the outbox seqs a producer published that it may still send again (drops re-sent records; about one batch) |
+//! | `convoy:producer:{id}:epoch` | string, PX | the fencing epoch of the producer's newest publisher (refuses a replaced relay) |
 //! | `convoy:audit` | stream | operator actions (see [`admin`](super::admin)) |
 //!
 //! A unit's scope is its handler's category, or `*` for a sequential
@@ -30,6 +31,6 @@
 
 pub use crate::names::{
     AUDIT_STREAM, acked, alive, backfill_stream, base_backfill_stream, base_groups, category_dlq,
-    groups, instances, lease, partition_dlq, partition_index, partition_stream, pm_state, producer,
-    published, scope, unit, wake_stream,
+    groups, instances, lease, partition_dlq, partition_index, partition_stream, pm_state,
+    producer_epoch, producer_sent, published, scope, unit, wake_stream,
 };

@@ -240,6 +240,7 @@ impl PlainConsumer {
                             &env,
                             attempt,
                             None,
+                            None,
                             std::time::SystemTime::now(),
                         )
                         .await

@@ -292,6 +292,8 @@ impl PgServer {
             .args(["-h", "127.0.0.1", "-k"])
             .arg(&self.dir)
             .args(["-c", "fsync=on", "-c", "max_connections=200"])
+            // Commit timestamps let tests read the true commit order.
+            .args(["-c", "track_commit_timestamp=on"])
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(log)

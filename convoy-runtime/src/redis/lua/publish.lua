@@ -1,23 +1,47 @@
 -- Publishes a batch of outbox records, in order, in one atomic script.
 --
--- KEYS[1]          the producer's high-water mark (last published outbox seq)
--- KEYS[4i-2..4i+1] record i: its stream, its category's partition index,
+-- KEYS[1]          the producer's published set: a sorted set of the seqs
+--                  it published that may still be sent again
+-- KEYS[2]          the producer's epoch (the newest publisher's fencing token)
+-- KEYS[4i-1..4i+2] record i: its stream, its category's partition index,
 --                  its category's wake stream, its category's count of
 --                  partitioned publishes (for lag)
--- ARGV[1]          producer mark TTL (ms)
+-- ARGV[1]          producer keys TTL (ms)
 -- ARGV[2]          wake stream approximate max length
+-- ARGV[3]          the publisher's epoch
 -- then per record: seq, partition key ('' when unpartitioned), field count,
 --                  fields and values
 --
--- A record whose seq is not above the mark was already published (a
--- re-sent batch after a lost reply) and is skipped. The stream writes, the
--- index entries and the wake-ups of a batch happen together.
--- Returns {1, the number of records written}.
-local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
-local first_mark = mark
-local a = 3
+-- Deduplication is by each record's own seq, not by a high-water mark: a
+-- durable outbox commits rows out of seq order (a row of one key may commit
+-- after a larger row of another), so "not above the mark" would drop it.
+-- A batch starts at the producer's oldest pending record, so every seq
+-- below the batch's first was settled in the outbox and can never be sent
+-- again: those members are dropped from the set, which therefore holds
+-- about one batch. A record whose seq is in the set was published before
+-- (a re-sent batch after a lost reply or a crash) and is skipped.
+--
+-- A publisher whose epoch is below the stored one was replaced (a stalled
+-- relay whose leadership passed to another replica) and is refused, so it
+-- can never publish a row after its successor published later rows.
+-- Returns {1, the number of records written} or {-1, the stored epoch}.
+local ttl = ARGV[1]
+local epoch = tonumber(ARGV[3])
+local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
+if epoch < stored then
+  return {-1, stored}
+end
+if epoch > stored then
+  redis.call('SET', KEYS[2], epoch, 'PX', ttl)
+end
+local a = 4
 local written = 0
 local i = 0
+-- The largest seq in the set: a record above it needs no lookup.
+local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
+local max = tonumber(top[2] or '-1')
+local first = true
+local sent = {}
 -- Index entries, wake-ups and counts once per distinct key (or category)
 -- of the batch: the script is atomic, so doing them at the end is the same
 -- as doing them with each record.
@@ -28,17 +52,20 @@ while a <= #ARGV do
   local seq = tonumber(ARGV[a])
   local key = ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
-  local fields = {}
-  for j = 1, n do
-    fields[j] = ARGV[a + 2 + j]
+  if first then
+    first = false
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[a])
   end
-  a = a + 3 + n
-  local stream = KEYS[4 * i + 2]
-  local index = KEYS[4 * i + 3]
-  local wake = KEYS[4 * i + 4]
-  local published = KEYS[4 * i + 5]
+  local stream = KEYS[4 * i + 3]
+  local index = KEYS[4 * i + 4]
+  local wake = KEYS[4 * i + 5]
+  local published = KEYS[4 * i + 6]
   i = i + 1
-  if seq > mark then
+  if seq > max or not redis.call('ZSCORE', KEYS[1], ARGV[a]) then
+    local fields = {}
+    for j = 1, n do
+      fields[j] = ARGV[a + 2 + j]
+    end
     redis.call('XADD', stream, '*', unpack(fields))
     if key ~= '' then
       local id = wake .. '\0' .. key
@@ -48,9 +75,11 @@ while a <= #ARGV do
       end
       counts[published] = (counts[published] or 0) + 1
     end
-    mark = seq
+    sent[#sent + 1] = ARGV[a]
+    sent[#sent + 1] = ARGV[a]
     written = written + 1
   end
+  a = a + 3 + n
 end
 for _, w in ipairs(wakes) do
   redis.call('SADD', w[1], w[3])
@@ -59,7 +88,8 @@ end
 for k, c in pairs(counts) do
   redis.call('INCRBY', k, c)
 end
-if mark > first_mark then
-  redis.call('SET', KEYS[1], mark, 'PX', ARGV[1])
+if #sent > 0 then
+  redis.call('ZADD', KEYS[1], unpack(sent))
 end
+redis.call('PEXPIRE', KEYS[1], ttl)
 return {1, written}

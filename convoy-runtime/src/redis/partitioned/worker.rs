@@ -36,7 +36,7 @@ use super::{Shared, UnitHandle, mono_ms};
 use crate::backoff::Backoff;
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
-use crate::handler::{Fence, HandlerError};
+use crate::handler::{Fence, HandlerError, Position};
 
 /// Entries read per fenced read from the primary lane.
 const PRIMARY_BATCH: usize = 100;
@@ -455,6 +455,10 @@ impl Worker {
                             &env,
                             attempt,
                             Some(self.fence.clone()),
+                            Some(Position {
+                                stream: stream.to_owned(),
+                                entry_id: entry.id.clone(),
+                            }),
                             dispatched_at,
                         )
                         .await

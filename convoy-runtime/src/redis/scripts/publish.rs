@@ -3,20 +3,22 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{SCRIPTS, Status, call};
-use crate::broker::Publication;
+use super::{Refusal, SCRIPTS, Status, call};
+use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
 
-/// How long the producer's high-water mark is kept (7 days).
+/// How long a producer's published set and epoch are kept after its last
+/// publish (7 days).
 const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// Publishes `batch` for `producer`.
 #[derive(Debug)]
 pub(crate) struct Publish<'a> {
-    /// The outbox's producer id (its high-water mark drops re-sent records).
-    pub(crate) producer: &'a str,
-    /// The routed records.
+    /// Who publishes: its published set drops re-sent records, its epoch
+    /// refuses a replaced publisher.
+    pub(crate) producer: &'a Producer,
+    /// The routed records, starting at the producer's oldest pending one.
     pub(crate) batch: &'a [Publication],
 }
 
@@ -25,9 +27,11 @@ impl Publish<'_> {
     /// before).
     pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
         let mut inv = SCRIPTS.publish.prepare_invoke();
-        inv.key(names::producer(self.producer))
+        inv.key(names::producer_sent(&self.producer.name))
+            .key(names::producer_epoch(&self.producer.name))
             .arg(PRODUCER_TTL_MS)
-            .arg(names::WAKE_MAXLEN);
+            .arg(names::WAKE_MAXLEN)
+            .arg(self.producer.epoch);
         for p in self.batch {
             let category = &p.envelope.category;
             inv.key(&p.stream)
@@ -45,6 +49,11 @@ impl Publish<'_> {
         let reply = call("publish", &inv, conn, "failed to publish outbox records").await?;
         match reply.status {
             Status::Done => Ok(reply.int(0).max(0) as u64),
+            Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
+                producer: self.producer.name.clone(),
+                epoch: self.producer.epoch,
+                newer: reply.int(0).max(0) as u64,
+            }),
             _ => Err(reply.unexpected()),
         }
     }

@@ -393,3 +393,104 @@ async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries(
     // Only a prefix can be trimmed: the pending 1-1 keeps everything.
     assert_eq!(len, 3, "the unhandled pending entries survive the trim");
 }
+
+/// A publication of `seq` for key `key` of category `cat`.
+fn publication(seq: u64, key: &str) -> crate::broker::Publication {
+    let envelope = crate::envelope::Envelope {
+        id: format!("m{seq}"),
+        type_name: "T".into(),
+        category: "cat".into(),
+        partition_key: Some(key.into()),
+        time_ms: 0,
+        priority: crate::envelope::Priority::Normal,
+        correlation_id: None,
+        payload: format!("{{\"seq\":{seq}}}"),
+    };
+    crate::broker::Publication {
+        seq,
+        stream: format!("cat:{key}"),
+        partition: Some(key.into()),
+        envelope,
+    }
+}
+
+async fn publish(
+    c: &mut MultiplexedConnection,
+    epoch: u64,
+    batch: &[crate::broker::Publication],
+) -> Result<u64, crate::error::Error> {
+    let producer = crate::broker::Producer {
+        name: "pg/x".into(),
+        epoch,
+    };
+    super::publish::Publish {
+        producer: &producer,
+        batch,
+    }
+    .run(c)
+    .await
+}
+
+async fn xlen(c: &mut MultiplexedConnection, stream: &str) -> i64 {
+    match cmd(c, &["XLEN", stream]).await {
+        Value::Int(n) => n,
+        other => panic!("XLEN: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_publisher() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server
+        .client()
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    // Row 5 of key a commits first; row 3 of key b (inserted earlier,
+    // committed later) comes next: not above a high-water mark of 5, but
+    // new, so it is written.
+    assert_eq!(
+        publish(&mut c, 1, &[publication(5, "a")]).await.expect("5"),
+        1
+    );
+    assert_eq!(
+        publish(&mut c, 1, &[publication(3, "b")]).await.expect("3"),
+        1
+    );
+    // A re-send (a lost reply, or a crash before the rows were marked
+    // published) is dropped by the rows' own ids, whatever else it holds.
+    let resent = [
+        publication(3, "b"),
+        publication(5, "a"),
+        publication(6, "a"),
+    ];
+    assert_eq!(publish(&mut c, 1, &resent).await.expect("re-send"), 1);
+    assert_eq!(xlen(&mut c, "cat:a").await, 2);
+    assert_eq!(xlen(&mut c, "cat:b").await, 1);
+    // A newer publisher (epoch 2) took over; the replaced one is refused
+    // and writes nothing, even a new row.
+    assert_eq!(
+        publish(&mut c, 2, &[publication(7, "a")]).await.expect("7"),
+        1
+    );
+    let err = publish(&mut c, 1, &[publication(8, "a")])
+        .await
+        .expect_err("replaced");
+    assert!(
+        matches!(
+            err,
+            crate::error::Error::PublisherReplaced {
+                epoch: 1,
+                newer: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(xlen(&mut c, "cat:a").await, 3);
+    // Seqs below a batch's first were settled: the set forgets them, so
+    // it holds about one batch.
+    let members = cmd(&mut c, &["ZCARD", "convoy:producer:pg/x:sent"]).await;
+    assert_eq!(members, Value::Int(1), "only row 7 is kept");
+}

@@ -1,0 +1,180 @@
+//! Exactly-once, fenced effects for handlers that write to PostgreSQL, and
+//! committing a handler's raised events in its own transaction.
+
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgConnection;
+
+use super::{PgOutbox, missing_table, pg_error};
+use crate::error::Error;
+use crate::handler::Context;
+
+/// What [`AppliedEvents::claim`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an event that was already applied must not be applied again"]
+pub enum Applied {
+    /// The event is new for this handler and partition: apply its effects
+    /// in this transaction, then commit.
+    New,
+    /// The event's effects were committed before (this is a re-run after a
+    /// crash or a takeover): change nothing, return `Ok`.
+    AlreadyApplied,
+}
+
+impl Applied {
+    /// Whether the event was applied before.
+    pub fn is_already_applied(self) -> bool {
+        self == Applied::AlreadyApplied
+    }
+}
+
+/// Exactly-once effects in PostgreSQL for a `sequential_by` handler (or
+/// process manager): the way to get "effects land in publish order" for
+/// effects outside Redis.
+///
+/// Delivery is at least once: after a crash a handler may run an event
+/// again, and an owner that stalled past its lease may finish its
+/// in-flight handler after a new owner moved on. In the handler's own
+/// transaction, [`claim`](AppliedEvents::claim) locks and advances a row for
+/// (handler, partition stream) that holds the lease generation and the
+/// last applied stream entry:
+///
+/// - an older generation than the row's is refused
+///   ([`Error::FencedWrite`]): return the error, the transaction rolls back
+///   and the stale owner gives up the partition;
+/// - an entry at or below the row's was applied before
+///   ([`Applied::AlreadyApplied`]): change nothing;
+/// - otherwise the row advances ([`Applied::New`]), and commits or rolls
+///   back with the handler's writes.
+///
+/// ```ignore
+/// #[handle]
+/// async fn debited(&self, e: Debited, ctx: &Context) -> Result<(), HandlerError> {
+///     let mut tx = self.pool.begin().await?;
+///     if self.applied.claim(&mut tx, ctx).await?.is_already_applied() {
+///         return Ok(());
+///     }
+///     sqlx::query("UPDATE balances SET cents = cents - $1 WHERE account = $2")
+///         .bind(e.cents).bind(&e.account_id).execute(&mut *tx).await?;
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// The row lock is held until the transaction ends, so a stalled owner that
+/// passed `claim` holds up the partition's next write until PostgreSQL ends
+/// its transaction: set `idle_in_transaction_session_timeout` on the pool's
+/// connections (for example `SET idle_in_transaction_session_timeout =
+/// '10s'` in an `after_connect`).
+#[derive(Debug, Clone)]
+pub struct AppliedEvents {
+    table: String,
+}
+
+impl PgOutbox {
+    /// The exactly-once helper on this outbox's `{table}_applied` table
+    /// (created by [`PgOutbox::migrate`]).
+    pub fn applied_events(&self) -> AppliedEvents {
+        AppliedEvents {
+            table: self.inner.tables.named("_applied"),
+        }
+    }
+}
+
+impl AppliedEvents {
+    /// In the transaction open on `tx`: refuses a stale owner, recognises a
+    /// re-run, and records this event as applied (see the type's
+    /// documentation).
+    pub async fn claim(&self, tx: &mut PgConnection, ctx: &Context) -> Result<Applied, Error> {
+        let position = ctx.position().ok_or(Error::Unsupported {
+            operation: "AppliedEvents::claim",
+            broker: "this handler's".into(),
+            hint: "exactly-once effects need events of a key delivered one at a time: declare the handler with sequential_by (on Redis) or use the inline broker",
+        })?;
+        let (ms, seq) = position.entry().ok_or_else(|| Error::MalformedEntry {
+            entry_id: position.entry_id.clone(),
+            stream: position.stream.clone(),
+            reason: "the entry id is not `{ms}-{seq}`".into(),
+        })?;
+        let generation = ctx.fence().map_or(0, |f| f.generation);
+        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let stream = position.stream.as_bytes();
+        let ctx_err = |what: &str| {
+            format!(
+                "exactly-once row of `{}` in {}: {what}",
+                ctx.handler(),
+                self.table
+            )
+        };
+        let insert = format!(
+            "INSERT INTO {} (handler, stream, generation, entry_ms, entry_seq)
+             VALUES ($1, $2, $3, -1, -1) ON CONFLICT DO NOTHING",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(insert))
+            .bind(ctx.handler())
+            .bind(stream)
+            .bind(to_i64(generation))
+            .execute(&mut *tx)
+            .await
+            .map_err(missing_table(&self.table, ctx_err("insert")))?;
+        let select = format!(
+            "SELECT generation, entry_ms, entry_seq FROM {}
+             WHERE handler = $1 AND stream = $2 FOR UPDATE",
+            self.table
+        );
+        let (stored, stored_ms, stored_seq): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(select))
+                .bind(ctx.handler())
+                .bind(stream)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(pg_error(ctx_err("lock")))?;
+        if stored > to_i64(generation) {
+            return Err(Error::FencedWrite {
+                handler: ctx.handler().to_owned(),
+                stream: position.stream.clone(),
+                generation,
+                newer: stored.max(0) as u64,
+            });
+        }
+        if (to_i64(ms), to_i64(seq)) <= (stored_ms, stored_seq) {
+            return Ok(Applied::AlreadyApplied);
+        }
+        let update = format!(
+            "UPDATE {} SET generation = $3, entry_ms = $4, entry_seq = $5, applied_at = now()
+             WHERE handler = $1 AND stream = $2",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(update))
+            .bind(ctx.handler())
+            .bind(stream)
+            .bind(to_i64(generation))
+            .bind(to_i64(ms))
+            .bind(to_i64(seq))
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_error(ctx_err("advance")))?;
+        Ok(Applied::New)
+    }
+}
+
+impl Context {
+    /// Writes the events raised so far in the transaction open on `tx`
+    /// (feature `postgres`, with a [`PgOutbox`] as the domain's outbox):
+    /// they commit or roll back with the handler's own writes. Events
+    /// raised after this call are committed after the handler returns, as
+    /// usual. Returns how many were written.
+    pub async fn commit_in(&self, tx: &mut PgConnection) -> Result<usize, Error> {
+        let outbox = self
+            .outbox()
+            .and_then(|o| o.downcast_ref::<PgOutbox>())
+            .ok_or(Error::Unsupported {
+                operation: "Context::commit_in",
+                broker: "memory outbox".into(),
+                hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
+            })?;
+        let envelopes = self.take_raised().into_envelopes();
+        outbox.insert_in(tx, &envelopes).await?;
+        Ok(envelopes.len())
+    }
+}

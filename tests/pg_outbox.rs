@@ -1,0 +1,260 @@
+//! The PostgreSQL outbox against a real PostgreSQL and a real Redis, both
+//! started by the test kit: events committed in the caller's transaction,
+//! published in commit order per key, nothing left by a rollback, nothing
+//! lost while Redis is down. (Crash, replica and exactly-once tests with
+//! real processes are in `pg_failover.rs`.)
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use convoy_runtime::Domain;
+use convoy_runtime::testing::Recorder;
+use support::pg::{PgEnv, seqs};
+use support::{Posted, Recording, all_seen, domain, publisher, wait_until};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Raises `events` in one transaction of `pool` and commits (or rolls back).
+async fn commit_events(domain: &Domain, pool: &sqlx::PgPool, events: &[Posted], commit: bool) {
+    let mut tx = pool.begin().await.expect("begin");
+    let mut uow = domain.unit_of_work();
+    for e in events {
+        uow.raise(e.clone()).expect("raise");
+    }
+    uow.commit_in(&mut tx).await.expect("commit_in");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_commit_with_the_transaction_publish_in_order_and_a_rollback_leaves_none() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    let recorder = Recorder::new(&env.redis.url(), "pg-basic").expect("recorder");
+    let d = domain(
+        env.config(),
+        "e1",
+        Recording::new(recorder.clone(), "e1", Duration::ZERO),
+    );
+    let engine = d.engine().spawn();
+    // The engine migrates the tables at start; wait for them.
+    wait_until(WAIT, "the outbox tables", || async {
+        env.pg
+            .psql("app", "SELECT count(*) FROM convoy_outbox")
+            .is_ok()
+    })
+    .await;
+
+    for seq in 0..5 {
+        commit_events(&d, &pool, &[Posted::new("a", seq)], true).await;
+    }
+    commit_events(&d, &pool, &[Posted::new("a", 99)], false).await;
+    commit_events(&d, &pool, &[Posted::new("a", 5), Posted::new("b", 0)], true).await;
+
+    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    expected.insert("a".into(), (0..6).map(|s| format!("a#{s}")).collect());
+    expected.insert("b".into(), vec!["b#0".into()]);
+    wait_until(WAIT, "every committed event handled", || {
+        all_seen(&recorder, &expected)
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+
+    // Handled entries are trimmed from the streams: the handler's record
+    // of what it saw, in order, is the check.
+    let seen = recorder.seen_all().await.expect("seen");
+    assert_eq!(
+        seen, expected,
+        "handled once each, in commit order; the rolled-back event never"
+    );
+    assert_eq!(env.statuses(), (0, 7, 0), "every committed row published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_key_transactions_publish_in_commit_order_even_when_the_first_to_insert_commits_last()
+{
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let d = publisher(env.config(), "writer");
+
+    // T1 inserts first and commits last; T2, for the same key, inserts and
+    // commits while T1 is open. Without the per-key lock T2 would commit
+    // first with the larger id, and publishing by id would invert them.
+    let mut t1 = pool.begin().await.expect("begin t1");
+    let mut uow = d.unit_of_work();
+    uow.raise(Posted::new("k", 1)).expect("raise");
+    uow.commit_in(&mut t1).await.expect("commit_in t1");
+    let t2 = tokio::spawn({
+        let d = d.clone();
+        let pool = pool.clone();
+        async move { commit_events(&d, &pool, &[Posted::new("k", 2)], true).await }
+    });
+    // Another key is not held up by k's lock.
+    commit_events(&d, &pool, &[Posted::new("other", 0)], true).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t1.commit().await.expect("commit t1");
+    t2.await.expect("t2");
+
+    let order = env.commit_order();
+    let engine = d.engine().spawn();
+    wait_until(WAIT, "both rows published", || async {
+        env.stream("k").await.len() == 2
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    assert_eq!(
+        seqs(&env.stream("k").await),
+        order["k"],
+        "stream order is commit order"
+    );
+    assert_eq!(seqs(&env.stream("other").await), vec![0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_concurrent_writers_over_few_keys_publish_each_key_in_commit_order() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let d = publisher(env.config(), "writers");
+    env.pg
+        .psql("app", "CREATE TABLE commits (key text, seq bigint)")
+        .expect("commit log table");
+    let keys = ["k0", "k1", "k2", "k3"];
+    let writers = 8;
+    let per_writer = 40u64;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let d = d.clone();
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for i in 0..per_writer {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = keys[(rng % keys.len() as u64) as usize];
+                let mut tx = pool.begin().await.expect("begin");
+                let mut uow = d.unit_of_work();
+                // seq: unique per event (writer, i).
+                uow.raise(Posted::new(key, w as u64 * 1000 + i))
+                    .expect("raise");
+                uow.commit_in(&mut tx).await.expect("commit_in");
+                // A row of the test's own in the same transaction: its
+                // commit timestamp is the transaction's (the outbox row's
+                // version changes when the relay marks it published).
+                sqlx::query("INSERT INTO commits (key, seq) VALUES ($1, $2)")
+                    .bind(key)
+                    .bind((w as u64 * 1000 + i) as i64)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("commit log");
+                // Hold some transactions open so that later ones of other
+                // keys commit first.
+                if rng.is_multiple_of(2) {
+                    tokio::time::sleep(Duration::from_millis(rng % 15)).await;
+                }
+                if rng.is_multiple_of(11) {
+                    tx.rollback().await.expect("rollback");
+                } else {
+                    tx.commit().await.expect("commit");
+                }
+            }
+        }));
+    }
+    // The relay starts while the writers commit: it first catches up on a
+    // backlog (where publishing by id alone would invert transactions of a
+    // key), then follows commits as they happen, with rows of one key
+    // committing out of id order around other keys' rows between reads.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let engine = d.engine().spawn();
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let order = env.commit_log();
+    let total: usize = order.values().map(Vec::len).sum();
+    wait_until(WAIT, "every committed row published", || async {
+        let mut n = 0;
+        for k in keys {
+            n += env.stream(k).await.len();
+        }
+        n == total
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    for k in keys {
+        let on_stream = seqs(&env.stream(k).await);
+        let committed = order.get(k).cloned().unwrap_or_default();
+        assert_eq!(
+            on_stream, committed,
+            "key {k}: stream order must equal commit order, nothing missing or doubled"
+        );
+    }
+    assert_eq!(env.statuses().0, 0, "nothing left pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_stay_pending_while_redis_is_down_and_publish_in_order_after() {
+    let mut env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let d = publisher(env.config(), "writer");
+    let engine = d.engine().spawn();
+    commit_events(&d, &pool, &[Posted::new("r", 0)], true).await;
+    wait_until(WAIT, "the first row published", || async {
+        env.stream("r").await.len() == 1
+    })
+    .await;
+
+    env.redis.stop().expect("stop redis");
+    for seq in 1..20 {
+        commit_events(&d, &pool, &[Posted::new("r", seq)], true).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.statuses().0, 19, "the rows wait in PostgreSQL");
+    env.redis.restart().expect("restart redis");
+
+    // The restarted Redis kept nothing (no persistence): what reaches it
+    // now is exactly the rows committed while it was down, in order.
+    wait_until(WAIT, "the pending rows published", || async {
+        env.stream("r").await.len() == 19
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    assert_eq!(seqs(&env.stream("r").await), (1..20).collect::<Vec<_>>());
+    assert_eq!(env.statuses().0, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_table_that_was_never_migrated_is_an_error_that_says_how_to_create_it() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    let d = publisher(env.config(), "writer");
+    let mut tx = pool.begin().await.expect("begin");
+    let mut uow = d.unit_of_work();
+    uow.raise(Posted::new("a", 0)).expect("raise");
+    let err = uow.commit_in(&mut tx).await.expect_err("no table yet");
+    assert!(
+        err.to_string().contains("PgOutbox::migrate()"),
+        "the error says what to do: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commit_in_without_a_postgres_outbox_says_what_to_configure() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    let mut config = env.config();
+    config.outbox.postgres_url = None;
+    let d = publisher(config, "writer");
+    let mut tx = pool.begin().await.expect("begin");
+    let mut uow = d.unit_of_work();
+    uow.raise(Posted::new("a", 0)).expect("raise");
+    let err = uow.commit_in(&mut tx).await.expect_err("memory outbox");
+    assert!(err.to_string().contains("postgres_url"), "{err}");
+}
