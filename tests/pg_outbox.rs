@@ -258,3 +258,85 @@ async fn commit_in_without_a_postgres_outbox_says_what_to_configure() {
     let err = uow.commit_in(&mut tx).await.expect_err("memory outbox");
     assert!(err.to_string().contains("postgres_url"), "{err}");
 }
+
+/// A command that posts to a client's balance: the balance row and the
+/// `Posted` event commit in the command handler's own transaction.
+#[derive(convoy_runtime::Command, serde::Serialize, serde::Deserialize, Debug)]
+#[command(part_of = support::Ledger)]
+struct Post {
+    client_id: String,
+    seq: u64,
+    /// The handler fails after writing: nothing may be kept.
+    refuse: bool,
+}
+
+struct Desk {
+    pool: sqlx::PgPool,
+}
+
+#[convoy_runtime::command_handler(part_of = support::Ledger)]
+impl Desk {
+    #[handle]
+    async fn post(
+        &self,
+        c: Post,
+        ctx: &convoy_runtime::Context,
+    ) -> Result<(), convoy_runtime::HandlerError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO postings (client_id, seq) VALUES ($1, $2)")
+            .bind(&c.client_id)
+            .bind(c.seq as i64)
+            .execute(&mut *tx)
+            .await?;
+        ctx.raise(Posted::new(&c.client_id, c.seq))?;
+        assert_eq!(ctx.commit_in(&mut tx).await?, 1);
+        if c.refuse {
+            // The transaction rolls back when dropped: the posting and the
+            // event with it.
+            return Err(convoy_runtime::HandlerError::msg("refused"));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_handler_commits_its_events_in_its_own_transaction() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    env.pg
+        .psql("app", "CREATE TABLE postings (client_id text, seq bigint)")
+        .expect("table");
+    let d = Domain::builder()
+        .config(env.config())
+        .instance_id("desk")
+        .command_handler(Desk { pool: pool.clone() })
+        .init()
+        .expect("init");
+    d.process(Post {
+        client_id: "c".into(),
+        seq: 0,
+        refuse: false,
+    })
+    .await
+    .expect("post");
+    d.process(Post {
+        client_id: "c".into(),
+        seq: 1,
+        refuse: true,
+    })
+    .await
+    .expect_err("refused");
+    assert_eq!(
+        env.pg
+            .psql("app", "SELECT string_agg(seq::text, ',') FROM postings")
+            .expect("postings"),
+        "0"
+    );
+    assert_eq!(
+        env.commit_order()["c"],
+        vec![0],
+        "the event commits with the posting, and only then"
+    );
+}
