@@ -475,6 +475,12 @@ impl Worker {
                         Err(exit) => Step::Exit(exit),
                     };
                 }
+                Err(err) if is_fenced_write(&err) => {
+                    // The handler's exactly-once write found a newer owner's
+                    // effects: this owner was replaced while it stalled.
+                    tracing::warn!(handler = self.group(), key = %self.unit.key, entry = %entry.id, error = %err, "handler's write fenced out by a newer owner; giving up the unit");
+                    return Step::Exit(Exit::Lost(Refusal::FencedOut));
+                }
                 Err(err) => match self.flush_then_fail(&entry.id, failures, &err).await {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
@@ -756,4 +762,12 @@ enum Step {
     Done,
     Halted,
     Exit(Exit),
+}
+
+/// Whether a handler failed because its exactly-once write was refused by
+/// a newer owner (`Error::FencedWrite`, from `postgres::AppliedEvents`).
+fn is_fenced_write(err: &HandlerError) -> bool {
+    err.as_error()
+        .downcast_ref::<Error>()
+        .is_some_and(|e| matches!(e, Error::FencedWrite { .. }))
 }
