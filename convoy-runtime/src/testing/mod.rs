@@ -80,6 +80,7 @@
 //! - Processes are cleaned up on `Drop`. A test process that is itself
 //!   killed with `SIGKILL` leaves its `redis-server` children running.
 
+mod cluster;
 mod order;
 mod postgres;
 mod process;
@@ -92,6 +93,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+pub use cluster::RedisCluster;
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
@@ -240,6 +242,13 @@ pub enum TestingError {
         "PostgreSQL refuses to run as root and there is no `postgres` user to run it as; install the postgresql package (it creates the user) or run the tests as another user"
     )]
     PostgresUser,
+    /// `redis-cli --cluster create` failed, or the cluster did not reach
+    /// `cluster_state:ok`.
+    #[error("the local Redis Cluster could not be formed: {reason}")]
+    Cluster {
+        /// What went wrong (with redis-cli's output).
+        reason: String,
+    },
     /// `initdb` failed.
     #[error("initdb failed; fix the cause it printed:\n{output}")]
     PostgresInit {
