@@ -146,6 +146,11 @@ mod uow;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
+/// The README's Rust snippets, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
