@@ -145,6 +145,34 @@ pub fn derive_event(input: TokenStream) -> TokenStream {
 /// ## name
 ///
 /// The wire type name; defaults to the struct's name.
+///
+/// ## reply
+///
+/// What the command handler answers to the caller of `Domain::process`:
+/// with `reply = T`, the handler method returns `Result<T, E>` and
+/// `domain.process(cmd).await?` is a `T`. Without it, the reply is `()`
+/// (handler methods return `Result<(), E>`).
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Command, HandlerError, command_handler};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// #[derive(Command, Serialize, Deserialize)]
+/// #[command(part_of = Order, reply = u64)]
+/// pub struct PlaceOrder { pub client_id: String }
+///
+/// pub struct Desk;
+///
+/// #[command_handler(part_of = Order)]
+/// impl Desk {
+///     #[handle]
+///     async fn place(&self, command: PlaceOrder) -> Result<u64, HandlerError> {
+///         Ok(42) // the new order's number
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[proc_macro_derive(Command, attributes(command))]
 pub fn derive_command(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -261,6 +289,37 @@ pub fn derive_command(input: TokenStream) -> TokenStream {
 /// }
 /// # fn main() {}
 /// ```
+///
+/// ## name
+///
+/// The handler's stable name: `name = "ledger-projector"` (ASCII letters,
+/// digits, `-`, `_` and `.`; checked at compile time). It names the
+/// consumer group, the leases and unit state in Redis, and is what
+/// `Context::handler()` and the logs show. Without it the name is the
+/// handler's Rust path (`module_path!()::ClientLedger`), so moving the type
+/// to another module renames it. A renamed handler is a new consumer group:
+/// it has no leases and no progress, and reads every partition again from
+/// its oldest retained entry (see the README, "The DSL").
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event, HandlerError, event_handler};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderPlaced { pub order_id: String, pub client_id: String }
+/// pub struct ClientLedger;
+///
+/// #[event_handler(part_of = Order, sequential_by = "client_id", name = "ledger-projector")]
+/// impl ClientLedger {
+///     #[handle]
+///     async fn placed(&self, event: OrderPlaced) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[proc_macro_attribute]
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(Kind::Event, args.into(), item.into()).into()
@@ -336,7 +395,12 @@ pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ## handles
 ///
 /// Only on a struct: `handles = [PlaceOrder, ..]` lists the handled
-/// commands, and the struct implements `convoy_runtime::Handle<C>` for each.
+/// commands, and the struct implements `convoy_runtime::Handle<C>` for each
+/// (`Handle` answers `()`: a command with a `reply` needs the `impl` form).
+///
+/// ## name
+///
+/// The handler's stable name, as for `#[event_handler]`.
 #[proc_macro_attribute]
 pub fn command_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(Kind::Command, args.into(), item.into()).into()

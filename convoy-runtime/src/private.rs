@@ -18,6 +18,26 @@ where
     result.map(|()| Dispatched::Handled).map_err(Into::into)
 }
 
+/// Turns a command handler method's `Result<C::Reply, E>` into the
+/// runtime's result, keeping the reply in the context for
+/// `Domain::process`.
+pub fn into_command_result<C, E>(
+    result: ::core::result::Result<<C as crate::Command>::Reply, E>,
+    ctx: &crate::Context,
+) -> ::core::result::Result<Dispatched, crate::HandlerError>
+where
+    C: crate::Command,
+    E: Into<crate::HandlerError>,
+{
+    match result {
+        Ok(reply) => {
+            ctx.set_reply(::std::boxed::Box::new(reply));
+            Ok(Dispatched::Handled)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A handled message type as dispatch code sees it: its descriptor and its
 /// decoder.
 ///
