@@ -12,7 +12,8 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
 
-/// An event an inline handler gave up on after its retries.
+/// An event an inline handler gave up on: after its retries, or at once
+/// for a permanent error.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
     /// The handler.
@@ -80,8 +81,13 @@ impl InlineBroker {
                     .await
                 {
                     Ok(_) => break,
-                    Err(e) if attempt > retry.max_retries => {
-                        tracing::error!(handler = sub.name, id = %envelope.id, error = %e, "handler failed after retries; event dead-lettered");
+                    Err(e) if attempt > retry.max_retries || e.is_permanent() => {
+                        let why = if e.is_permanent() {
+                            "handler returned a permanent error"
+                        } else {
+                            "handler failed after retries"
+                        };
+                        tracing::error!(handler = sub.name, id = %envelope.id, attempt, error = %e, "{why}; event dead-lettered");
                         self.dead
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
