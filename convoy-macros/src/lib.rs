@@ -180,7 +180,10 @@ pub fn derive_command(input: TokenStream) -> TokenStream {
 }
 
 /// Declares an event handler: implements `convoy_runtime::EventHandler` for
-/// the type and registers it with the runtime.
+/// the type and records its declaration, so that `Domain::init` validates
+/// it. It *runs* only when a value is given to
+/// `Domain::builder().handler(..)`; a declared handler that is not given is
+/// a warning at `init` (an error with `.require_all_handlers()`).
 ///
 /// The usual form goes on an inherent `impl` block. Each method marked
 /// `#[handle]` handles the event type it takes:
@@ -326,7 +329,9 @@ pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Declares a command handler: implements `convoy_runtime::CommandHandler`
-/// for the type and registers it with the runtime.
+/// for the type and records its declaration for `Domain::init` to
+/// validate; it handles commands once given to
+/// `Domain::builder().command_handler(..)`.
 ///
 /// Same forms and method signatures as `#[event_handler]`, for commands
 /// (`#[derive(Command)]`). Commands are dispatched synchronously to their one
@@ -407,7 +412,9 @@ pub fn command_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Declares a process manager: implements `convoy_runtime::ProcessManager`
-/// for a state struct and registers it with the runtime.
+/// for a state struct and records its declaration for `Domain::init` to
+/// validate; it runs once given to
+/// `Domain::builder().process_manager::<P>()`.
 ///
 /// A process manager follows one business process, such as an order from
 /// placement to shipping, across the events of several categories. Its
