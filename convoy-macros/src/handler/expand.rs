@@ -8,7 +8,7 @@ use syn::{Item, PathArguments, Type};
 use super::check::{self, Call, Handler};
 use crate::message::Kind;
 use crate::tokens::{
-    dispatch_branch, into_command_result_spanned, into_result_spanned, span_range,
+    dispatch_branch, into_command_result_spanned, into_result_spanned, reply_type, span_range,
 };
 
 /// The handler trait impl, its descriptor and registration, and the
@@ -90,7 +90,9 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                 ))
             }
             (Call::HandleTrait, Kind::Command) => {
-                quote!(::convoy_runtime::__private::into_command_result::<#ty, _>(
+                let reply = reply_type(ty);
+                quote!(::convoy_runtime::__private::into_command_result(
+                    #reply,
                     __convoy_result,
                     __convoy_ctx
                 ))
@@ -319,7 +321,7 @@ mod tests {
             },
         );
         assert!(
-            out.contains("into_command_result :: < PlaceOrder , _ > (:: core :: convert :: identity (__convoy_result) , __convoy_ctx)"),
+            out.contains("ReplyProbe :: < PlaceOrder > :: NEW) . reply_type () } , :: core :: convert :: identity (__convoy_result) , __convoy_ctx)"),
             "{out}"
         );
     }
