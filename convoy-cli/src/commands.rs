@@ -106,8 +106,14 @@ fn target(conn: &Connection) -> Result<Target, CliError> {
     }
 }
 
-/// The configuration, or every default when the file does not exist.
+/// The configuration, or every default when the file does not exist: the
+/// CLI needs the file only for what a flag does not give (the URL, the TLS
+/// CA, the backfill suffix), and says which file it looked at when the URL
+/// is missing.
 fn load_config(path: &Path) -> Result<Config, CliError> {
+    if !path.exists() {
+        return Ok(Config::default());
+    }
     Config::from_file(path).map_err(CliError::Config)
 }
 

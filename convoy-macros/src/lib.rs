@@ -145,6 +145,34 @@ pub fn derive_event(input: TokenStream) -> TokenStream {
 /// ## name
 ///
 /// The wire type name; defaults to the struct's name.
+///
+/// ## reply
+///
+/// What the command handler answers to the caller of `Domain::process`:
+/// with `reply = T`, the handler method returns `Result<T, E>` and
+/// `domain.process(cmd).await?` is a `T`. Without it, the reply is `()`
+/// (handler methods return `Result<(), E>`).
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Command, HandlerError, command_handler};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// #[derive(Command, Serialize, Deserialize)]
+/// #[command(part_of = Order, reply = u64)]
+/// pub struct PlaceOrder { pub client_id: String }
+///
+/// pub struct Desk;
+///
+/// #[command_handler(part_of = Order)]
+/// impl Desk {
+///     #[handle]
+///     async fn place(&self, command: PlaceOrder) -> Result<u64, HandlerError> {
+///         Ok(42) // the new order's number
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[proc_macro_derive(Command, attributes(command))]
 pub fn derive_command(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -152,7 +180,10 @@ pub fn derive_command(input: TokenStream) -> TokenStream {
 }
 
 /// Declares an event handler: implements `convoy_runtime::EventHandler` for
-/// the type and registers it with the runtime.
+/// the type and records its declaration, so that `Domain::init` validates
+/// it. It *runs* only when a value is given to
+/// `Domain::builder().handler(..)`; a declared handler that is not given is
+/// a warning at `init` (an error with `.require_all_handlers()`).
 ///
 /// The usual form goes on an inherent `impl` block. Each method marked
 /// `#[handle]` handles the event type it takes:
@@ -261,13 +292,46 @@ pub fn derive_command(input: TokenStream) -> TokenStream {
 /// }
 /// # fn main() {}
 /// ```
+///
+/// ## name
+///
+/// The handler's stable name: `name = "ledger-projector"` (ASCII letters,
+/// digits, `-`, `_` and `.`; checked at compile time). It names the
+/// consumer group, the leases and unit state in Redis, and is what
+/// `Context::handler()` and the logs show. Without it the name is the
+/// handler's Rust path (`module_path!()::ClientLedger`), so moving the type
+/// to another module renames it. A renamed handler is a new consumer group:
+/// it has no leases and no progress, and reads every partition again from
+/// its oldest retained entry (see the README, "The DSL").
+///
+/// ```
+/// # use convoy_runtime::{Aggregate, Event, HandlerError, event_handler};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Aggregate)]
+/// # pub struct Order;
+/// # #[derive(Event, Serialize, Deserialize)]
+/// # #[event(part_of = Order)]
+/// # pub struct OrderPlaced { pub order_id: String, pub client_id: String }
+/// pub struct ClientLedger;
+///
+/// #[event_handler(part_of = Order, sequential_by = "client_id", name = "ledger-projector")]
+/// impl ClientLedger {
+///     #[handle]
+///     async fn placed(&self, event: OrderPlaced) -> Result<(), HandlerError> {
+///         Ok(())
+///     }
+/// }
+/// # fn main() {}
+/// ```
 #[proc_macro_attribute]
 pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(Kind::Event, args.into(), item.into()).into()
 }
 
 /// Declares a command handler: implements `convoy_runtime::CommandHandler`
-/// for the type and registers it with the runtime.
+/// for the type and records its declaration for `Domain::init` to
+/// validate; it handles commands once given to
+/// `Domain::builder().command_handler(..)`.
 ///
 /// Same forms and method signatures as `#[event_handler]`, for commands
 /// (`#[derive(Command)]`). Commands are dispatched synchronously to their one
@@ -336,14 +400,21 @@ pub fn event_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ## handles
 ///
 /// Only on a struct: `handles = [PlaceOrder, ..]` lists the handled
-/// commands, and the struct implements `convoy_runtime::Handle<C>` for each.
+/// commands, and the struct implements `convoy_runtime::Handle<C>` for each
+/// (`Handle` answers `()`: a command with a `reply` needs the `impl` form).
+///
+/// ## name
+///
+/// The handler's stable name, as for `#[event_handler]`.
 #[proc_macro_attribute]
 pub fn command_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::expand(Kind::Command, args.into(), item.into()).into()
 }
 
 /// Declares a process manager: implements `convoy_runtime::ProcessManager`
-/// for a state struct and registers it with the runtime.
+/// for a state struct and records its declaration for `Domain::init` to
+/// validate; it runs once given to
+/// `Domain::builder().process_manager::<P>()`.
 ///
 /// A process manager follows one business process, such as an order from
 /// placement to shipping, across the events of several categories. Its

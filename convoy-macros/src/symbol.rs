@@ -25,15 +25,17 @@ pub(crate) const PART_OF: Symbol = Symbol("part_of");
 pub(crate) const SEQUENTIAL_BY: Symbol = Symbol("sequential_by");
 /// `handles = [A, B]` in handler attributes on a struct.
 pub(crate) const HANDLES: Symbol = Symbol("handles");
+/// `reply = Type` in `#[command(..)]`.
+pub(crate) const REPLY: Symbol = Symbol("reply");
 /// `#[handle]`, the marker of handler methods.
 pub(crate) const HANDLE: Symbol = Symbol("handle");
 
 /// The arguments of `#[event_handler(..)]` and `#[command_handler(..)]`.
-pub(crate) const HANDLER_ARGS: &[Symbol] = &[PART_OF, SEQUENTIAL_BY, HANDLES];
+pub(crate) const HANDLER_ARGS: &[Symbol] = &[PART_OF, SEQUENTIAL_BY, HANDLES, NAME];
 /// The arguments of `#[aggregate(..)]`.
 pub(crate) const AGGREGATE_ARGS: &[Symbol] = &[CATEGORY];
 /// The arguments of `#[event(..)]` and `#[command(..)]`.
-pub(crate) const MESSAGE_ARGS: &[Symbol] = &[PART_OF, NAME];
+pub(crate) const MESSAGE_ARGS: &[Symbol] = &[PART_OF, NAME, REPLY];
 
 impl PartialEq<Symbol> for Ident {
     fn eq(&self, word: &Symbol) -> bool {
@@ -163,7 +165,7 @@ mod tests {
         );
         assert_eq!(
             unknown_argument("key", HANDLER_ARGS),
-            "unknown argument `key`; expected `part_of`, `sequential_by` or `handles`"
+            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles` or `name`"
         );
         assert_eq!(
             unknown_argument("x", AGGREGATE_ARGS),
@@ -171,7 +173,7 @@ mod tests {
         );
         assert_eq!(
             unknown_argument("kind", MESSAGE_ARGS),
-            "unknown argument `kind`; expected `part_of` or `name`"
+            "unknown argument `kind`; expected `part_of`, `name` or `reply`"
         );
     }
 }

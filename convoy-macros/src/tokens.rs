@@ -56,6 +56,32 @@ pub(crate) fn into_result_spanned(output: impl ToTokens) -> TokenStream {
     quote::quote!(#into(#identity #args))
 }
 
+/// `into_command_result(<the reply type of command>, __convoy_result,
+/// __convoy_ctx)` spanned across a command handler method's return type
+/// `output` (as [`into_result_spanned`]), so that a return type whose `Ok`
+/// is not the command's `Reply` is reported there.
+pub(crate) fn into_command_result_spanned(
+    output: impl ToTokens,
+    command: impl ToTokens,
+) -> TokenStream {
+    let (first, last) = span_range(output);
+    let into = quote::quote_spanned!(first=> ::convoy_runtime::__private::into_command_result);
+    let identity = quote::quote_spanned!(first=> ::core::convert::identity);
+    let args = quote::quote_spanned!(last=> (__convoy_result));
+    let reply = reply_type(command);
+    quote::quote!(#into(#reply, #identity #args, __convoy_ctx))
+}
+
+/// A `PhantomData` of the reply type of `command` (`()` when it is not a
+/// command, which is reported elsewhere).
+pub(crate) fn reply_type(command: impl ToTokens) -> TokenStream {
+    quote::quote!({
+        #[allow(unused_imports)]
+        use ::convoy_runtime::__private::{ViaCommandReply as _, ViaNoReply as _};
+        (&::convoy_runtime::__private::ReplyProbe::<#command>::NEW).reply_type()
+    })
+}
+
 /// One branch of a generated `dispatch`: when the envelope carries the type
 /// of `descriptor_const` (a `Handled` const), decode it as `ty`, run `call`
 /// (an expression using `__convoy_message`) and convert its result with

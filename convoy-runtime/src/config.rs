@@ -31,12 +31,37 @@
 //! max_retries = 3
 //! initial_backoff_ms = 100
 //! max_backoff_ms = 10000
+//!
+//! [handlers."ledger-projector"]    # by handler name
+//! concurrency = 8                  # events in flight at once on this instance
 //! ```
 //!
-//! Every key is optional; a missing file means every default. Unknown keys
-//! are errors naming the key and the file.
+//! Every key is optional, but the file itself is not: [`Config::from_file`]
+//! and [`Config::load`] fail on a path that does not exist, naming it (run
+//! on defaults explicitly with `Config::default()`). Unknown keys are errors
+//! naming the key and the file, and so are values out of range.
+//!
+//! # Environment overrides
+//!
+//! [`Config::load`] (what `DomainBuilder::config_file` uses) and
+//! [`Config::from_env`] apply, over the file (or the defaults):
+//!
+//! - `CONVOY__SECTION__KEY=value` for any key: the name after `CONVOY__` is
+//!   the key's path, segments separated by `__`, case-insensitive
+//!   (`CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS=5000`,
+//!   `CONVOY__HANDLERS__ledger-projector__CONCURRENCY=8`, where the handler
+//!   name keeps its case). The value is read as a TOML value when it is one
+//!   (`5000`, `0.5`, `true`, `"quoted"`), else as a string;
+//! - `CONVOY_BROKER_URL` for `[broker] url` and `CONVOY_INSTANCE_ID` for
+//!   `[server] instance_id`, applied last.
+//!
+//! Precedence: environment, then the file, then the defaults. A `Config`
+//! built in code and given to `DomainBuilder::config` is used as it is.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -44,7 +69,7 @@ use serde::Deserialize;
 use crate::error::Error;
 
 /// The whole configuration of a domain.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Which broker to use.
@@ -53,6 +78,12 @@ pub struct Config {
     pub server: ServerConfig,
     /// Where raised events wait to be published.
     pub outbox: OutboxConfig,
+    /// `[handlers."name"]`: settings of one handler (or process manager),
+    /// by its name.
+    pub handlers: BTreeMap<String, HandlerConfig>,
+    /// Where the values came from, for errors found after loading.
+    #[serde(skip)]
+    origin: Option<Arc<str>>,
 }
 
 /// `[outbox]`: where raised events wait to be published. Without
@@ -173,6 +204,31 @@ pub(crate) fn is_sql_identifier(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
+impl PartialEq for Config {
+    fn eq(&self, other: &Self) -> bool {
+        // Where two configurations came from does not make them different.
+        self.broker == other.broker
+            && self.server == other.server
+            && self.handlers == other.handlers
+            && self.outbox == other.outbox
+    }
+}
+
+/// `[handlers."name"]`: settings of one handler on this instance.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HandlerConfig {
+    /// How many of the handler's events may be in flight at once on this
+    /// instance (each partition still runs one at a time); default
+    /// [`DEFAULT_CONCURRENCY`]. Set it to the size of the pool the handler
+    /// uses, so that events wait in Redis rather than in front of the pool.
+    pub concurrency: Option<usize>,
+}
+
+/// Events of one handler in flight at once on one instance, unless
+/// `[handlers."name"] concurrency` says otherwise.
+pub const DEFAULT_CONCURRENCY: usize = 256;
+
 /// `[broker]`.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -202,16 +258,38 @@ impl std::fmt::Debug for BrokerConfig {
     }
 }
 
-/// A URL with its password replaced by `***`, for logs.
+/// A URL with its password replaced by `***`, for logs: the password of
+/// the user-info part (`redis://user:***@host`) and the value of a `pass` or
+/// `password` query parameter (`unix:///run/redis.sock?pass=***`). Read
+/// with a URL parser; text that is not a URL is shown as `<not a URL>`
+/// rather than risk printing a secret in it.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
+    if url == "inline" {
+        return url.to_owned();
     }
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<not a URL>".to_owned();
+    };
+    if parsed.password().is_some() {
+        // Cannot fail: a URL with a password has a host.
+        let _ = parsed.set_password(Some("***"));
+    }
+    let secret = |k: &str| k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password");
+    if parsed.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "***".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string().replace("%2A%2A%2A", "***")
 }
 
 /// `[server]`.
@@ -224,6 +302,12 @@ pub struct ServerConfig {
     pub priority_lanes: PriorityLanesConfig,
     /// `[server.retry]`.
     pub retry: RetryConfig,
+    /// This engine instance's id: the owner id in leases and fences, unique
+    /// among the engines sharing a Redis and stable across restarts of one
+    /// replica (a pod name, not a random value). Default: generated at
+    /// start, `{hostname}-{pid}-{random}`. `DomainBuilder::instance_id` in
+    /// code takes precedence.
+    pub instance_id: Option<String>,
 }
 
 /// `[server.partitioning]`: timing of the partitioned consumer.
@@ -343,106 +427,404 @@ impl RetryConfig {
 }
 
 impl Config {
-    /// Reads `path`; a missing file means every default.
+    /// Reads `path`, without environment overrides. A path that does not
+    /// exist is an error naming it: run on defaults explicitly with
+    /// `Config::default()`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, Error> {
         let path = path.as_ref();
-        let file = path.display().to_string();
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::from_toml_in(&text, &file),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let c = Config::default();
-                c.validate(&file)?;
-                Ok(c)
-            }
-            Err(e) => Err(Error::Config {
-                file,
-                message: format!("cannot read the file: {e}"),
-            }),
-        }
+        let table = read_table(path)?;
+        Config::build(table, path.display().to_string(), &[])
     }
 
-    /// Parses TOML text (errors name the file as `<string>`).
+    /// Reads `path` (which must exist, as for [`Config::from_file`]) and
+    /// applies the environment overrides (see the module docs): environment,
+    /// then the file, then the defaults.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, Error> {
+        let path = path.as_ref();
+        let table = read_table(path)?;
+        Config::build(table, path.display().to_string(), &convoy_vars())
+    }
+
+    /// The defaults with the environment overrides applied (see the module
+    /// docs).
+    pub fn from_env() -> Result<Config, Error> {
+        Config::build(
+            toml::Table::new(),
+            "the defaults".to_owned(),
+            &convoy_vars(),
+        )
+    }
+
+    /// Parses TOML text (errors name the file as `<string>`), without
+    /// environment overrides.
     pub fn from_toml(text: &str) -> Result<Config, Error> {
-        Config::from_toml_in(text, "<string>")
+        Config::build(parse_table(text, "<string>")?, "<string>".to_owned(), &[])
     }
 
-    fn from_toml_in(text: &str, file: &str) -> Result<Config, Error> {
-        let c: Config = toml::from_str(text).map_err(|e| Error::Config {
-            file: file.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
-        c.validate(file)?;
+    /// Parses TOML text named `origin` in errors and applies the overrides
+    /// of `vars` (name, value), as [`Config::load`] does with the process's
+    /// environment.
+    pub fn from_toml_with_env<I, K, V>(text: &str, origin: &str, vars: I) -> Result<Config, Error>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        let vars: Vec<(OsString, OsString)> = vars
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        Config::build(parse_table(text, origin)?, origin.to_owned(), &vars)
+    }
+
+    /// Where the values came from (the file, with the environment variables
+    /// that overrode it), as errors name it; `<code>` for a configuration
+    /// built in code.
+    pub fn origin(&self) -> &str {
+        self.origin.as_deref().unwrap_or("<code>")
+    }
+
+    fn build(
+        mut table: toml::Table,
+        file: String,
+        vars: &[(OsString, OsString)],
+    ) -> Result<Config, Error> {
+        let applied = apply_env(&mut table, vars, &file)?;
+        let origin = if applied.is_empty() {
+            file
+        } else {
+            format!("{file} with environment overrides {}", applied.join(", "))
+        };
+        let mut c: Config =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| Error::Config {
+                    file: origin.clone(),
+                    message: e.to_string().trim_end().to_owned(),
+                })?;
+        c.validate(&origin)?;
+        c.origin = Some(Arc::from(origin));
         Ok(c)
     }
 
-    /// Checks values that parse but cannot work.
+    /// Checks values that parse but cannot work; errors name `file` and the
+    /// key.
     pub fn validate(&self, file: &str) -> Result<(), Error> {
-        let err = |message: String| {
-            Err(Error::Config {
-                file: file.to_owned(),
-                message,
-            })
-        };
-        self.outbox.validate().or_else(err)?;
+        self.check().map_err(|message| Error::Config {
+            file: file.to_owned(),
+            message,
+        })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        const PART: &str = "[server.partitioning]";
+        const RETRY: &str = "[server.retry]";
+        self.outbox.validate()?;
         let p = &self.server.partitioning;
-        if p.lease_ttl_ms < 100 {
-            return err(format!(
-                "[server.partitioning] lease_ttl_ms = {} is too short; use at least 100",
-                p.lease_ttl_ms
-            ));
-        }
+        in_range(
+            PART,
+            "lease_ttl_ms",
+            p.lease_ttl_ms,
+            100,
+            86_400_000,
+            "ms (0.1 s to 24 h)",
+        )?;
         if let Some(h) = p.heartbeat_interval_seconds {
-            if !h.is_finite() || h <= 0.0 {
-                return err(format!(
-                    "[server.partitioning] heartbeat_interval_seconds = {h} must be a positive number of seconds"
-                ));
-            }
             let max = p.lease_ttl_ms as f64 / 3000.0;
+            seconds_in_range(PART, "heartbeat_interval_seconds", h, 0.01, f64::INFINITY)?;
             if h > max {
-                return err(format!(
-                    "[server.partitioning] heartbeat_interval_seconds = {h} is not well under lease_ttl_ms = {} (a live owner could let its lease lapse); use at most a third of the TTL ({max:.3} s), the default is lease_ttl_ms / 5000",
+                return Err(format!(
+                    "{PART} heartbeat_interval_seconds = {h:?} is not well under lease_ttl_ms = {} (a live owner could let its lease lapse); use at most a third of the TTL ({max:.3} s), the default is lease_ttl_ms / 5000",
                     p.lease_ttl_ms
                 ));
             }
         }
-        if p.max_unacked == 0 || p.max_unacked > 10_000 {
-            return err(format!(
-                "[server.partitioning] max_unacked = {} must be between 1 and 10000",
-                p.max_unacked
-            ));
-        }
-        if !p.poll_interval_seconds.is_finite() || p.poll_interval_seconds <= 0.0 {
-            return err(format!(
-                "[server.partitioning] poll_interval_seconds = {} must be a positive number of seconds",
-                p.poll_interval_seconds
-            ));
-        }
+        seconds_in_range(
+            PART,
+            "poll_interval_seconds",
+            p.poll_interval_seconds,
+            0.001,
+            60.0,
+        )?;
+        in_range(
+            PART,
+            "reap_idle_ms",
+            p.reap_idle_ms,
+            100,
+            2_592_000_000,
+            "ms (0.1 s to 30 days)",
+        )?;
+        in_range(
+            PART,
+            "partition_warning_threshold",
+            p.partition_warning_threshold,
+            1,
+            1_000_000_000,
+            "partitions",
+        )?;
+        in_range(
+            PART,
+            "max_unacked",
+            p.max_unacked as u64,
+            1,
+            10_000,
+            "events",
+        )?;
         let suffix = &self.server.priority_lanes.backfill_suffix;
         if suffix.is_empty()
             || suffix.contains(':')
             || suffix == crate::key::DLQ_TOKEN
             || crate::key::is_sentinel(suffix)
         {
-            return err(format!(
+            return Err(format!(
                 "[server.priority_lanes] backfill_suffix = {suffix:?} must be a non-empty name without `:`, other than `dlq` and not of the `__name__` form"
             ));
         }
         let r = &self.server.retry;
+        in_range(
+            RETRY,
+            "max_retries",
+            u64::from(r.max_retries),
+            0,
+            1_000,
+            "retries",
+        )?;
+        in_range(
+            RETRY,
+            "initial_backoff_ms",
+            r.initial_backoff_ms,
+            1,
+            3_600_000,
+            "ms (1 ms to 1 h)",
+        )?;
+        in_range(
+            RETRY,
+            "max_backoff_ms",
+            r.max_backoff_ms,
+            1,
+            3_600_000,
+            "ms (1 ms to 1 h)",
+        )?;
         if r.initial_backoff_ms > r.max_backoff_ms {
-            return err(format!(
-                "[server.retry] initial_backoff_ms = {} is above max_backoff_ms = {}",
+            return Err(format!(
+                "{RETRY} initial_backoff_ms = {} is above max_backoff_ms = {}",
                 r.initial_backoff_ms, r.max_backoff_ms
             ));
         }
+        if let Some(id) = &self.server.instance_id
+            && (id.is_empty() || id.contains(':'))
+        {
+            return Err(format!(
+                "[server] instance_id = {id:?} must be non-empty and contain no `:`"
+            ));
+        }
+        for (name, h) in &self.handlers {
+            if let Some(n) = h.concurrency {
+                let section = format!("[handlers.{name:?}]");
+                in_range(&section, "concurrency", n as u64, 1, 10_000, "events")?;
+            }
+        }
         let url = &self.broker.url;
         if url != "inline" && !url.starts_with("redis://") && !url.starts_with("rediss://") {
-            return err(format!(
+            return Err(format!(
                 "[broker] url = {:?} is not a broker; use \"inline\" or a redis:// or rediss:// URL",
                 redact_url(url)
             ));
         }
         Ok(())
     }
+
+    /// How many events of the handler `name` may be in flight at once on
+    /// this instance.
+    pub fn concurrency(&self, name: &str) -> usize {
+        self.handlers
+            .get(name)
+            .and_then(|h| h.concurrency)
+            .unwrap_or(DEFAULT_CONCURRENCY)
+    }
+}
+
+/// `section key = value` must lie in `min..=max` (`unit` says in what).
+fn in_range(
+    section: &str,
+    key: &str,
+    value: u64,
+    min: u64,
+    max: u64,
+    unit: &str,
+) -> Result<(), String> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(format!(
+        "{section} {key} = {value} is out of range; use {min} to {max} {unit}"
+    ))
+}
+
+/// `section key = value` (seconds) must be a number in `min..=max`.
+fn seconds_in_range(
+    section: &str,
+    key: &str,
+    value: f64,
+    min: f64,
+    max: f64,
+) -> Result<(), String> {
+    if value.is_finite() && value >= min && value <= max {
+        return Ok(());
+    }
+    let upper = if max.is_finite() {
+        format!("{max}")
+    } else {
+        "a third of lease_ttl_ms".to_owned()
+    };
+    Err(format!(
+        "{section} {key} = {value:?} is out of range; use {min} to {upper} seconds"
+    ))
+}
+
+/// The file at `path` as a TOML table; a path that does not exist is an
+/// error naming it.
+fn read_table(path: &Path) -> Result<toml::Table, Error> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_table(&text, &file),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Config {
+            file,
+            message: "the file does not exist; check the path (relative paths are read from the working directory), or run on defaults explicitly with DomainBuilder::config(Config::default())".to_owned(),
+        }),
+        Err(e) => Err(Error::Config {
+            file,
+            message: format!("cannot read the file: {e}"),
+        }),
+    }
+}
+
+fn parse_table(text: &str, file: &str) -> Result<toml::Table, Error> {
+    text.parse::<toml::Table>().map_err(|e| Error::Config {
+        file: file.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })
+}
+
+/// The process's environment variables that start with `CONVOY_`.
+fn convoy_vars() -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("CONVOY_")))
+        .collect()
+}
+
+/// The general form's prefix: `CONVOY__SECTION__KEY`.
+const ENV_PREFIX: &str = "CONVOY__";
+/// `[broker] url`.
+pub const ENV_BROKER_URL: &str = "CONVOY_BROKER_URL";
+/// `[server] instance_id`.
+pub const ENV_INSTANCE_ID: &str = "CONVOY_INSTANCE_ID";
+
+/// Writes the overrides of `vars` into `table`; returns the names of the
+/// variables applied, in the order applied.
+fn apply_env(
+    table: &mut toml::Table,
+    vars: &[(OsString, OsString)],
+    file: &str,
+) -> Result<Vec<String>, Error> {
+    let mut general: Vec<(String, Vec<String>, String)> = Vec::new();
+    let mut aliases: Vec<(String, Vec<String>, String)> = Vec::new();
+    for (name, value) in vars {
+        let Some(name) = name.to_str() else { continue };
+        let path: Vec<String> = if let Some(rest) = name.strip_prefix(ENV_PREFIX) {
+            rest.split("__")
+                .enumerate()
+                .map(|(i, seg)| {
+                    // A handler's name keeps its case: `[handlers."Name"]`.
+                    let handler_name =
+                        i == 1 && rest.to_ascii_lowercase().starts_with("handlers__");
+                    if handler_name {
+                        seg.to_owned()
+                    } else {
+                        seg.to_ascii_lowercase()
+                    }
+                })
+                .collect()
+        } else if name == ENV_BROKER_URL {
+            vec!["broker".into(), "url".into()]
+        } else if name == ENV_INSTANCE_ID {
+            vec!["server".into(), "instance_id".into()]
+        } else {
+            continue;
+        };
+        let env_error = |message: String| Error::Config {
+            file: format!("{file} (environment variable {name})"),
+            message,
+        };
+        if path.iter().any(String::is_empty) {
+            return Err(env_error(format!(
+                "`{name}` does not name a key; use CONVOY__SECTION__KEY, for example CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS"
+            )));
+        }
+        let Some(value) = value.to_str() else {
+            return Err(env_error(format!("the value of {name} is not UTF-8")));
+        };
+        let entry = (name.to_owned(), path, value.to_owned());
+        if name.starts_with(ENV_PREFIX) {
+            general.push(entry);
+        } else {
+            aliases.push(entry);
+        }
+    }
+    general.sort();
+    let mut applied = Vec::new();
+    for (name, path, value) in general.into_iter().chain(aliases) {
+        set_path(table, &path, env_value(&value)).map_err(|message| Error::Config {
+            file: format!("{file} (environment variable {name})"),
+            message,
+        })?;
+        applied.push(name);
+    }
+    Ok(applied)
+}
+
+/// An environment value as TOML: a number, boolean, quoted string or
+/// array when it reads as one, else the text as a string.
+fn env_value(text: &str) -> toml::Value {
+    let probe = format!("v = {text}");
+    match probe.parse::<toml::Table>() {
+        Ok(mut t) => match t.remove("v") {
+            Some(
+                v @ (toml::Value::Integer(_)
+                | toml::Value::Float(_)
+                | toml::Value::Boolean(_)
+                | toml::Value::String(_)
+                | toml::Value::Array(_)),
+            ) => v,
+            _ => toml::Value::String(text.to_owned()),
+        },
+        Err(_) => toml::Value::String(text.to_owned()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Err("no key named".to_owned());
+    };
+    let mut here = table;
+    let mut walked = Vec::new();
+    for seg in parents {
+        walked.push(seg.as_str());
+        let next = here
+            .entry(seg.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        here = match next {
+            toml::Value::Table(t) => t,
+            _ => {
+                return Err(format!(
+                    "`{}` is a value, not a section, so it has no key `{last}`",
+                    walked.join(".")
+                ));
+            }
+        };
+    }
+    here.insert(last.clone(), value);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -485,9 +867,180 @@ mod tests {
     }
 
     #[test]
-    fn missing_file_is_defaults() {
-        let c = Config::from_file("/nonexistent/convoy/domain.toml").expect("defaults");
-        assert_eq!(c, Config::default());
+    fn missing_file_is_an_error_naming_it() {
+        for e in [
+            Config::from_file("/nonexistent/convoy/domain.toml"),
+            Config::load("/nonexistent/convoy/domain.toml"),
+        ] {
+            let e = e.expect_err("missing file");
+            assert!(matches!(e, Error::Config { .. }), "{e:?}");
+            let e = e.to_string();
+            assert!(e.contains("/nonexistent/convoy/domain.toml"), "{e}");
+            assert!(e.contains("does not exist"), "{e}");
+            assert!(e.contains("Config::default()"), "{e}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let file = "[broker]\nurl = \"inline\"\n[server.partitioning]\nlease_ttl_ms = 6000\nreap_idle_ms = 5000\n";
+        let c = Config::from_toml_with_env(
+            file,
+            "domain.toml",
+            [
+                ("CONVOY_BROKER_URL", "redis://:pw@127.0.0.1:6379/0"),
+                ("CONVOY_INSTANCE_ID", "replica-0"),
+                ("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS", "9000"),
+                ("CONVOY__server__retry__MAX_RETRIES", "7"),
+                ("CONVOY__SERVER__PRIORITY_LANES__ENABLED", "true"),
+                ("CONVOY__SERVER__PRIORITY_LANES__BACKFILL_SUFFIX", "\"7\""),
+                ("CONVOY__HANDLERS__ledger-Projector__CONCURRENCY", "8"),
+                ("CONVOY_REDIS_URL", "redis://ignored/"),
+                ("PATH", "/bin"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.broker.url, "redis://:pw@127.0.0.1:6379/0");
+        assert_eq!(c.server.instance_id.as_deref(), Some("replica-0"));
+        let p = &c.server.partitioning;
+        assert_eq!(p.lease_ttl_ms, 9000, "env over file");
+        assert_eq!(p.reap_idle_ms, 5000, "file over defaults");
+        assert_eq!(p.poll_interval_seconds, 0.25, "defaults");
+        assert_eq!(c.server.retry.max_retries, 7);
+        assert!(c.server.priority_lanes.enabled);
+        assert_eq!(c.server.priority_lanes.backfill_suffix, "7");
+        assert_eq!(c.concurrency("ledger-Projector"), 8);
+        assert_eq!(c.concurrency("other"), DEFAULT_CONCURRENCY);
+        assert!(
+            c.origin()
+                .starts_with("domain.toml with environment overrides"),
+            "{}",
+            c.origin()
+        );
+        assert!(c.origin().contains("CONVOY_BROKER_URL"), "{}", c.origin());
+        assert!(!c.origin().contains("CONVOY_REDIS_URL"), "{}", c.origin());
+        // The short alias is applied after the general form.
+        let c = Config::from_toml_with_env(
+            "",
+            "x",
+            [
+                ("CONVOY_BROKER_URL", "redis://a/"),
+                ("CONVOY__BROKER__URL", "redis://b/"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.broker.url, "redis://a/");
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable() {
+        let e = Config::from_toml_with_env(
+            "",
+            "domain.toml",
+            [("CONVOY__SERVER__PARTITIONING__LEASE_TLL_MS", "9000")],
+        )
+        .expect_err("unknown key")
+        .to_string();
+        assert!(e.contains("lease_tll_ms"), "{e}");
+        assert!(
+            e.contains("CONVOY__SERVER__PARTITIONING__LEASE_TLL_MS"),
+            "{e}"
+        );
+        let e = Config::from_toml_with_env(
+            "",
+            "domain.toml",
+            [("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS", "soon")],
+        )
+        .expect_err("not a number")
+        .to_string();
+        assert!(e.contains("lease_ttl_ms"), "{e}");
+        let e = Config::from_toml_with_env("", "domain.toml", [("CONVOY__", "1")])
+            .expect_err("no key")
+            .to_string();
+        assert!(e.contains("does not name a key"), "{e}");
+        let e = Config::from_toml_with_env(
+            "",
+            "domain.toml",
+            [("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS", "1")],
+        )
+        .expect_err("out of range")
+        .to_string();
+        assert!(
+            e.contains("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS"),
+            "{e}"
+        );
+        assert!(e.contains("lease_ttl_ms = 1 is out of range"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_key() {
+        for (bad, key) in [
+            (
+                "[server.partitioning]\npoll_interval_seconds = 1e300\n",
+                "poll_interval_seconds",
+            ),
+            (
+                "[server.partitioning]\npoll_interval_seconds = nan\n",
+                "poll_interval_seconds",
+            ),
+            (
+                "[server.partitioning]\npoll_interval_seconds = 0\n",
+                "poll_interval_seconds",
+            ),
+            (
+                "[server.partitioning]\nheartbeat_interval_seconds = 0.000001\n",
+                "heartbeat_interval_seconds",
+            ),
+            (
+                "[server.partitioning]\nheartbeat_interval_seconds = -1\n",
+                "heartbeat_interval_seconds",
+            ),
+            (
+                "[server.partitioning]\nlease_ttl_ms = 9223372036854775807\n",
+                "lease_ttl_ms",
+            ),
+            ("[server.partitioning]\nlease_ttl_ms = 99\n", "lease_ttl_ms"),
+            (
+                "[server.partitioning]\nreap_idle_ms = 9223372036854775807\n",
+                "reap_idle_ms",
+            ),
+            ("[server.partitioning]\nreap_idle_ms = 0\n", "reap_idle_ms"),
+            (
+                "[server.partitioning]\npartition_warning_threshold = 0\n",
+                "partition_warning_threshold",
+            ),
+            ("[server.partitioning]\nmax_unacked = 0\n", "max_unacked"),
+            (
+                "[server.partitioning]\nmax_unacked = 10001\n",
+                "max_unacked",
+            ),
+            ("[server.retry]\nmax_retries = 1000000\n", "max_retries"),
+            (
+                "[server.retry]\ninitial_backoff_ms = 0\n",
+                "initial_backoff_ms",
+            ),
+            (
+                "[server.retry]\nmax_backoff_ms = 9223372036854775807\n",
+                "max_backoff_ms",
+            ),
+            ("[handlers.\"a\"]\nconcurrency = 0\n", "concurrency"),
+            ("[handlers.\"a\"]\nconcurrency = 100000\n", "concurrency"),
+            ("[server]\ninstance_id = \"a:b\"\n", "instance_id"),
+        ] {
+            let e = Config::from_toml(bad).expect_err(bad).to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+            assert!(e.contains("<string>"), "{bad}: {e}");
+        }
+        // The bounds themselves are accepted.
+        Config::from_toml(
+            "[server.partitioning]\nlease_ttl_ms = 86400000\nheartbeat_interval_seconds = 0.01\npoll_interval_seconds = 60\nreap_idle_ms = 100\npartition_warning_threshold = 1\nmax_unacked = 10000\n[server.retry]\nmax_retries = 0\ninitial_backoff_ms = 1\nmax_backoff_ms = 3600000\n[handlers.\"a\"]\nconcurrency = 10000\n",
+        )
+        .expect("bounds are in range");
+        // Values set in code are checked the same way.
+        let mut c = Config::default();
+        c.server.partitioning.lease_ttl_ms = u64::MAX;
+        let e = c.validate("<code>").expect_err("too long").to_string();
+        assert!(e.contains("lease_ttl_ms"), "{e}");
     }
 
     #[test]
@@ -521,7 +1074,15 @@ mod tests {
     #[test]
     fn redacts_passwords() {
         assert_eq!(redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://:secret@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact_url("redis://u:p@ss@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?db=1&pass=secret"),
+            "unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(redact_url("inline"), "inline");
+        assert_eq!(redact_url("not a url :secret@"), "<not a URL>");
         let c = Config::from_toml("[broker]\nurl = \"rediss://:pw@h/0\"\n").expect("ok");
         assert!(!format!("{c:?}").contains("pw"));
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::broker::{Broker, Capabilities, InlineBroker};
 use crate::config::Config;
 use crate::envelope::{Envelope, Priority};
-use crate::error::Error;
+use crate::error::{Error, Problems};
 use crate::handler::{
     CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
 };
@@ -69,11 +69,18 @@ impl Domain {
         UnitOfWork::new(self.inner.outbox.clone(), self.inner.policy.clone())
     }
 
-    /// Dispatches a command synchronously to its command handler. Events the
-    /// handler raises through its [`Context`] are committed to the outbox
-    /// when it succeeds. (`sequential_by` on a command handler is checked at
-    /// init but has no effect: commands never reach the outbox.)
-    pub async fn process<C: Command>(&self, command: C) -> Result<(), Error> {
+    /// Dispatches a command synchronously to its command handler and returns
+    /// what the handler returned: the command's
+    /// [`Reply`](Command::Reply) (`()` unless the command is declared with
+    /// `#[command(reply = T)]`). Events the handler raises through its
+    /// [`Context`] are committed to the outbox when it succeeds.
+    /// (`sequential_by` on a command handler is checked at init but has no
+    /// effect: commands never reach the outbox.)
+    ///
+    /// A failing handler gives [`Error::CommandFailed`], whose
+    /// [`source`](std::error::Error::source) is the handler's own error
+    /// (downcast it with `downcast_ref`).
+    pub async fn process<C: Command>(&self, command: C) -> Result<C::Reply, Error> {
         let d = <C as Message>::DESCRIPTOR;
         let handler = self
             .inner
@@ -90,15 +97,27 @@ impl Domain {
         .with_outbox(self.inner.outbox.store().clone());
         match handler.dispatch(&envelope, &ctx).await {
             Ok(Dispatched::Handled) => {
+                let reply = ctx
+                    .take_reply()
+                    .and_then(|r| r.downcast::<C::Reply>().ok())
+                    .ok_or_else(|| Error::TaskFailed {
+                        task: "command handler",
+                        reason: format!(
+                            "`{}` returned no reply of the type `{}` declares (a convoy bug)",
+                            handler.descriptor().name,
+                            d.type_name
+                        ),
+                    })?;
                 self.inner
                     .outbox
                     .append(ctx.take_raised().into_envelopes())
-                    .await
+                    .await?;
+                Ok(*reply)
             }
             Ok(Dispatched::NotHandled) => Err(Error::NoCommandHandler(d.type_name.to_owned())),
             Err(e) => Err(Error::CommandFailed {
                 handler: handler.descriptor().name.to_owned(),
-                message: e.to_string(),
+                source: e.into_inner(),
             }),
         }
     }
@@ -162,6 +181,7 @@ pub struct DomainBuilder {
     descriptors: Vec<&'static HandlerDescriptor>,
     messages: Vec<&'static MessageDescriptor>,
     skip_discovery: bool,
+    require_all_handlers: bool,
     instance_id: Option<String>,
 }
 
@@ -181,10 +201,13 @@ impl DomainBuilder {
         self
     }
 
-    /// Reads the configuration from a `domain.toml` (a missing file means
-    /// defaults). A bad file makes [`DomainBuilder::init`] fail.
+    /// Reads the configuration from a `domain.toml` and applies the
+    /// environment overrides (`CONVOY_BROKER_URL`, `CONVOY_INSTANCE_ID`,
+    /// `CONVOY__SECTION__KEY`; see [`Config::load`]). A path that does not
+    /// exist, or a bad file, makes [`DomainBuilder::init`] fail naming it;
+    /// to run on defaults, say so with `.config(Config::default())`.
     pub fn config_file(mut self, path: impl AsRef<Path>) -> Self {
-        match Config::from_file(path) {
+        match Config::load(path) {
             Ok(c) => self.config = Some(c),
             Err(e) => self.error = Some(e),
         }
@@ -267,8 +290,18 @@ impl DomainBuilder {
         self
     }
 
-    /// Sets this instance's id (default: `{hostname}-{pid}-{random}`).
-    /// It must not contain `:`.
+    /// Makes [`DomainBuilder::init`] fail when an event handler or process
+    /// manager declared in the binary is not run by this domain (not passed
+    /// to [`DomainBuilder::handler`] or [`DomainBuilder::process_manager`]).
+    /// Without it, init logs a warning for each.
+    pub fn require_all_handlers(mut self) -> Self {
+        self.require_all_handlers = true;
+        self
+    }
+
+    /// Sets this instance's id, over `[server] instance_id` and
+    /// `CONVOY_INSTANCE_ID` (default: `{hostname}-{pid}-{random}`). It must
+    /// not contain `:`.
     pub fn instance_id(mut self, id: impl Into<String>) -> Self {
         self.instance_id = Some(id.into());
         self
@@ -280,17 +313,24 @@ impl DomainBuilder {
     /// field exists on every handled type, one key per category, handled
     /// types belong to the handler's category and kind, and the broker
     /// advertises `STREAM_PARTITIONING` (the inline broker is the accepted
-    /// no-op exception).
+    /// no-op exception). Event handlers and process managers declared in the
+    /// binary but not given to this builder are logged as warnings (errors
+    /// with [`DomainBuilder::require_all_handlers`]).
+    ///
+    /// Without [`DomainBuilder::config`] or [`DomainBuilder::config_file`],
+    /// the configuration is the defaults with the environment overrides
+    /// ([`Config::from_env`]): the inline broker unless `CONVOY_BROKER_URL`
+    /// says otherwise.
     pub fn init(self) -> Result<Domain, Error> {
         if let Some(e) = self.error {
             return Err(e);
         }
         let config = match self.config {
             Some(c) => {
-                c.validate("<code>")?;
+                c.validate(c.origin())?;
                 c
             }
-            None => Config::default(),
+            None => Config::from_env()?,
         };
         let broker: Arc<dyn Broker> = match self.broker {
             Some(b) => b,
@@ -314,6 +354,24 @@ impl DomainBuilder {
             serial_delivery: caps.contains(Capabilities::SERIAL_DELIVERY),
         };
         let registry = Registry::build(messages, handlers, pms, facts)?;
+        let run: Vec<&str> = self
+            .event_handlers
+            .iter()
+            .map(|(d, _)| d.name)
+            .chain(self.process_managers.iter().map(|p| p.descriptor.name))
+            .collect();
+        let not_run = registry::check_every_declared_handler_runs(
+            registry.handlers(),
+            registry.process_managers(),
+            &run,
+        );
+        if self.require_all_handlers && !not_run.is_empty() {
+            return Err(Error::IncorrectUsage(Problems(not_run)));
+        }
+        for p in &not_run {
+            tracing::warn!("{p}");
+        }
+        check_handler_settings(&config, &run)?;
         let store: Arc<dyn StateStore> = match self.state_store {
             Some(s) => s,
             None => broker
@@ -336,11 +394,16 @@ impl DomainBuilder {
             Some(id) if id.is_empty() || id.contains(':') => {
                 return Err(Error::Config {
                     file: "<code>".into(),
-                    message: format!("instance id {id:?} must be non-empty and contain no `:`"),
+                    message: format!(
+                        "DomainBuilder::instance_id({id:?}): an instance id must be non-empty and contain no `:`"
+                    ),
                 });
             }
             Some(id) => id,
-            None => default_instance_id(),
+            None => match &config.server.instance_id {
+                Some(id) => id.clone(),
+                None => default_instance_id(),
+            },
         };
         let outbox = match self.outbox {
             Some(o) => o,
@@ -368,20 +431,53 @@ struct PmFactory {
     make: fn(Arc<dyn StateStore>) -> Arc<dyn Dispatch>,
 }
 
+/// Every `[handlers."name"]` names a handler or process manager the domain
+/// runs (a typo would otherwise be ignored silently).
+fn check_handler_settings(config: &Config, run: &[&str]) -> Result<(), Error> {
+    for name in config.handlers.keys() {
+        if !run.contains(&name.as_str()) {
+            let mut known: Vec<&str> = run.to_vec();
+            known.sort_unstable();
+            known.dedup();
+            return Err(Error::Config {
+                file: config.origin().to_owned(),
+                message: format!(
+                    "[handlers.{name:?}] names no handler or process manager of this domain; the domain runs: {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
     let url = &config.broker.url;
     if url == "inline" {
         return Ok(Arc::new(InlineBroker::new()));
     }
+    let in_config = |e: Error| match e {
+        Error::Config { message, .. } => Error::Config {
+            file: config.origin().to_owned(),
+            message,
+        },
+        other => other,
+    };
     let broker = match &config.broker.tls_ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| Error::Config {
-                file: "<code>".into(),
-                message: format!("[broker] tls_ca_file {path:?} cannot be read: {e}"),
+                file: config.origin().to_owned(),
+                message: format!(
+                    "[broker] tls_ca_file = {path:?}: cannot read the CA certificate file {path:?}: {e}; give the path of a PEM file (relative paths are read from the working directory)"
+                ),
             })?;
-            RedisBroker::from_url_with_ca(url, pem)?
+            RedisBroker::from_url_with_ca(url, pem).map_err(in_config)?
         }
-        None => RedisBroker::from_url(url)?,
+        None => RedisBroker::from_url(url).map_err(in_config)?,
     };
     let broker: Arc<dyn Broker> = Arc::new(broker);
     Ok(broker)

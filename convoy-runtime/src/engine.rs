@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{ConsumerPlan, InlineBroker, Subscription};
+use crate::broker::{Broker, ConsumerPlan, HealthState, InlineBroker, Subscription};
 use crate::domain::Domain;
 use crate::error::Error;
 use crate::outbox::OutboxProcessor;
@@ -34,6 +34,7 @@ impl Domain {
 pub struct Engine {
     domain: Domain,
     shutdown_timeout: Duration,
+    health: Arc<HealthState>,
 }
 
 impl Engine {
@@ -41,6 +42,7 @@ impl Engine {
         Engine {
             domain,
             shutdown_timeout: Duration::from_secs(30),
+            health: Arc::default(),
         }
     }
 
@@ -86,6 +88,7 @@ impl Engine {
             d.instance_id().to_owned(),
             d.key_policy().clone(),
             d.outbox_handle().clone(),
+            self.health.clone(),
         )
     }
 
@@ -112,13 +115,23 @@ impl Engine {
         let outbox_task = tokio::spawn(relay);
         let plan = Arc::new(self.plan());
         let broker = self.domain.broker().clone();
-        let consumer_task = tokio::spawn(broker.run(plan, token.clone()));
+        let mut handlers: Vec<&str> = plan.subscriptions().iter().map(|s| s.name()).collect();
+        handlers.dedup();
+        tracing::info!(
+            broker = %broker.describe(),
+            instance_id = %self.domain.instance_id(),
+            handlers = %if handlers.is_empty() { "none".to_owned() } else { handlers.join(", ") },
+            "engine starting"
+        );
+        let consumer_task = tokio::spawn(broker.clone().run(plan, token.clone()));
         EngineHandle {
             token,
             outbox_token,
             outbox_task,
             consumer_task,
             timeout: self.shutdown_timeout,
+            broker,
+            health: self.health,
         }
     }
 
@@ -145,16 +158,85 @@ impl Engine {
 }
 
 /// A running engine.
-#[derive(Debug)]
 pub struct EngineHandle {
     token: CancellationToken,
     outbox_token: CancellationToken,
     outbox_task: tokio::task::JoinHandle<()>,
     consumer_task: tokio::task::JoinHandle<Result<(), Error>>,
     timeout: Duration,
+    broker: Arc<dyn Broker>,
+    health: Arc<HealthState>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("broker", &self.broker.describe())
+            .field("stopping", &self.token.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long [`EngineHandle::health`] waits for the broker to answer.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A running engine's health, from [`EngineHandle::health`]: what a
+/// readiness probe needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// The broker answered a ping just now (within 2 s); always true for
+    /// the inline broker.
+    pub connected: bool,
+    /// The consumers are running: not stopped, not shutting down.
+    pub running: bool,
+    /// Units (partitions, or a sequential process manager's correlation
+    /// values) this instance owns under a lease now, over all its handlers.
+    pub owned_units: usize,
+    /// How many of those are halted (a head failed after its retries, or
+    /// with a permanent error) and wait for an operator
+    /// (`convoy skip` / `convoy dead-letter`).
+    pub halted_units: usize,
+}
+
+impl Health {
+    /// Ready to work: connected and running. A halted unit does not make an
+    /// instance unready (restarting it would not help); alert on
+    /// [`Health::any_halted`] instead.
+    pub fn is_ready(&self) -> bool {
+        self.connected && self.running
+    }
+
+    /// Whether any owned unit is halted.
+    pub fn any_halted(&self) -> bool {
+        self.halted_units > 0
+    }
 }
 
 impl EngineHandle {
+    /// The engine's health now: whether the broker answers (one ping, at
+    /// most 2 s), whether the consumers run, how many units this instance
+    /// owns and how many of them are halted. Serve it as a readiness probe:
+    ///
+    /// ```no_run
+    /// # async fn probe(engine: &convoy_runtime::EngineHandle) -> u16 {
+    /// let health = engine.health().await;
+    /// if health.is_ready() { 200 } else { 503 }
+    /// # }
+    /// ```
+    pub async fn health(&self) -> Health {
+        let connected = matches!(
+            tokio::time::timeout(PING_TIMEOUT, self.broker.ping()).await,
+            Ok(Ok(()))
+        );
+        Health {
+            connected,
+            running: !self.token.is_cancelled() && !self.consumer_task.is_finished(),
+            owned_units: self.health.owned(),
+            halted_units: self.health.halted_units(),
+        }
+    }
+
     /// A token that stops the engine when cancelled.
     pub fn token(&self) -> CancellationToken {
         self.token.clone()

@@ -90,13 +90,16 @@ pub enum Error {
     )]
     NoCommandHandler(String),
 
-    /// A command handler failed.
-    #[error("command handler `{handler}` failed: {message}")]
+    /// A command handler failed. Its own error is the
+    /// [`source`](std::error::Error::source): downcast it with
+    /// `err.source().and_then(|s| s.downcast_ref::<MyError>())`.
+    #[error("command handler `{handler}` failed")]
     CommandFailed {
         /// The handler.
         handler: String,
-        /// The handler's error, rendered.
-        message: String,
+        /// The handler's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 
     /// A process-manager instance's stored state cannot be read or written
@@ -267,6 +270,16 @@ impl Error {
     }
 }
 
+/// The type of a handler named by its Rust path (`ClientLedger` of
+/// `orders::ClientLedger`), for suggestions; `..` for an explicit name,
+/// which does not say the type.
+fn short_name(name: &str) -> &str {
+    match name.rsplit_once("::") {
+        Some((_, ty)) => ty,
+        None => "..",
+    }
+}
+
 /// Renders an error with its chain of causes (`outer: cause: root`), for
 /// logs.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -372,6 +385,15 @@ pub enum Problem {
         /// The handlers.
         handlers: (String, String),
     },
+    /// An event handler or process manager is declared in the binary but
+    /// the domain does not run it (reported by `Domain::init` as a warning,
+    /// or as an error under `DomainBuilder::require_all_handlers`).
+    HandlerNotRun {
+        /// The handler.
+        handler: String,
+        /// `event handler` or `process manager`.
+        kind: &'static str,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -448,6 +470,23 @@ impl fmt::Display for Problem {
                 "command `{type_name}` is handled by both `{}` and `{}`; a command has one handler",
                 handlers.0, handlers.1
             ),
+            Problem::HandlerNotRun { handler, kind } => {
+                let call = if *kind == "process manager" {
+                    format!(
+                        "Domain::builder().process_manager::<{}>()",
+                        short_name(handler)
+                    )
+                } else {
+                    match short_name(handler) {
+                        ".." => "Domain::builder().handler(..)".to_owned(),
+                        ty => format!("Domain::builder().handler({ty} {{ .. }})"),
+                    }
+                };
+                write!(
+                    f,
+                    "{kind} `{handler}` is declared but this domain does not run it, so it never handles anything; pass it with {call}, or build the domain with without_discovery() if this binary holds several domains"
+                )
+            }
         }
     }
 }

@@ -37,8 +37,11 @@ impl fmt::Display for HandlerKind {
 /// handler macros and registered with `inventory`.
 #[derive(Debug)]
 pub struct HandlerDescriptor {
-    /// The handler's name: its Rust path (`orders::ClientLedger`). Also the
-    /// name of its consumer group.
+    /// The handler's name: `name = "..."` of its attribute, else its Rust
+    /// path (`orders::ClientLedger`). Also the name of its consumer group
+    /// and of its leases: renaming a handler (or, without `name = "..."`,
+    /// moving it to another module) starts a new consumer group with no
+    /// progress, which reads each partition from its first retained entry.
     pub name: &'static str,
     /// Event or command handler.
     pub kind: HandlerKind,
@@ -185,6 +188,8 @@ pub struct Context {
     /// The domain's outbox store, for `commit_in` (typed where it is used,
     /// so that handlers do not depend on the outbox).
     outbox: Option<Arc<dyn Any + Send + Sync>>,
+    /// What a command handler returned, for `Domain::process`.
+    reply: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 impl fmt::Debug for Context {
@@ -224,6 +229,7 @@ impl Context {
             pending: Mutex::new(PendingEvents::default()),
             position: None,
             outbox: None,
+            reply: Mutex::new(None),
         }
     }
 
@@ -333,6 +339,22 @@ impl Context {
         pending.push(&event, &self.policy, priority, self.correlation_id.clone())
     }
 
+    /// Keeps what a command handler returned (generated code calls it).
+    pub(crate) fn set_reply(&self, reply: Box<dyn Any + Send>) {
+        *self
+            .reply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reply);
+    }
+
+    /// Takes what a command handler returned.
+    pub(crate) fn take_reply(&self) -> Option<Box<dyn Any + Send>> {
+        self.reply
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
     /// Takes the events raised while handling.
     pub(crate) fn take_raised(&self) -> PendingEvents {
         let mut pending = self
@@ -345,23 +367,56 @@ impl Context {
 
 /// The error a handler returns. Any error type converts into it with `?`.
 ///
+/// # Error classes
+///
+/// An error is *transient* unless the handler says otherwise: the event is
+/// retried in place with back-off (`[server.retry]`), then a partitioned
+/// handler halts the partition and an ordinary handler dead-letters the
+/// event. An error made with [`HandlerError::permanent`] says that no retry
+/// can succeed (a malformed event, a rule the event breaks): a partitioned
+/// handler halts the partition at once, an ordinary handler dead-letters
+/// the event at once, without retrying.
+///
 /// Like `anyhow::Error`, it deliberately does not implement
 /// `std::error::Error` itself so that the blanket conversion is possible.
 pub struct HandlerError {
     inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+    permanent: bool,
 }
 
 impl HandlerError {
-    /// A handler error with a message.
+    /// A (transient) handler error with a message.
     pub fn msg(message: impl fmt::Display) -> Self {
         HandlerError {
             inner: message.to_string().into(),
+            permanent: false,
         }
     }
 
-    /// The underlying error.
+    /// A permanent error: retrying cannot help, so a partitioned handler
+    /// halts its partition at once and an ordinary handler dead-letters the
+    /// event at once (see [the error classes](HandlerError#error-classes)).
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        HandlerError {
+            inner: error.into(),
+            permanent: true,
+        }
+    }
+
+    /// Whether the error was made with [`HandlerError::permanent`].
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// The underlying error (downcast it to the handler's own error type
+    /// with `downcast_ref`).
     pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.inner
+    }
+
+    /// The underlying error, owned.
+    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self.inner
     }
 }
 
@@ -372,6 +427,7 @@ where
     fn from(error: E) -> Self {
         HandlerError {
             inner: error.into(),
+            permanent: false,
         }
     }
 }

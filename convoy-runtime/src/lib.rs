@@ -158,7 +158,7 @@ pub mod __private;
 pub use broker::{Broker, Capabilities, InlineBroker};
 pub use config::Config;
 pub use domain::{Domain, DomainBuilder};
-pub use engine::{Engine, EngineHandle};
+pub use engine::{Engine, EngineHandle, Health};
 pub use envelope::{Envelope, Priority};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;

@@ -93,7 +93,13 @@ pub trait Event: Message {}
     label = "handled types must be commands",
     note = "add `#[derive(convoy_runtime::Command)]` to `{Self}`; events belong to `#[event_handler]`"
 )]
-pub trait Command: Message {}
+pub trait Command: Message {
+    /// What the command handler returns to the caller of
+    /// `Domain::process`: `()` unless declared with
+    /// `#[command(part_of = .., reply = OrderId)]`, in which case the
+    /// handler method returns `Result<OrderId, E>`.
+    type Reply: Send + 'static;
+}
 
 /// A field type that can serve as a partition key: string-like,
 /// integer-like or a [`uuid::Uuid`] (rendered hyphenated, lowercase), or an

@@ -18,6 +18,75 @@ where
     result.map(|()| Dispatched::Handled).map_err(Into::into)
 }
 
+/// Turns a command handler method's `Result<R, E>` into the runtime's
+/// result, keeping the reply in the context for `Domain::process`. `R` is
+/// the command's `Reply`, read with [`ReplyProbe`] (`reply`).
+pub fn into_command_result<R, E>(
+    reply: ::core::marker::PhantomData<R>,
+    result: ::core::result::Result<R, E>,
+    ctx: &crate::Context,
+) -> ::core::result::Result<Dispatched, crate::HandlerError>
+where
+    R: Send + 'static,
+    E: Into<crate::HandlerError>,
+{
+    let _ = reply;
+    match result {
+        Ok(reply) => {
+            ctx.set_reply(::std::boxed::Box::new(reply));
+            Ok(Dispatched::Handled)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The reply type of a handled command, found by autoref specialisation so
+/// that a handled type that is not a command is reported once (where its
+/// `Handled` is made) and not again here: `(&ReplyProbe::<M>::NEW)
+/// .reply_type()` is `PhantomData<M::Reply>` for a command
+/// ([`ViaCommandReply`]) and `PhantomData<()>` for anything else
+/// ([`ViaNoReply`]).
+pub struct ReplyProbe<M>(::core::marker::PhantomData<M>);
+
+impl<M> ReplyProbe<M> {
+    /// The probe.
+    pub const NEW: Self = ReplyProbe(::core::marker::PhantomData);
+}
+
+impl<M> ::core::fmt::Debug for ReplyProbe<M> {
+    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+        f.write_str("ReplyProbe")
+    }
+}
+
+/// [`ReplyProbe`]'s arm for a command.
+pub trait ViaCommandReply {
+    /// The command's reply.
+    type Reply;
+    /// A marker of the reply type.
+    fn reply_type(&self) -> ::core::marker::PhantomData<Self::Reply>;
+}
+
+impl<M: crate::Command> ViaCommandReply for ReplyProbe<M> {
+    type Reply = <M as crate::Command>::Reply;
+    fn reply_type(&self) -> ::core::marker::PhantomData<Self::Reply> {
+        ::core::marker::PhantomData
+    }
+}
+
+/// [`ReplyProbe`]'s arm for a type that is not a command (already
+/// reported).
+pub trait ViaNoReply {
+    /// A marker of `()`.
+    fn reply_type(&self) -> ::core::marker::PhantomData<()>;
+}
+
+impl<M> ViaNoReply for &ReplyProbe<M> {
+    fn reply_type(&self) -> ::core::marker::PhantomData<()> {
+        ::core::marker::PhantomData
+    }
+}
+
 /// A handled message type as dispatch code sees it: its descriptor and its
 /// decoder.
 ///

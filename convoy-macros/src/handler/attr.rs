@@ -13,13 +13,14 @@ use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, token};
 
 use crate::ctxt::Ctxt;
 use crate::message::{Kind, aggregate_path};
-use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, PART_OF, SEQUENTIAL_BY};
+use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, NAME, PART_OF, SEQUENTIAL_BY};
 use crate::tokens::{field_ident, not_yet, rest_of_value};
 
 mod kw {
     syn::custom_keyword!(part_of);
     syn::custom_keyword!(sequential_by);
     syn::custom_keyword!(handles);
+    syn::custom_keyword!(name);
 }
 
 /// The arguments of a handler attribute.
@@ -30,6 +31,9 @@ pub(crate) struct Args {
     pub(crate) sequential_by: Option<KeyField>,
     /// `handles = [OrderPlaced, OrderShipped]` (struct form only).
     pub(crate) handles: Option<Handles>,
+    /// `name = "ledger-projector"`: the handler's stable name (checked in
+    /// `check`).
+    pub(crate) name: Option<LitStr>,
 }
 
 /// The partition key field named by `sequential_by = "..."`.
@@ -65,6 +69,7 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
     let mut part_of = None;
     let mut sequential_by = None;
     let mut handles = None;
+    let mut name = None;
     while !input.is_empty() {
         let lookahead = input.lookahead1();
         if lookahead.peek(kw::part_of) {
@@ -82,6 +87,20 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
             not_yet(&handles, key.span, HANDLES)?;
             input.parse::<Token![=]>()?;
             handles = Some(handled_types(key.span, input)?);
+        } else if lookahead.peek(kw::name) {
+            let key: kw::name = input.parse()?;
+            not_yet(&name, key.span, NAME)?;
+            input.parse::<Token![=]>()?;
+            if !input.peek(LitStr) {
+                let value = rest_of_value(input)?;
+                let message = "`name` takes the handler's name in double quotes, for example `name = \"ledger-projector\"`";
+                return Err(if value.is_empty() {
+                    input.error(message)
+                } else {
+                    syn::Error::new_spanned(value, message)
+                });
+            }
+            name = Some(input.parse()?);
         } else if input.peek(Ident::peek_any) {
             let unknown = input.call(Ident::parse_any)?;
             let name = unknown.unraw().to_string();
@@ -110,6 +129,7 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
         part_of,
         sequential_by,
         handles,
+        name,
     })
 }
 
@@ -249,7 +269,7 @@ mod tests {
         );
         assert_eq!(
             error(Kind::Event, quote!(part_of = Order, key = "client_id")),
-            "unknown argument `key`; expected `part_of`, `sequential_by` or `handles`"
+            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles` or `name`"
         );
     }
 
@@ -323,7 +343,7 @@ mod tests {
     fn non_identifier_arguments_list_the_valid_ones() {
         assert_eq!(
             error(Kind::Event, quote!("order")),
-            "expected one of: `part_of`, `sequential_by`, `handles`"
+            "expected one of: `part_of`, `sequential_by`, `handles`, `name`"
         );
     }
 }

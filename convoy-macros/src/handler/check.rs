@@ -33,6 +33,10 @@ pub(crate) struct Handler<'a> {
     pub(crate) self_ty: TokenStream,
     /// The handler type's name (`ClientLedger`).
     pub(crate) name: String,
+    /// `name = "ledger-projector"`: the handler's stable name, which
+    /// replaces `module_path!()::ClientLedger` as its descriptor and
+    /// consumer-group name.
+    pub(crate) explicit_name: Option<String>,
     /// `part_of = ...`.
     pub(crate) part_of: &'a Path,
     /// `sequential_by = "..."`.
@@ -88,6 +92,13 @@ pub(crate) fn validate<'a>(
     };
     reject_duplicates(cx, &name, &handled);
     let args = args?;
+    let explicit_name = args.name.as_ref().map(|lit| {
+        let value = lit.value();
+        if let Err(problem) = check_handler_name(&value) {
+            cx.error_at(lit.span(), problem);
+        }
+        value
+    });
     if cx.has_errors() {
         return None;
     }
@@ -95,10 +106,42 @@ pub(crate) fn validate<'a>(
         kind,
         self_ty,
         name,
+        explicit_name,
         part_of: &args.part_of,
         sequential_by: args.sequential_by.as_ref(),
         handled,
     })
+}
+
+/// The longest handler name accepted.
+const MAX_NAME_LEN: usize = 100;
+
+/// A handler's explicit name names its consumer group and its leases
+/// (`convoy:lease:{handler}:..`): non-empty, at most [`MAX_NAME_LEN`]
+/// characters, ASCII letters, digits, `-`, `_` and `.` only (no `:`, which
+/// separates the parts of convoy's key names; no `{` or `}`, which Redis
+/// Cluster reads as hash tags; nothing a terminal or a log line could
+/// misread).
+pub(crate) fn check_handler_name(name: &str) -> Result<(), String> {
+    let example = "for example `name = \"ledger-projector\"`";
+    if name.is_empty() {
+        return Err(format!("the handler's `name` must not be empty; {example}"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "the handler's `name` is {} characters long; use at most {MAX_NAME_LEN}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "the handler's `name` contains {bad:?}; a handler name names its consumer group and leases, so use ASCII letters, digits, `-`, `_` and `.` only, {example}"
+        ));
+    }
+    Ok(())
 }
 
 /// `event_handler` or `command_handler`.

@@ -7,13 +7,21 @@ use syn::{Item, PathArguments, Type};
 
 use super::check::{self, Call, Handler};
 use crate::message::Kind;
-use crate::tokens::{dispatch_branch, into_result_spanned, span_range};
+use crate::tokens::{
+    dispatch_branch, into_command_result_spanned, into_result_spanned, reply_type, span_range,
+};
 
 /// The handler trait impl, its descriptor and registration, and the
 /// compile-time checks, all inside one `const _: () = { .. };`.
 pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
     let self_ty = &handler.self_ty;
-    let name = &handler.name;
+    let descriptor_name = match &handler.explicit_name {
+        Some(explicit) => quote!(#explicit),
+        None => {
+            let name = &handler.name;
+            quote!(::core::concat!(::core::module_path!(), "::", #name))
+        }
+    };
     let handler_kind = handler_kind(handler.kind);
     let handler_trait = handler_trait(handler.kind);
     let resolve = match handler.kind {
@@ -73,11 +81,20 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                 quote!(#head #ty #tail)
             }
         };
-        let into_result = match &h.call {
-            Call::Method { output, .. } => into_result_spanned(output),
-            Call::HandleTrait => {
+        let into_result = match (&h.call, handler.kind) {
+            (Call::Method { output, .. }, Kind::Event) => into_result_spanned(output),
+            (Call::Method { output, .. }, Kind::Command) => into_command_result_spanned(output, ty),
+            (Call::HandleTrait, Kind::Event) => {
                 quote!(::convoy_runtime::__private::into_handler_result(
                     __convoy_result
+                ))
+            }
+            (Call::HandleTrait, Kind::Command) => {
+                let reply = reply_type(ty);
+                quote!(::convoy_runtime::__private::into_command_result(
+                    #reply,
+                    __convoy_result,
+                    __convoy_ctx
                 ))
             }
         };
@@ -102,7 +119,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
 
             static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::HandlerDescriptor =
                 ::convoy_runtime::__private::HandlerDescriptor {
-                    name: ::core::concat!(::core::module_path!(), "::", #name),
+                    name: #descriptor_name,
                     kind: #handler_kind,
                     category: __CONVOY_CATEGORY,
                     sequential_by: #sequential_by,
@@ -259,6 +276,54 @@ mod tests {
         assert!(out.contains("category : __CONVOY_CATEGORY"), "{out}");
         assert!(out.contains("const _ : () = :: core :: assert ! (:: convoy_runtime :: __private :: same_category (__CONVOY_MESSAGE_1 . descriptor . category , __CONVOY_CATEGORY) , \"`OrderShipped` is not part of `Order`, the aggregate of this handler: use `part_of = ` the aggregate of `OrderShipped` (its `#[event(part_of = ..)]`), or handle it in a second handler\")"), "{out}");
         assert!(out.contains("inventory :: submit !"), "{out}");
+    }
+
+    #[test]
+    fn an_explicit_name_replaces_the_module_path() {
+        let out = expanded(
+            Kind::Event,
+            quote!(part_of = Order, name = "ledger-projector"),
+            quote! {
+                impl ClientLedger {
+                    #[handle]
+                    async fn placed(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+                }
+            },
+        );
+        assert!(out.contains("name : \"ledger-projector\""), "{out}");
+        assert!(!out.contains("module_path"), "{out}");
+        for bad in ["", "a:b", "a b", "{x}", "é"] {
+            let out = expanded(
+                Kind::Event,
+                quote!(part_of = Order, name = #bad),
+                quote! {
+                    impl ClientLedger {
+                        #[handle]
+                        async fn placed(&self, e: OrderPlaced) -> Result<(), HandlerError> { Ok(()) }
+                    }
+                },
+            );
+            assert!(out.contains("compile_error !"), "{bad:?}: {out}");
+            assert!(out.contains("the handler's `name`"), "{bad:?}: {out}");
+        }
+    }
+
+    #[test]
+    fn command_methods_keep_their_reply() {
+        let out = expanded(
+            Kind::Command,
+            quote!(part_of = Order),
+            quote! {
+                impl Desk {
+                    #[handle]
+                    async fn place(&self, c: PlaceOrder) -> Result<OrderId, HandlerError> { todo!() }
+                }
+            },
+        );
+        assert!(
+            out.contains("ReplyProbe :: < PlaceOrder > :: NEW) . reply_type () } , :: core :: convert :: identity (__convoy_result) , __convoy_ctx)"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -4,10 +4,10 @@
 //! attributes are all reported (through [`Ctxt`]).
 
 use syn::parse::ParseStream;
-use syn::{Attribute, LitStr, Path};
+use syn::{Attribute, LitStr, Path, Type};
 
 use crate::ctxt::Ctxt;
-use crate::symbol::{self, AGGREGATE, CATEGORY, NAME, PART_OF, Symbol};
+use crate::symbol::{self, AGGREGATE, CATEGORY, NAME, PART_OF, REPLY, Symbol};
 
 /// The options of `#[aggregate(..)]`.
 #[derive(Default)]
@@ -23,6 +23,8 @@ pub(crate) struct MessageAttrs {
     pub(crate) part_of: Option<Path>,
     /// `name = "OrderPlacedV2"`.
     pub(crate) name: Option<LitStr>,
+    /// `reply = OrderId` (commands only), with the key's span.
+    pub(crate) reply: Option<(proc_macro2::Span, Type)>,
 }
 
 impl AggregateAttrs {
@@ -57,6 +59,15 @@ impl MessageAttrs {
                 } else if meta.path == NAME {
                     let lit = string_value(meta.value()?, NAME)?;
                     set_once(&mut out.name, lit, &meta.path, NAME)
+                } else if meta.path == REPLY {
+                    let key = syn::spanned::Spanned::span(&meta.path);
+                    let ty: Type = meta.value()?.parse().map_err(|e| {
+                        syn::Error::new(
+                            e.span(),
+                            "`reply` takes the type the command handler returns, for example `reply = OrderId`",
+                        )
+                    })?;
+                    set_once(&mut out.reply, (key, ty), &meta.path, REPLY)
                 } else {
                     Err(unknown(&meta.path, symbol::MESSAGE_ARGS))
                 }

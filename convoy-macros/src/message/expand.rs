@@ -64,6 +64,14 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
         }
     };
 
+    let kind_body = match (message.kind, &message.reply) {
+        (Kind::Event, _) => TokenStream::new(),
+        (Kind::Command, Some(reply)) => quote_spanned! {reply.span()=> type Reply = #reply; },
+        (Kind::Command, None) => quote!(
+            type Reply = ();
+        ),
+    };
+
     quote! {
         #[doc(hidden)]
         #[allow(non_upper_case_globals, unused_qualifications, clippy::needless_borrow)]
@@ -89,7 +97,9 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
             }
 
             #[automatically_derived]
-            impl #kind_trait for #ident {}
+            impl #kind_trait for #ident {
+                #kind_body
+            }
 
             ::convoy_runtime::__private::inventory::submit! {
                 ::convoy_runtime::__private::MessageRegistration(
@@ -115,6 +125,12 @@ pub(super) fn message_fallback(ident: &Ident, kind: Kind) -> TokenStream {
     let rust_name = ident.unraw().to_string();
     let message_kind = message_kind(kind);
     let kind_trait = kind.message_trait();
+    let kind_body = match kind {
+        Kind::Event => TokenStream::new(),
+        Kind::Command => quote!(
+            type Reply = ();
+        ),
+    };
     quote! {
         const _: () = {
             impl ::convoy_runtime::Message for #ident {
@@ -136,7 +152,9 @@ pub(super) fn message_fallback(ident: &Ident, kind: Kind) -> TokenStream {
                 }
             }
 
-            impl #kind_trait for #ident {}
+            impl #kind_trait for #ident {
+                #kind_body
+            }
         };
     }
 }

@@ -82,6 +82,8 @@ pub(crate) struct Message<'a> {
     pub(crate) type_name: String,
     /// Its fields, in declaration order.
     pub(crate) fields: Vec<&'a Ident>,
+    /// What its command handler returns (`reply = T`; commands only).
+    pub(crate) reply: Option<syn::Type>,
 }
 
 /// Expands `#[derive(Aggregate)]`.
@@ -157,6 +159,12 @@ impl<'a> Message<'a> {
             }
             None => input.ident.unraw().to_string(),
         };
+        if let (Kind::Event, Some((key, _))) = (kind, &attrs.reply) {
+            cx.error_at(
+                *key,
+                "`reply` is for commands: an event is published, not answered; remove it, or derive `Command`",
+            );
+        }
         if attrs.part_of.is_none() {
             let noun = kind.noun();
             let attr = kind.attr();
@@ -174,6 +182,7 @@ impl<'a> Message<'a> {
             part_of: attrs.part_of.expect("checked above"),
             type_name,
             fields: fields.unwrap_or_default(),
+            reply: attrs.reply.map(|(_, ty)| ty),
         })
     }
 }

@@ -15,7 +15,8 @@ use crate::future::BoxFuture;
 use crate::handler::Position;
 use crate::names;
 
-/// An event an inline handler gave up on after its retries.
+/// An event an inline handler gave up on: after its retries, or at once
+/// for a permanent error.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
     /// The handler.
@@ -124,8 +125,13 @@ impl InlineBroker {
                     .await
                 {
                     Ok(_) => break,
-                    Err(e) if attempt > retry.max_retries => {
-                        tracing::error!(handler = sub.name, id = %envelope.id, error = %e, "handler failed after retries; event dead-lettered");
+                    Err(e) if attempt > retry.max_retries || e.is_permanent() => {
+                        let why = if e.is_permanent() {
+                            "handler returned a permanent error"
+                        } else {
+                            "handler failed after retries"
+                        };
+                        tracing::error!(handler = sub.name, id = %envelope.id, attempt, error = %e, "{why}; event dead-lettered");
                         self.dead
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -21,6 +21,7 @@ mod inline;
 mod plan;
 
 pub use inline::{DeadLetter, InlineBroker};
+pub(crate) use plan::HealthState;
 pub use plan::{ConsumerPlan, Subscription};
 
 use std::any::Any;
@@ -109,6 +110,19 @@ pub trait Broker: Any + Send + Sync + 'static {
     /// memory).
     fn state_store(&self) -> Option<Arc<dyn crate::process_manager::StateStore>> {
         None
+    }
+
+    /// How the broker is shown in logs (the Redis broker: its URL with the
+    /// password hidden). Default: [`Broker::name`].
+    fn describe(&self) -> String {
+        self.name().to_owned()
+    }
+
+    /// Checks that the broker can be reached now (for
+    /// `EngineHandle::health`). Default: always reachable (an in-process
+    /// broker).
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
     }
 
     /// Publishes a batch in order. `producer` identifies the outbox so a

@@ -3,6 +3,7 @@
 //! configuration, outbox), so that a broker never sees the domain itself.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tracing::Instrument;
 
@@ -143,6 +144,50 @@ impl Subscription {
     }
 }
 
+/// What the consumers of one engine report about themselves, read by
+/// `EngineHandle::health`: the units (leased partitions or correlation
+/// values) they own and how many of those are halted.
+#[derive(Debug, Default)]
+pub(crate) struct HealthState {
+    owned: AtomicUsize,
+    halted: AtomicUsize,
+}
+
+impl HealthState {
+    /// A worker started on a unit it owns.
+    pub(crate) fn unit_started(&self) {
+        self.owned.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A worker ended (its unit is no longer owned).
+    pub(crate) fn unit_stopped(&self) {
+        let _ = self
+            .owned
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// An owned unit became halted (`true`) or resumed (`false`).
+    pub(crate) fn halted(&self, on: bool) {
+        if on {
+            self.halted.fetch_add(1, Ordering::SeqCst);
+        } else {
+            let _ = self
+                .halted
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+    }
+
+    /// Units owned now.
+    pub(crate) fn owned(&self) -> usize {
+        self.owned.load(Ordering::SeqCst)
+    }
+
+    /// Owned units halted now.
+    pub(crate) fn halted_units(&self) -> usize {
+        self.halted.load(Ordering::SeqCst)
+    }
+}
+
 /// Everything a broker needs to consume for a domain: the subscriptions,
 /// the configuration, this instance's id, and [`ConsumerPlan::invoke`] to
 /// run one event through a subscription's handler.
@@ -150,6 +195,8 @@ pub struct ConsumerPlan {
     pub(crate) subscriptions: Vec<Subscription>,
     pub(crate) config: Config,
     pub(crate) instance_id: String,
+    /// What the consumers report for the engine's health.
+    pub(crate) health: Arc<HealthState>,
     registry: Arc<Registry>,
     policy: Arc<KeyPolicy>,
     outbox: OutboxHandle,
@@ -173,11 +220,13 @@ impl ConsumerPlan {
         instance_id: String,
         policy: Arc<KeyPolicy>,
         outbox: OutboxHandle,
+        health: Arc<HealthState>,
     ) -> Self {
         ConsumerPlan {
             subscriptions,
             config,
             instance_id,
+            health,
             registry,
             policy,
             outbox,

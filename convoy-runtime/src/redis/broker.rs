@@ -81,6 +81,21 @@ impl Broker for RedisBroker {
         Some(Arc::new(RedisStateStore::new(&self.redis)))
     }
 
+    fn describe(&self) -> String {
+        format!("redis at {}", self.redis.url())
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let mut conn = self.redis.shared().await?;
+            let _: String = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::redis("PING failed", e))?;
+            Ok(())
+        })
+    }
+
     fn publish<'a>(
         &'a self,
         producer: &'a Producer,

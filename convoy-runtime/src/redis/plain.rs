@@ -252,8 +252,13 @@ impl PlainConsumer {
                     self.ack(stream, &entry.id).await?;
                     return Ok(true);
                 }
-                Err(e) if attempt > retry.max_retries => {
-                    tracing::error!(handler = self.sub().name, stream, entry = %entry.id, error = %e, "handler failed after retries; entry moved to the dead letter stream");
+                Err(e) if attempt > retry.max_retries || e.is_permanent() => {
+                    let why = if e.is_permanent() {
+                        "handler returned a permanent error"
+                    } else {
+                        "handler failed after retries"
+                    };
+                    tracing::error!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %e, "{why}; entry moved to the dead letter stream");
                     self.dead_letter(stream, entry, &e.to_string()).await?;
                     return Ok(true);
                 }

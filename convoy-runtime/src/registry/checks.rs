@@ -14,6 +14,7 @@
 //! | a command has one command handler | [`check_one_command_handler_per_command`] |
 //! | one key per category, handlers and process managers together | [`check_one_key_per_category`] |
 //! | the broker advertises `STREAM_PARTITIONING` (or delivers serially, as the inline broker does) | [`check_broker_partitions`] |
+//! | every declared event handler and process manager is run (a warning unless `require_all_handlers`) | [`check_every_declared_handler_runs`] |
 
 use std::collections::BTreeMap;
 
@@ -280,6 +281,37 @@ pub(super) fn check_broker_partitions(
             broker: broker.name.to_owned(),
         });
     }
+}
+
+/// Every event handler and process manager declared in the binary is run
+/// by the domain: one declared with `#[event_handler]` but never passed to
+/// `Domain::builder().handler(..)` would never handle anything, silently.
+/// `run` names what the domain runs. `Domain::init` logs these problems as
+/// warnings, or fails with them under `require_all_handlers`.
+pub(crate) fn check_every_declared_handler_runs(
+    handlers: &[&'static HandlerDescriptor],
+    process_managers: &[&'static ProcessManagerDescriptor],
+    run: &[&str],
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let declared = handlers
+        .iter()
+        .filter(|h| h.kind == HandlerKind::Event)
+        .map(|h| (h.name, "event handler"))
+        .chain(process_managers.iter().map(|p| (p.name, "process manager")));
+    for (name, kind) in declared {
+        if !run.contains(&name)
+            && !problems
+                .iter()
+                .any(|p| matches!(p, Problem::HandlerNotRun { handler, .. } if handler == name))
+        {
+            problems.push(Problem::HandlerNotRun {
+                handler: name.to_owned(),
+                kind,
+            });
+        }
+    }
+    problems
 }
 
 fn fields_of(m: &MessageDescriptor) -> Vec<String> {

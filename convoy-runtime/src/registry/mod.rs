@@ -12,8 +12,8 @@ use crate::handler::HandlerDescriptor;
 use crate::key::KeyPolicy;
 use crate::message::MessageDescriptor;
 use crate::process_manager::{ProcessManagerDescriptor, ProcessManagerRegistration};
-pub(crate) use checks::BrokerFacts;
 use checks::Declarations;
+pub(crate) use checks::{BrokerFacts, check_every_declared_handler_runs};
 
 /// An `inventory` entry for one message type (submitted by the derives).
 #[doc(hidden)]

@@ -30,9 +30,6 @@ use crate::error::{Error, chain};
 use crate::handler::Fence;
 use crate::names::{self, CORRELATION_SCOPE};
 
-/// Handlers of one subscription running at once on one instance.
-const MAX_IN_FLIGHT: usize = 256;
-
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Monotonic milliseconds since the first call (keeps running while the
@@ -174,6 +171,8 @@ impl Coordinator {
         let owner = plan.instance_id.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let alive = names::alive(plan.subscriptions[index].name, &owner);
+        // Handlers of one subscription running at once on this instance.
+        let in_flight = plan.config.concurrency(plan.subscriptions[index].name);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Coordinator {
             shared: Arc::new(Shared {
@@ -181,7 +180,7 @@ impl Coordinator {
                 plan,
                 index,
                 owner,
-                permits: Semaphore::new(MAX_IN_FLIGHT),
+                permits: Semaphore::new(in_flight),
                 exits: tx,
                 alive,
                 incarnation: Mutex::new(Arc::from("")),

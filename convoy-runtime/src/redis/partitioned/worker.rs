@@ -44,6 +44,9 @@ const PRIMARY_BATCH: usize = 100;
 /// traffic is looked at again soon).
 const BACKFILL_BATCH: usize = 10;
 
+/// The halt reason of a head whose handler returned a permanent error.
+const PERMANENT: &str = "permanent error";
+
 /// Why a worker ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Exit {
@@ -68,7 +71,7 @@ struct Worker {
     inc: Arc<str>,
     wake: Arc<Notify>,
     stop: CancellationToken,
-    halted: AtomicBool,
+    halted: Arc<AtomicBool>,
     idle: Arc<AtomicBool>,
     /// The head entry and its failures so far (from Redis).
     head: Option<(String, u32)>,
@@ -113,7 +116,7 @@ pub(super) fn spawn(
         inc,
         wake: Arc::new(Notify::new()),
         stop,
-        halted: AtomicBool::new(halted),
+        halted: Arc::new(AtomicBool::new(halted)),
         idle: Arc::new(AtomicBool::new(false)),
         head,
         unacked: Vec::new(),
@@ -125,6 +128,10 @@ pub(super) fn spawn(
         trim_owed: None,
     };
     w.max_unacked = max_unacked;
+    w.s.plan.health.unit_started();
+    if halted {
+        w.s.plan.health.halted(true);
+    }
     UnitHandle {
         token: token.to_string(),
         wake: w.wake.clone(),
@@ -134,7 +141,13 @@ pub(super) fn spawn(
             let exits = w.s.exits.clone();
             let key = w.unit.key.clone();
             let token = w.token.to_string();
+            let health = w.s.plan.health.clone();
+            let halted = w.halted_flag();
             let maybe_held = w.run().await;
+            if halted.load(Ordering::SeqCst) {
+                health.halted(false);
+            }
+            health.unit_stopped();
             let _ = exits.send(super::WorkerExit {
                 key,
                 token,
@@ -145,6 +158,11 @@ pub(super) fn spawn(
 }
 
 impl Worker {
+    /// The halted flag, shared (read after the worker ended).
+    fn halted_flag(&self) -> Arc<AtomicBool> {
+        self.halted.clone()
+    }
+
     fn group(&self) -> &'static str {
         self.s.group()
     }
@@ -156,6 +174,14 @@ impl Worker {
             token: &self.token,
             alive: &self.s.alive,
             incarnation: &self.inc,
+        }
+    }
+
+    /// Marks the unit halted or not, keeping the engine's count of halted
+    /// units (its health) in step.
+    fn set_halted(&self, on: bool) {
+        if self.halted.swap(on, Ordering::SeqCst) != on {
+            self.s.plan.health.halted(on);
         }
     }
 
@@ -218,7 +244,7 @@ impl Worker {
         match self.record_failure("", &err, Some("not a stream")).await {
             Ok(_) => {
                 tracing::error!(handler = self.group(), key = %self.unit.key, stream, kind, "partition halted: {reason}");
-                self.halted.store(true, Ordering::SeqCst);
+                self.set_halted(true);
                 crate::metrics::halted(self.group());
                 Ok(())
             }
@@ -302,7 +328,7 @@ impl Worker {
                 // which also wakes the unit.
                 if !self.still_halted().await {
                     tracing::info!(handler = self.group(), key = %self.unit.key, "partition un-halted; resuming");
-                    self.halted.store(false, Ordering::SeqCst);
+                    self.set_halted(false);
                     self.head = None;
                 }
                 pending_mode = true;
@@ -486,15 +512,20 @@ impl Worker {
                         self.head = Some((entry.id.clone(), n));
                         self.failures_recorded = true;
                         if halted {
+                            let why = if err.is_permanent() {
+                                "the handler returned a permanent error"
+                            } else {
+                                "the head failed after max_retries"
+                            };
                             tracing::error!(
                                 handler = self.group(),
                                 key = %self.unit.key,
                                 entry = %entry.id,
                                 attempts = n,
                                 error = %err,
-                                "partition halted: the head failed after max_retries; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
+                                "partition halted: {why}; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
                             );
-                            self.halted.store(true, Ordering::SeqCst);
+                            self.set_halted(true);
                             crate::metrics::halted(self.group());
                             return Step::Halted;
                         }
@@ -554,7 +585,9 @@ impl Worker {
         err: &HandlerError,
     ) -> Result<(u32, bool), Exit> {
         self.flush().await?;
-        self.record_failure_after(id, failures, err, None).await
+        // A permanent error halts at once: no retry can mend it.
+        let halt = err.is_permanent().then_some(PERMANENT);
+        self.record_failure_after(id, failures, err, halt).await
     }
 
     /// Logs and counts entries that were pending for this unit but are gone

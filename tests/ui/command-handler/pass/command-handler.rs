@@ -1,5 +1,6 @@
 // Command handlers, in both forms; `sequential_by` is accepted (and
-// checked) on them.
+// checked) on them; a command declared with `reply = T` is answered with a
+// `T`, and handlers may be given a stable `name`.
 use std::sync::Arc;
 
 use convoy_runtime::__private::{Dispatched, HandlerKind};
@@ -27,7 +28,23 @@ pub struct CancelOrderV2 {
     pub client_id: String,
 }
 
+#[derive(Command, Serialize, Deserialize)]
+#[command(part_of = Order, reply = u64)]
+pub struct CountOrders {
+    pub client_id: String,
+}
+
 pub struct Orders;
+
+pub struct Counter;
+
+#[command_handler(part_of = Order, name = "order-counter")]
+impl Counter {
+    #[handle]
+    async fn count(&self, command: CountOrders) -> Result<u64, HandlerError> {
+        Ok(command.client_id.len() as u64)
+    }
+}
 
 #[command_handler(part_of = Order, sequential_by = "client_id")]
 impl Orders {
@@ -70,4 +87,7 @@ fn main() {
     let cancel = CancelOrderV2 { order_id: "o-1".into(), client_id: "c-1".into() };
     assert_eq!(run(&Orders, &cancel).unwrap(), Dispatched::NotHandled);
     assert_eq!(run(&Cancellations, &cancel).unwrap(), Dispatched::Handled);
+    assert_eq!(Counter.descriptor().name, "order-counter");
+    let count = CountOrders { client_id: "c-12".into() };
+    assert_eq!(run(&Counter, &count).unwrap(), Dispatched::Handled);
 }
