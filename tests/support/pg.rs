@@ -30,12 +30,7 @@ impl PgEnv {
     /// The Redis broker, the PostgreSQL outbox (published rows kept an
     /// hour, so tests can read their commit order), fast relay timings.
     pub fn config(&self) -> Config {
-        let mut c = test_config(&self.redis.url());
-        c.outbox.postgres_url = Some(self.db_url.clone());
-        c.outbox.retention_seconds = 3600;
-        c.outbox.leader_timeout_ms = 1000;
-        c.outbox.poll_interval_ms = 200;
-        c
+        config_for(&self.redis.url(), &self.db_url)
     }
 
     pub async fn pool(&self) -> PgPool {
@@ -111,6 +106,18 @@ impl PgEnv {
             .collect();
         (v[0], v[1], v[2])
     }
+}
+
+/// [`PgEnv::config`] for a Redis at `redis_url` and a database at `db_url`
+/// (for engines in child processes, which get the URLs in their
+/// environment).
+pub fn config_for(redis_url: &str, db_url: &str) -> Config {
+    let mut c = test_config(redis_url);
+    c.outbox.postgres_url = Some(db_url.to_owned());
+    c.outbox.retention_seconds = 3600;
+    c.outbox.leader_timeout_ms = 1000;
+    c.outbox.poll_interval_ms = 200;
+    c
 }
 
 /// The `Posted` events on the partition stream of `key` at `redis_url`.

@@ -56,7 +56,9 @@ pub(super) async fn run(
                 newest_seen = leader.lead(&outbox, &processor, &name, &shutdown).await;
             }
             Ok(None) => {
-                if !sleep_or_stop(standby, &shutdown).await {
+                // `sleep_or_stop` is true when `shutdown` fired: a standby
+                // keeps trying for the lock until then.
+                if sleep_or_stop(standby, &shutdown).await {
                     return;
                 }
             }
