@@ -4,10 +4,12 @@
 //! ```text
 //! cargo run --release -p convoy-bench -- all
 //! cargo run --release -p convoy-bench -- throughput --keys 64 --instances 1 --json
+//! cargo run --release -p convoy-bench -- pg-outbox
 //! ```
 //!
 //! Without `--redis-url` it starts its own `redis-server` on a free port
-//! (through `convoy_runtime::testing::RedisServer`). Results go to stdout
+//! (through `convoy_runtime::testing::RedisServer`); `pg-outbox` also
+//! starts its own PostgreSQL (`convoy_runtime::testing::PgServer`). Results go to stdout
 //! (tables, or JSON with `--json`), progress to stderr.
 
 // A binary has no public API: `pub` in its modules only marks what the
@@ -33,6 +35,7 @@ use crate::scenario::balance::BalanceArgs;
 use crate::scenario::failover::{FailoverArgs, LeaseArgs};
 use crate::scenario::idle::IdleArgs;
 use crate::scenario::latency::LatencyArgs;
+use crate::scenario::pg_outbox::PgOutboxArgs;
 use crate::scenario::throughput::ThroughputArgs;
 
 /// Benchmark convoy against a plain Redis consumer group.
@@ -79,7 +82,12 @@ enum Scenario {
         #[command(flatten)]
         lease: LeaseArgs,
     },
-    /// Every scenario, one after the other.
+    /// The PostgreSQL outbox against a hand-written one: commit-to-published
+    /// events/s and commit-to-handled p50/p99 (starts its own PostgreSQL;
+    /// not part of `all`).
+    PgOutbox(PgOutboxArgs),
+    /// Every Redis-only scenario, one after the other (`pg-outbox` runs on
+    /// its own).
     All {
         #[command(flatten)]
         throughput: ThroughputArgs,
@@ -198,6 +206,10 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
         Scenario::Balance { args, lease } => {
             let t = Instant::now();
             timed(scenario::balance::run(&mut env, args, *lease).await, t)?;
+        }
+        Scenario::PgOutbox(a) => {
+            let t = Instant::now();
+            timed(scenario::pg_outbox::run(&mut env, a).await, t)?;
         }
         Scenario::All {
             throughput,

@@ -4,7 +4,7 @@
 //! [`ProbeState`], so both sides do the same work per event.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,9 @@ pub struct KeySeen {
 #[derive(Debug, Default)]
 pub struct ProbeState {
     handled: AtomicU64,
+    /// Whether [`ProbeState::record`] logs every event with its time
+    /// (off by default: the throughput scenarios do not pay for it).
+    log_handled: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -121,6 +124,8 @@ struct Inner {
     last_at: Option<Instant>,
     /// The longest time between two consecutive handled events.
     longest_pause: Duration,
+    /// `(key, seq, now_ns())` of every handled event, when logging.
+    handled_log: Vec<(String, u64, u64)>,
 }
 
 /// The per-key order check of a run.
@@ -158,7 +163,8 @@ impl ProbeState {
     /// Records one handled event.
     pub fn record(&self, e: &Tick) {
         let at = Instant::now();
-        let latency = (e.sent_ns > 0).then(|| now_ns().saturating_sub(e.sent_ns));
+        let at_ns = now_ns();
+        let latency = (e.sent_ns > 0).then(|| at_ns.saturating_sub(e.sent_ns));
         {
             let mut g = self.lock();
             let inner = &mut *g;
@@ -186,6 +192,9 @@ impl ProbeState {
             }
             if let Some(l) = latency {
                 inner.latencies_ns.push(l);
+            }
+            if self.log_handled.load(Ordering::Relaxed) {
+                inner.handled_log.push((e.client_id.clone(), e.seq, at_ns));
             }
             if let Some(prev) = inner.last_at {
                 inner.longest_pause = inner.longest_pause.max(at.saturating_duration_since(prev));
@@ -218,6 +227,17 @@ impl ProbeState {
     /// The longest time between two consecutive handled events so far.
     pub fn longest_pause(&self) -> Duration {
         self.lock().longest_pause
+    }
+
+    /// Logs every handled event from now on (see
+    /// [`ProbeState::take_handled_log`]).
+    pub fn log_handled(&self) {
+        self.log_handled.store(true, Ordering::Relaxed);
+    }
+
+    /// Takes the `(key, seq, handled at now_ns())` log so far.
+    pub fn take_handled_log(&self) -> Vec<(String, u64, u64)> {
+        std::mem::take(&mut self.lock().handled_log)
     }
 
     /// Takes the latencies recorded so far (ns).

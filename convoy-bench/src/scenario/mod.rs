@@ -1,11 +1,13 @@
-//! The scenarios. Each one measures convoy and then the baseline on the
-//! same server, one case at a time, with the database flushed before each
-//! side of each case so nothing carries over.
+//! The scenarios. Each one measures convoy and the baseline on the same
+//! server, one case at a time, with the database flushed before each side
+//! of each case so nothing carries over (`pg-outbox` also gives each side a
+//! fresh PostgreSQL database).
 
 pub mod balance;
 pub mod failover;
 pub mod idle;
 pub mod latency;
+pub mod pg_outbox;
 pub mod throughput;
 
 use anyhow::{Context as _, Result};
