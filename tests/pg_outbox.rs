@@ -340,3 +340,24 @@ async fn a_command_handler_commits_its_events_in_its_own_transaction() {
         "the event commits with the posting, and only then"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_notify_the_relay_finds_committed_rows_by_polling() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let mut config = env.config();
+    config.outbox.notify = false;
+    config.outbox.poll_interval_ms = 100;
+    let d = publisher(config, "quiet");
+    let engine = d.engine().spawn();
+    for seq in 0..3 {
+        commit_events(&d, &pool, &[Posted::new("q", seq)], true).await;
+    }
+    wait_until(WAIT, "rows published by the poll", || async {
+        env.stream("q").await.len() == 3
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    assert_eq!(seqs(&env.stream("q").await), vec![0, 1, 2]);
+}

@@ -25,6 +25,7 @@
 //! leader_timeout_ms = 5000         # a stalled relay's leadership lapses after this
 //! poll_interval_ms = 1000          # fallback poll; commits wake the relay at once
 //! migrate = true                   # create/upgrade the tables at engine start
+//! notify = true                    # NOTIFY the relay on commit (false: poll only)
 //! max_connections = 8
 //!
 //! [server.retry]
@@ -110,6 +111,12 @@ pub struct OutboxConfig {
     pub poll_interval_ms: u64,
     /// Create or upgrade the tables when the engine starts.
     pub migrate: bool,
+    /// Wake the relay with `NOTIFY` on every commit that writes outbox rows
+    /// (commit-to-publish in milliseconds). PostgreSQL serialises the
+    /// commits of notifying transactions on a global lock, which costs
+    /// throughput under many concurrent writers: with `false` the relay
+    /// relies on `poll_interval_ms` instead.
+    pub notify: bool,
     /// Connections of the outbox's pool.
     pub max_connections: u32,
 }
@@ -124,6 +131,7 @@ impl Default for OutboxConfig {
             leader_timeout_ms: 5_000,
             poll_interval_ms: 1_000,
             migrate: true,
+            notify: true,
             max_connections: 8,
         }
     }
@@ -142,6 +150,7 @@ impl std::fmt::Debug for OutboxConfig {
             .field("leader_timeout_ms", &self.leader_timeout_ms)
             .field("poll_interval_ms", &self.poll_interval_ms)
             .field("migrate", &self.migrate)
+            .field("notify", &self.notify)
             .field("max_connections", &self.max_connections)
             .finish()
     }

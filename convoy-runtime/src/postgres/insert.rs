@@ -15,12 +15,14 @@ use crate::error::Error;
 /// them in the same order and so cannot deadlock on them): a second
 /// transaction raising for a key waits here until the first ends, so its
 /// rows get larger ids and, within a key, id order is commit order. Then
-/// the rows, in raise order, and a notification that PostgreSQL delivers to
-/// the relay when (and only if) the transaction commits.
+/// the rows, in raise order, and (unless `[outbox] notify = false`) a
+/// notification that PostgreSQL delivers to the relay when (and only if)
+/// the transaction commits.
 pub(super) async fn insert(
     conn: &mut PgConnection,
     tables: &Tables,
     envelopes: &[Envelope],
+    notify: bool,
 ) -> Result<(), Error> {
     if envelopes.is_empty() {
         return Ok(());
@@ -76,6 +78,9 @@ pub(super) async fn insert(
         .execute(&mut *conn)
         .await
         .map_err(missing_table(&tables.qualified, ctx("inserting the rows")))?;
+    if !notify {
+        return Ok(());
+    }
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(&tables.channel)
         .execute(&mut *conn)

@@ -212,7 +212,13 @@ impl PgOutbox {
         conn: &mut PgConnection,
         envelopes: &[Envelope],
     ) -> Result<(), Error> {
-        insert::insert(conn, &self.inner.tables, envelopes).await
+        insert::insert(
+            conn,
+            &self.inner.tables,
+            envelopes,
+            self.inner.config.notify,
+        )
+        .await
     }
 
     /// The producer name, read from the relay table once.
