@@ -51,6 +51,7 @@ impl Admin {
         key: &str,
         group: &str,
     ) -> Result<Inspection, AdminError> {
+        super::check_category(category)?;
         let scope = self.scope(group, category).await?;
         let unit = self.unit(group, &scope, category, key);
         let primary = names::partition_stream(category, key);

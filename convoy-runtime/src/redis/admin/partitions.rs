@@ -54,6 +54,7 @@ impl Admin {
     /// group: lease, lengths, pending, lag, halt; and totals. A few
     /// pipelined round trips, whatever the number of partitions.
     pub async fn partitions(&self, category: &str) -> Result<CategoryReport, AdminError> {
+        super::check_category(category)?;
         let mut c = self.conn.clone();
         let (mut keys_, mut groups): (Vec<String>, Vec<String>) = redis::pipe()
             .cmd("SMEMBERS")
