@@ -323,6 +323,16 @@ pub enum Problem {
         /// The handlers.
         handlers: (String, String),
     },
+    /// A category name cannot be used (an aggregate implemented by hand:
+    /// the derive rejects these at compile time).
+    BadCategory {
+        /// The category.
+        category: String,
+        /// The first message type or handler naming it.
+        declared_by: String,
+        /// The rule it breaks.
+        rule: crate::key::CategoryRule,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -398,6 +408,14 @@ impl fmt::Display for Problem {
                 f,
                 "command `{type_name}` is handled by both `{}` and `{}`; a command has one handler",
                 handlers.0, handlers.1
+            ),
+            Problem::BadCategory {
+                category,
+                declared_by,
+                rule,
+            } => write!(
+                f,
+                "`{declared_by}` is in category {category:?}, which cannot be used: {rule}"
             ),
         }
     }

@@ -14,6 +14,7 @@
 //! | a command has one command handler | [`check_one_command_handler_per_command`] |
 //! | one key per category, handlers and process managers together | [`check_one_key_per_category`] |
 //! | the broker advertises `STREAM_PARTITIONING` (or delivers serially, as the inline broker does) | [`check_broker_partitions`] |
+//! | category names cannot reach another category's keys or convoy's own (`convoy` is reserved) | [`check_category_names`] |
 
 use std::collections::BTreeMap;
 
@@ -279,6 +280,30 @@ pub(super) fn check_broker_partitions(
             handler: name.to_owned(),
             broker: broker.name.to_owned(),
         });
+    }
+}
+
+/// Every category a message or handler names can be one: the `Aggregate`
+/// derive checks it at compile time; this is the defence in depth for
+/// aggregates implemented by hand (a category `convoy` would put domain
+/// events in `convoy:audit` and let a skip delete audit records).
+pub(super) fn check_category_names(d: &Declarations, problems: &mut Vec<Problem>) {
+    let mut seen = std::collections::BTreeSet::new();
+    let categories = d
+        .messages
+        .iter()
+        .map(|m| (m.category, m.type_name))
+        .chain(d.handlers.iter().map(|h| (h.category, h.name)));
+    for (category, declared_by) in categories {
+        if let Err(rule) = crate::key::check_category(category)
+            && seen.insert(category)
+        {
+            problems.push(Problem::BadCategory {
+                category: category.to_owned(),
+                declared_by: declared_by.to_owned(),
+                rule,
+            });
+        }
     }
 }
 
