@@ -94,7 +94,7 @@ impl Envelope {
         correlation_id: Option<String>,
     ) -> Result<Self, Error> {
         let d = M::DESCRIPTOR;
-        let payload = serde_json::to_string(message).map_err(|source| Error::Encode {
+        let payload = message.to_json().map_err(|source| Error::Encode {
             type_name: d.type_name.to_owned(),
             source,
         })?;
@@ -112,7 +112,7 @@ impl Envelope {
 
     /// Decodes the payload as `M`.
     pub fn decode<M: Message>(&self) -> Result<M, Error> {
-        serde_json::from_str(&self.payload).map_err(|source| Error::Decode {
+        M::from_json(&self.payload).map_err(|source| Error::Decode {
             id: self.id.clone(),
             type_name: self.type_name.clone(),
             source,
