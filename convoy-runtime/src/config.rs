@@ -21,6 +21,9 @@
 //! max_retries = 3
 //! initial_backoff_ms = 100
 //! max_backoff_ms = 10000
+//!
+//! [server.observability]
+//! handle_span_level = "info"       # the per-event `handle` span: trace, debug, info, warn, error
 //! ```
 //!
 //! Every key is optional; a missing file means every default. Unknown keys
@@ -225,6 +228,50 @@ pub struct ServerConfig {
     pub priority_lanes: PriorityLanesConfig,
     /// `[server.retry]`.
     pub retry: RetryConfig,
+    /// `[server.observability]`.
+    pub observability: ObservabilityConfig,
+}
+
+/// `[server.observability]`: logs (metrics are set up where the recorder
+/// is installed, see [`metrics`](crate::metrics)).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObservabilityConfig {
+    /// The level of the `handle` span each event runs in (fields: handler,
+    /// category, key, generation, attempt, id, type). At `info`, the
+    /// default, a handler's own log lines carry them at `RUST_LOG=info`;
+    /// a span below the subscriber's level is not created at all.
+    pub handle_span_level: SpanLevel,
+}
+
+/// A `tracing` level, as written in `domain.toml`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpanLevel {
+    /// `trace`.
+    Trace,
+    /// `debug`.
+    Debug,
+    /// `info` (the default).
+    #[default]
+    Info,
+    /// `warn`.
+    Warn,
+    /// `error`.
+    Error,
+}
+
+impl SpanLevel {
+    /// The `tracing` level.
+    pub fn level(self) -> tracing::Level {
+        match self {
+            SpanLevel::Trace => tracing::Level::TRACE,
+            SpanLevel::Debug => tracing::Level::DEBUG,
+            SpanLevel::Info => tracing::Level::INFO,
+            SpanLevel::Warn => tracing::Level::WARN,
+            SpanLevel::Error => tracing::Level::ERROR,
+        }
+    }
 }
 
 /// `[server.partitioning]`: timing of the partitioned consumer.
@@ -462,6 +509,22 @@ mod tests {
         assert!(!c.server.priority_lanes.enabled);
         assert_eq!(c.server.priority_lanes.backfill_suffix, "backfill");
         assert_eq!(c.broker.url, "inline");
+    }
+
+    #[test]
+    fn handle_span_level() {
+        let c = Config::from_toml("").expect("defaults");
+        assert_eq!(c.server.observability.handle_span_level, SpanLevel::Info);
+        let c = Config::from_toml("[server.observability]\nhandle_span_level = \"debug\"\n")
+            .expect("debug");
+        assert_eq!(
+            c.server.observability.handle_span_level.level(),
+            tracing::Level::DEBUG
+        );
+        let e = Config::from_toml("[server.observability]\nhandle_span_level = \"loud\"\n")
+            .expect_err("not a level")
+            .to_string();
+        assert!(e.contains("handle_span_level") || e.contains("loud"), "{e}");
     }
 
     #[test]

@@ -219,7 +219,8 @@ impl Error {
 }
 
 /// Renders an error with its chain of causes (`outer: cause: root`), for
-/// logs.
+/// logs: escaped (see [`Escaped`](crate::key::Escaped)), since errors quote
+/// keys and entries, which are user data.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
@@ -228,7 +229,7 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
         out.push_str(&s.to_string());
         source = s.source();
     }
-    out
+    crate::key::Escaped(&out).to_string()
 }
 
 /// The list of problems found by `Domain::init`.

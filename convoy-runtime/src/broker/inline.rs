@@ -11,6 +11,7 @@ use super::{Broker, Capabilities, Publication, PublishError};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::key::Escaped;
 
 /// An event an inline handler gave up on after its retries.
 #[derive(Debug, Clone)]
@@ -81,7 +82,7 @@ impl InlineBroker {
                 {
                     Ok(_) => break,
                     Err(e) if attempt > retry.max_retries => {
-                        tracing::error!(handler = sub.name, id = %envelope.id, error = %e, "handler failed after retries; event dead-lettered");
+                        tracing::error!(handler = sub.name, id = %Escaped(&envelope.id), error = %Escaped(&e.to_string()), "handler failed after retries; event dead-lettered");
                         self.dead
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -93,7 +94,7 @@ impl InlineBroker {
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(handler = sub.name, id = %envelope.id, attempt, error = %e, "handler failed; retrying");
+                        tracing::warn!(handler = sub.name, id = %Escaped(&envelope.id), attempt, error = %Escaped(&e.to_string()), "handler failed; retrying");
                         tokio::time::sleep(retry.backoff(attempt)).await;
                         attempt += 1;
                     }

@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::handler::{Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError};
+use crate::key::Escaped;
 use crate::key::KeyPolicy;
 use crate::message::MessageDescriptor;
 use crate::metrics::HandlerMetrics;
@@ -210,15 +211,12 @@ impl ConsumerPlan {
         fence: Option<Fence>,
         dispatched_at: std::time::SystemTime,
     ) -> Result<Dispatched, HandlerError> {
-        let span = tracing::debug_span!(
-            "handle",
-            handler = sub.name,
-            category = sub.category,
-            key = envelope.partition_key.as_deref().unwrap_or(""),
-            generation = fence.as_ref().map(|f| f.generation).unwrap_or(0),
+        let span = handle_span(
+            self.config.server.observability.handle_span_level.level(),
+            sub,
+            envelope,
             attempt,
-            id = %envelope.id,
-            r#type = %envelope.type_name,
+            fence.as_ref().map(|f| f.generation).unwrap_or(0),
         );
         async {
             if self.registry.message(&envelope.type_name).is_none() {
@@ -250,5 +248,39 @@ impl ConsumerPlan {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// The `handle` span of one attempt, at `level` (a span's level is part of
+/// its call site, so one call site per level). Keys, ids and type names
+/// come from the stream entry: they are escaped.
+fn handle_span(
+    level: tracing::Level,
+    sub: &Subscription,
+    envelope: &Envelope,
+    attempt: u32,
+    generation: u64,
+) -> tracing::Span {
+    macro_rules! span {
+        ($level:expr) => {
+            tracing::span!(
+                $level,
+                "handle",
+                handler = sub.name,
+                category = sub.category,
+                key = ?Escaped(envelope.partition_key.as_deref().unwrap_or("")),
+                generation,
+                attempt,
+                id = %Escaped(&envelope.id),
+                r#type = %Escaped(&envelope.type_name),
+            )
+        };
+    }
+    match level {
+        tracing::Level::TRACE => span!(tracing::Level::TRACE),
+        tracing::Level::DEBUG => span!(tracing::Level::DEBUG),
+        tracing::Level::INFO => span!(tracing::Level::INFO),
+        tracing::Level::WARN => span!(tracing::Level::WARN),
+        _ => span!(tracing::Level::ERROR),
     }
 }
