@@ -284,7 +284,11 @@ pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
             len,
             p.pending.to_string(),
             p.lag.map_or_else(|| "?".to_owned(), |l| l.to_string()),
-            if p.halted { "yes" } else { "no" }.to_owned(),
+            match (p.halted, p.behind_halt) {
+                (true, Some(n)) => format!("yes, {n} behind"),
+                (true, None) => "yes".to_owned(),
+                (false, _) => "no".to_owned(),
+            },
             if p.halted {
                 truncate(&halt_text(p), CELL)
             } else {
@@ -310,10 +314,15 @@ pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
     } else {
         ""
     };
+    let behind = if s.behind_halts > 0 {
+        format!(" ({} behind halted heads)", s.behind_halts)
+    } else {
+        String::new()
+    };
     format!(
-        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}\n{hint}",
+        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}{behind}\n{hint}",
         t.render(),
-        r.category,
+        text(&r.category),
         plural(s.partitions, "partition", "partitions"),
         plural(r.groups.len(), "handler", "handlers"),
         s.owned,
@@ -428,10 +437,14 @@ pub fn inspection(category: &str, i: &Inspection) -> String {
     } else {
         s.length.to_string()
     };
+    let behind = match s.behind_halt {
+        Some(n) => format!(" ({n} behind the halted head)"),
+        None => String::new(),
+    };
     rows.push((
         "length",
         format!(
-            "{len}, pending {}, lag {}",
+            "{len}, pending {}, lag {}{behind}",
             s.pending,
             s.lag
                 .map_or_else(|| "unknown".to_owned(), |l| l.to_string())
@@ -669,7 +682,9 @@ mod tests {
             length: if halted { 7 } else { 0 },
             backfill_length: 0,
             pending: if halted { 7 } else { 0 },
-            lag: Some(0),
+            undelivered: Some(0),
+            lag: Some(if halted { 7 } else { 0 }),
+            behind_halt: halted.then_some(6),
             halted,
             halt_reason: halted.then(|| "max_retries exceeded".to_owned()),
             halt_error: halted.then(|| "poison event c1#3".to_owned()),
@@ -726,15 +741,16 @@ mod tests {
                 length: 7,
                 backfill_length: 0,
                 pending: 7,
-                lag: 0,
+                lag: 7,
                 lag_unknown: 0,
+                behind_halts: 6,
             },
         };
         let text = partitions(&report, false);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED  REASON"
+            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED         REASON"
         );
         assert_eq!(
             lines[1],
@@ -742,11 +758,11 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "c1   app::Ledger  e0      12   1.9s    7        7    0  yes     max_retries exceeded: poison event c1#3"
+            "c1   app::Ledger  e0      12   1.9s    7        7    7  yes, 6 behind  max_retries exceeded: poison event c1#3"
         );
         assert_eq!(
             lines[4],
-            "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 0"
+            "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 7 (6 behind halted heads)"
         );
         let empty = CategoryReport {
             partitions: Vec::new(),

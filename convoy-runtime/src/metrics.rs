@@ -13,7 +13,7 @@
 //! | `convoy_lease_acquired_total` | counter | `handler` | leases taken |
 //! | `convoy_lease_lost_total` | counter | `handler` | units given up because the fence refused this instance or its liveness lapsed |
 //! | `convoy_reclaimed_entries_total` | counter | `handler` | pending entries of earlier owners reclaimed on takeover |
-//! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions and not yet acknowledged by the handler |
+//! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions that the handler has not finished (finished: handled and acknowledged, skipped or dead-lettered by an operator), refreshed every heartbeat: the sum of `convoy partitions`' LAG (pending + undelivered) over the category's partitions; a halted partition counts its head and everything behind it |
 //! | `convoy_partition_warning` | gauge | `category` | 1 while the category has more live partitions than `partition_warning_threshold` |
 //! | `convoy_missing_entries_total` | counter | `handler` | entries that were pending for a unit but no longer exist in its stream when it came to handle them (deleted by hand, or lost with Redis state): never handled, always logged as an error |
 //! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
