@@ -109,6 +109,16 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
 }
 
 #[test]
+fn the_readme_shows_the_rule_the_code_gives() {
+    let readme = include_str!("../README.md");
+    let line = acl::setuser("convoy", "PASSWORD", &["order", "payment"]);
+    assert!(
+        readme.contains(&line),
+        "README.md's ACL rule is out of date; it should read:\n{line}"
+    );
+}
+
+#[test]
 fn the_rule_names_the_categories_and_convoys_own_keys() {
     let line = acl::setuser("app", "PASSWORD", &["order", "payment"]);
     for part in [

@@ -157,3 +157,27 @@ impl Connection {
             .map_err(|e| Error::redis(format!("cannot connect to {}", self.url()), e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_without_the_tls_feature_names_it() {
+        let e = open_client("rediss://u:pw@h:1/", None, "[broker] url ")
+            .expect_err("no TLS")
+            .to_string();
+        assert!(e.contains("`tls` feature"), "{e}");
+        assert!(!e.contains("pw"), "{e}");
+        let e = open_client("redis://h:1/", Some(Vec::new()), "[broker] url ")
+            .expect_err("no TLS")
+            .to_string();
+        assert!(e.contains("tls_ca_file"), "{e}");
+    }
+
+    #[test]
+    fn plain_urls_open() {
+        open_client("redis://h:1/", None, "").expect("no TLS needed");
+    }
+}
