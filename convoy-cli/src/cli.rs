@@ -178,7 +178,7 @@ pub fn key_value(key: &str, hex: bool) -> Result<String, String> {
         return Ok(key.to_owned());
     }
     let digits: Vec<u8> = key.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!(
             "--key-hex: {} hexadecimal digits: give two per byte",
             digits.len()

@@ -248,17 +248,17 @@ impl<T> std::fmt::Debug for SerdeProbe<T> {
 /// Probe arm taken when the type is `Serialize + DeserializeOwned`.
 #[doc(hidden)]
 pub trait ViaSerde<T> {
-    fn to_json(&self, value: &T) -> Result<String, serde_json::Error>;
-    fn from_json(&self, json: &str) -> Result<T, serde_json::Error>;
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error>;
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error>;
     fn serde_check(&self) -> SerdeDerived;
 }
 
 impl<T: Serialize + DeserializeOwned> ViaSerde<T> for SerdeProbe<T> {
-    fn to_json(&self, value: &T) -> Result<String, serde_json::Error> {
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error> {
         serde_json::to_string(value)
     }
 
-    fn from_json(&self, json: &str) -> Result<T, serde_json::Error> {
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error> {
         serde_json::from_str(json)
     }
 
@@ -271,19 +271,19 @@ impl<T: Serialize + DeserializeOwned> ViaSerde<T> for SerdeProbe<T> {
 /// rejects the program.
 #[doc(hidden)]
 pub trait ViaNoSerde<T> {
-    fn to_json(&self, value: &T) -> Result<String, serde_json::Error>;
-    fn from_json(&self, json: &str) -> Result<T, serde_json::Error>;
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error>;
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error>;
     fn serde_check(&self) -> SerdeMissing<T>;
 }
 
 impl<T> ViaNoSerde<T> for &SerdeProbe<T> {
-    fn to_json(&self, _: &T) -> Result<String, serde_json::Error> {
+    fn encode_json(&self, _: &T) -> Result<String, serde_json::Error> {
         Err(serde::ser::Error::custom(
             "the message type is not Serialize",
         ))
     }
 
-    fn from_json(&self, _: &str) -> Result<T, serde_json::Error> {
+    fn decode_json(&self, _: &str) -> Result<T, serde_json::Error> {
         Err(serde::de::Error::custom(
             "the message type is not Deserialize",
         ))

@@ -107,7 +107,7 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
                 ) -> ::core::result::Result<::std::string::String, ::convoy_runtime::__private::JsonError> {
                     #[allow(unused_imports)]
                     use ::convoy_runtime::__private::{ViaNoSerde as _, ViaSerde as _};
-                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).to_json(self)
+                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).encode_json(self)
                 }
 
                 fn from_json(
@@ -115,7 +115,7 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
                 ) -> ::core::result::Result<Self, ::convoy_runtime::__private::JsonError> {
                     #[allow(unused_imports)]
                     use ::convoy_runtime::__private::{ViaNoSerde as _, ViaSerde as _};
-                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).from_json(json)
+                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).decode_json(json)
                 }
             }
 
