@@ -1,4 +1,6 @@
-//! The optional Prometheus endpoint serves convoy's metrics.
+//! The optional Prometheus endpoint serves convoy's metrics, the handler
+//! time as a histogram with the buckets given (a summary cannot be summed
+//! across instances).
 
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
@@ -33,7 +35,7 @@ impl Counter {
 async fn prometheus_endpoint_serves_convoy_metrics() {
     let port = convoy_runtime::testing::free_port().expect("port");
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    convoy_runtime::metrics::install_prometheus(addr).expect("install");
+    convoy_runtime::metrics::install_prometheus_with_buckets(addr, &[0.5, 30.0]).expect("install");
     let seen = Arc::new(Mutex::new(0));
     let d = Domain::builder()
         .handler(Counter { seen: seen.clone() })
@@ -60,4 +62,15 @@ async fn prometheus_endpoint_serves_convoy_metrics() {
         body.contains("convoy_events_handled_total{handler=\"metrics_prometheus::Counter\"} 3"),
         "{body}"
     );
+    assert!(
+        body.contains("# TYPE convoy_handle_seconds histogram"),
+        "{body}"
+    );
+    for le in ["0.5", "30", "+Inf"] {
+        let bucket = format!(
+            "convoy_handle_seconds_bucket{{handler=\"metrics_prometheus::Counter\",le=\"{le}\"}} 3"
+        );
+        assert!(body.contains(&bucket), "{bucket} not in {body}");
+    }
+    assert!(!body.contains("quantile"), "not a summary: {body}");
 }

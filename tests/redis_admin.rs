@@ -143,7 +143,12 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(p.generation, Some(1));
     assert_eq!(p.durable_generation, 1);
     assert!(p.lease_ms_left.is_some_and(|ms| ms > 50_000), "{p:?}");
-    assert_eq!((p.length, p.pending, p.lag), (3, 3, Some(0)));
+    // Halted on the first of three read together: all three are pending,
+    // none undelivered; the lag is all three, two behind the head.
+    assert_eq!(
+        (p.length, p.pending, p.undelivered, p.lag, p.behind_halt),
+        (3, 3, Some(0), Some(3), Some(2))
+    );
     assert!(p.halted);
     assert_eq!(p.halt_reason.as_deref(), Some("max_retries exceeded"));
     assert_eq!(p.halt_entry.as_deref(), Some(ids[0].as_str()));
@@ -316,7 +321,10 @@ async fn undelivered_heads_and_several_groups() {
     let head = i.head.expect("head");
     assert_eq!((head.entry_id.as_str(), head.pending), (a.as_str(), false));
     assert_eq!(head.delivery_count, 0);
-    assert_eq!(i.status.lag, Some(2));
+    assert_eq!(
+        (i.status.pending, i.status.undelivered, i.status.lag),
+        (0, Some(2), Some(2))
+    );
 
     let out = admin
         .skip("cat", "k", "app::A", true, "op")

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use convoy_runtime::testing::{Recorder, RedisServer, check_order};
 use convoy_runtime::{
-    Aggregate, Config, Context, Domain, Event, HandlerError, Priority, event_handler,
+    Aggregate, Config, Context, Domain, Envelope, Event, HandlerError, Priority, event_handler,
 };
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -354,4 +354,93 @@ async fn rediss_urls_work() {
     wait_until(WAIT, "handled over TLS", || all_seen(&rec, &expected)).await;
     engine.shutdown().await.expect("shutdown");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Appends `envelope` to `stream` by hand, as another program might.
+async fn xadd(c: &mut redis::aio::MultiplexedConnection, stream: &str, envelope: &Envelope) {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*");
+    for (k, v) in envelope.to_fields() {
+        cmd.arg(k).arg(v);
+    }
+    let _: String = cmd.query_async(c).await.expect("xadd");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_reason() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let rec = Recorder::new(&url, "misplaced").expect("recorder");
+    let engine = spawn_recording(&url, &rec, "e0");
+    let p = publisher(test_config(&url), "p");
+    publish(&p, &[Posted::new("c1", 0)], Priority::Normal).await;
+    wait_until(WAIT, "c1#0 handled", || async {
+        seen_count(&rec).await == 1
+    })
+    .await;
+
+    // c2's event, written into c1's partition; then c1's next one.
+    let mut c = server.connection().await.expect("conn");
+    let stray = Envelope::wrap(
+        &Posted::new("c2", 7),
+        Some("c2".into()),
+        Priority::Normal,
+        None,
+    )
+    .expect("wrap");
+    xadd(&mut c, "ledger:c1", &stray).await;
+    publish(&p, &[Posted::new("c1", 1)], Priority::Normal).await;
+    let unit = format!("convoy:unit:{}:ledger:c1", recording_group(&url));
+    wait_until(WAIT, "c1 halted on the stray entry", || async {
+        let mut c = c.clone();
+        let halted: Option<String> = c.hget(&unit, "halted").await.unwrap_or(None);
+        halted.as_deref() == Some("1")
+    })
+    .await;
+    let error: String = c.hget(&unit, "halt_error").await.expect("halt_error");
+    assert!(
+        error.contains("its `key` field is \"c2\" but it was read from partition \"c1\""),
+        "{error}"
+    );
+    let seen = rec.seen_all().await.expect("seen");
+    assert_eq!(seen.get("c2"), None, "never handled as c1's: {seen:?}");
+    assert_eq!(seen["c1"], ["c1#0"], "nothing behind it ran: {seen:?}");
+
+    // An ordinary handler's stream: an entry of another category is
+    // retried, then dead-lettered with the reason.
+    let mut foreign = Envelope::wrap(
+        &Audited {
+            note: "foreign".into(),
+        },
+        None,
+        Priority::Normal,
+        None,
+    )
+    .expect("wrap");
+    foreign.category = "payment".into();
+    xadd(&mut c, "ledger", &foreign).await;
+    wait_until(WAIT, "the foreign entry dead-lettered", || async {
+        let mut c = c.clone();
+        c.xlen::<_, usize>("ledger:dlq").await.unwrap_or(0) == 1
+    })
+    .await;
+    let letters: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("ledger:dlq")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .expect("xrange");
+    let error = &letters[0]
+        .1
+        .iter()
+        .find(|(k, _)| k == "dlq_error")
+        .expect("dlq_error")
+        .1;
+    assert!(
+        error.contains("its `category` field is \"payment\" but it was read from a stream of category \"ledger\""),
+        "{error}"
+    );
+    assert_eq!(rec.seen("audit").await.expect("seen"), Vec::<String>::new());
+    engine.shutdown().await.expect("shutdown");
 }

@@ -64,6 +64,11 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show each key whole, in hexadecimal (its UTF-8 bytes), to name
+        /// it with `--key-hex` (the table otherwise shows keys escaped and
+        /// cut to fit).
+        #[arg(long)]
+        key_hex: bool,
     },
     /// Show a partition's head event (decoded), its delivery count, the
     /// unit's attempts and last error.
@@ -71,7 +76,8 @@ pub enum Command {
         /// The category.
         category: String,
         /// The partition key, e.g. a client id.
-        key: String,
+        #[command(flatten)]
+        key: KeyArg,
         /// The handler (consumer group); optional when unambiguous.
         #[command(flatten)]
         handler: HandlerArg,
@@ -92,6 +98,9 @@ pub enum Command {
         category: String,
         /// The partition key.
         key: Option<String>,
+        /// KEY is hexadecimal: the key's UTF-8 bytes.
+        #[arg(long, requires = "key")]
+        key_hex: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -102,12 +111,25 @@ pub enum Command {
         /// The category.
         category: String,
         /// The partition key.
-        key: String,
+        #[command(flatten)]
+        key: KeyArg,
         /// The dead letter's id (from `convoy dlq`).
         entry_id: String,
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,
+    },
+    /// Print the least-privilege Redis ACL rule for a domain: the
+    /// `ACL SETUSER` command of a user limited to the categories' keys,
+    /// convoy's own keys and the commands convoy runs (for the engines,
+    /// publishers and this command line). Needs no connection.
+    Acl {
+        /// Every category of the domain (aggregate stream names).
+        #[arg(required = true, value_name = "CATEGORY")]
+        categories: Vec<String>,
+        /// The Redis user's name.
+        #[arg(long, default_value = "convoy", value_name = "NAME")]
+        user: String,
     },
     /// Show the latest operator actions (the `convoy:audit` stream).
     Audit {
@@ -130,13 +152,58 @@ pub struct HandlerArg {
     pub handler: Option<String>,
 }
 
+/// A partition key argument: as text, or as the hexadecimal of its UTF-8
+/// bytes with `--key-hex` (for keys a shell cannot pass, such as one with
+/// a NUL or a newline).
+#[derive(Debug, Args)]
+pub struct KeyArg {
+    /// The partition key, e.g. a client id (hexadecimal with --key-hex).
+    pub key: String,
+    /// KEY is hexadecimal: the key's UTF-8 bytes (`convoy partitions
+    /// CATEGORY --key-hex` lists keys so).
+    #[arg(long)]
+    pub key_hex: bool,
+}
+
+impl KeyArg {
+    /// The key itself.
+    pub fn value(&self) -> Result<String, String> {
+        key_value(&self.key, self.key_hex)
+    }
+}
+
+/// `key`, decoded from hexadecimal when `hex`.
+pub fn key_value(key: &str, hex: bool) -> Result<String, String> {
+    if !hex {
+        return Ok(key.to_owned());
+    }
+    let digits: Vec<u8> = key.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if !digits.len().is_multiple_of(2) {
+        return Err(format!(
+            "--key-hex: {} hexadecimal digits: give two per byte",
+            digits.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(digits.len() / 2);
+    for pair in digits.chunks(2) {
+        let hex = std::str::from_utf8(pair).unwrap_or("??");
+        let byte = u8::from_str_radix(hex, 16)
+            .map_err(|_| format!("--key-hex: {hex:?} is not a hexadecimal byte"))?;
+        bytes.push(byte);
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        "--key-hex: the bytes are not UTF-8; convoy's partition keys are UTF-8 text".to_owned()
+    })
+}
+
 /// Arguments of `skip` and `dead-letter`.
 #[derive(Debug, Args)]
 pub struct HeadArgs {
     /// The category.
     pub category: String,
     /// The partition key.
-    pub key: String,
+    #[command(flatten)]
+    pub key: KeyArg,
     /// The handler (consumer group).
     #[command(flatten)]
     pub handler: HandlerArg,
@@ -182,9 +249,13 @@ mod tests {
         assert_eq!(cli.conn.operator.as_deref(), Some("alice"));
         assert_eq!(cli.conn.config, PathBuf::from("domain.toml"));
         match cli.command {
-            Command::Partitions { category, json } => {
+            Command::Partitions {
+                category,
+                json,
+                key_hex,
+            } => {
                 assert_eq!(category, "order");
-                assert!(json);
+                assert!(json && !key_hex);
             }
             other => panic!("{other:?}"),
         }
@@ -205,7 +276,10 @@ mod tests {
         let Command::Skip(a) = cli.command else {
             panic!("not skip")
         };
-        assert_eq!((a.category.as_str(), a.key.as_str()), ("order", "acme"));
+        assert_eq!(
+            (a.category.as_str(), a.key.value().as_deref()),
+            ("order", Ok("acme"))
+        );
         assert_eq!(a.handler.handler.as_deref(), Some("Ledger"));
         assert!(a.force && a.yes);
 
@@ -234,6 +308,43 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
         let cli = parse(&["replay", "order", "acme", "1-0", "--yes"]).expect("parses");
         assert!(matches!(cli.command, Command::Replay { yes: true, .. }));
+    }
+
+    #[test]
+    fn keys_in_hexadecimal() {
+        let cli = parse(&["skip", "order", "61 00 0a", "--key-hex"]).expect("parses");
+        let Command::Skip(a) = cli.command else {
+            panic!("not skip")
+        };
+        assert_eq!(a.key.value().as_deref(), Ok("a\0\n"));
+        assert_eq!(key_value("e282ac", true).as_deref(), Ok("\u{20ac}"));
+        assert_eq!(key_value("acme", false).as_deref(), Ok("acme"));
+        for bad in ["abc", "zz", "ff"] {
+            let e = key_value(bad, true).expect_err(bad);
+            assert!(e.starts_with("--key-hex: "), "{e}");
+        }
+        let cli = parse(&["replay", "order", "6163", "1-0", "--key-hex"]).expect("parses");
+        let Command::Replay { key, entry_id, .. } = cli.command else {
+            panic!("not replay")
+        };
+        assert_eq!(
+            (key.value().as_deref(), entry_id.as_str()),
+            (Ok("ac"), "1-0")
+        );
+        assert!(
+            parse(&["dlq", "order", "--key-hex"]).is_err(),
+            "needs a key"
+        );
+    }
+
+    #[test]
+    fn acl_takes_categories() {
+        let cli = parse(&["acl", "order", "payment", "--user", "app"]).expect("parses");
+        let Command::Acl { categories, user } = cli.command else {
+            panic!("not acl")
+        };
+        assert_eq!((categories.len(), user.as_str()), (2, "app"));
+        assert!(parse(&["acl"]).is_err(), "needs a category");
     }
 
     #[test]

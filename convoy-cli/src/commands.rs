@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use convoy_runtime::Config;
-use convoy_runtime::config::redact_url;
+use convoy_runtime::config::{redact_url, url_secrets};
+use convoy_runtime::key::Escaped;
 use convoy_runtime::redis::admin::{Admin, AdminError, HeadOp, HeadRequest};
 
 use crate::cli::{Cli, Command, Connection, HeadArgs};
@@ -56,6 +57,10 @@ pub enum CliError {
     /// JSON output failed.
     #[error("cannot render JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// An argument cannot be used (a `--key-hex` that is not hexadecimal
+    /// UTF-8, a category that cannot exist).
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<AdminError> for CliError {
@@ -65,10 +70,12 @@ impl From<AdminError> for CliError {
 }
 
 impl CliError {
-    /// 2 when Redis cannot be reached, else 1.
+    /// 2 when Redis cannot be reached, 64 for an argument that cannot be
+    /// used, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Admin(e) if e.is_unreachable() => 2,
+            CliError::Usage(_) => crate::USAGE,
             _ => 1,
         }
     }
@@ -145,16 +152,24 @@ fn operator(conn: &Connection) -> String {
 
 /// Runs one command; the text for stdout is printed here.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    if let Command::Acl { categories, user } = &cli.command {
+        return print(&acl(categories, user)?);
+    }
     let target = target(&cli.conn)?;
     let admin = connect(&target).await?;
     let who = operator(&cli.conn);
     let out = match cli.command {
-        Command::Partitions { category, json } => {
+        Command::Acl { .. } => String::new(),
+        Command::Partitions {
+            category,
+            json,
+            key_hex,
+        } => {
             let report = admin.partitions(&category).await?;
             if json {
                 render::json(&report)?
             } else {
-                render::partitions(&report)
+                render::partitions(&report, key_hex)
             }
         }
         Command::Inspect {
@@ -163,6 +178,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             handler,
             json,
         } => {
+            let key = key.value().map_err(CliError::Usage)?;
             let group = admin
                 .resolve_group(&category, Some(&key), handler.handler.as_deref())
                 .await?;
@@ -178,17 +194,22 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Dlq {
             category,
             key,
+            key_hex,
             json,
         } => {
+            let key = key
+                .map(|k| crate::cli::key_value(&k, key_hex))
+                .transpose()
+                .map_err(CliError::Usage)?;
             let letters = admin.dlq(&category, key.as_deref()).await?;
             if json {
                 render::json(&letters)?
             } else {
                 let stream = match &key {
-                    Some(k) => format!("{category}:{k}:dlq"),
+                    Some(k) => format!("{category}:{}:dlq", render::key(k)),
                     None => format!("{category}:dlq"),
                 };
-                render::dead_letters(&stream, &letters)
+                render::dead_letters(&render::text(&stream), &letters)
             }
         }
         Command::Replay {
@@ -197,12 +218,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             entry_id,
             yes,
         } => {
+            let key = key.value().map_err(CliError::Usage)?;
             let letters = admin.dlq(&category, Some(&key)).await?;
             let Some(letter) = letters.iter().find(|l| l.dlq_id == entry_id) else {
                 return Err(AdminError::NoSuchDeadLetter {
                     category: category.clone(),
                     key: key.clone(),
-                    stream: format!("{category}:{key}:dlq"),
+                    stream: convoy_runtime::redis::keys::partition_dlq(&category, &key),
                     id: entry_id,
                 }
                 .into());
@@ -225,10 +247,34 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
         }
     };
+    print(&out)
+}
+
+/// Writes `out` to stdout, with any control or bidirectional character
+/// that escaped rendering escaped (newlines end lines).
+fn print(out: &str) -> Result<ExitCode, CliError> {
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(out.as_bytes())?;
+    stdout.write_all(render::terminal_safe(out).as_bytes())?;
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `convoy acl`: the `ACL SETUSER` line for `categories`, after checking
+/// each is a category convoy can have.
+fn acl(categories: &[String], user: &str) -> Result<String, CliError> {
+    for c in categories {
+        convoy_runtime::key::check_category(c).map_err(|rule| {
+            CliError::Usage(format!("{:?} is not a category: {rule}", Escaped(c)))
+        })?;
+    }
+    if user.is_empty() || user.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(CliError::Usage(format!(
+            "--user {:?}: a Redis user name is one word",
+            Escaped(user)
+        )));
+    }
+    let names: Vec<&str> = categories.iter().map(String::as_str).collect();
+    Ok(render::acl(user, &names))
 }
 
 /// Skip or dead-letter: resolve the handler, look at the head, check it
@@ -240,7 +286,8 @@ async fn head_action(
     args: &HeadArgs,
     who: &str,
 ) -> Result<String, CliError> {
-    let (category, key) = (args.category.as_str(), args.key.as_str());
+    let key = args.key.value().map_err(CliError::Usage)?;
+    let (category, key) = (args.category.as_str(), key.as_str());
     let group = admin
         .resolve_group(category, Some(key), args.handler.handler.as_deref())
         .await?;
@@ -255,7 +302,9 @@ async fn head_action(
         // the key is still wrong it refuses, naming the key.
         confirm(
             &format!(
-                "{category}:{key} halted because its key was not a stream; clear the halt for {group}?"
+                "{category}:{} halted because its key was not a stream; clear the halt for {}?",
+                render::key(key),
+                render::text(&group)
             ),
             args.yes,
             action,
@@ -270,7 +319,9 @@ async fn head_action(
         };
         admin.act_on_head(op, &request).await?;
         return Ok(format!(
-            "halt of {category}:{key} cleared for {group}; no event was skipped, its owner resumes\n"
+            "halt of {category}:{} cleared for {}; no event was skipped, its owner resumes\n",
+            render::key(key),
+            render::text(&group)
         ));
     }
     let Some(head) = &i.head else {
@@ -364,8 +415,9 @@ fn ask(
 }
 
 /// An error as one line: its chain of causes joined with `: `, control
-/// characters flattened, and the URL's password (if any) hidden even when a
-/// cause quotes it.
+/// and bidirectional characters escaped, and the URL's secrets (its
+/// password, a `pass` / `password` query value) hidden even when a cause
+/// quotes them.
 pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -377,24 +429,13 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) ->
         }
         source = s.source();
     }
-    if let Some(url) = url
-        && let Some(password) = password(url)
-    {
-        text = text
-            .replace(url, &redact_url(url))
-            .replace(&format!(":{password}@"), ":***@");
+    if let Some(url) = url {
+        text = text.replace(url, &redact_url(url));
+        for secret in url_secrets(url) {
+            text = text.replace(&secret, "***");
+        }
     }
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
-}
-
-/// The password of a URL's user info, if any.
-fn password(url: &str) -> Option<&str> {
-    let rest = &url[url.find("://")? + 3..];
-    let userinfo = &rest[..rest.rfind('@')?];
-    let (_, pw) = userinfo.split_once(':')?;
-    (!pw.is_empty()).then_some(pw)
+    Escaped(&text).to_string()
 }
 
 /// The URL a command would use, for hiding its password in errors.
@@ -443,8 +484,27 @@ mod tests {
         assert!(!line.contains("hunter2"), "{line}");
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("redis://u:***@h:1/"), "{line}");
-        assert_eq!(password("redis://h:1/"), None);
-        assert_eq!(password("rediss://:pw@h/0"), Some("pw"));
+        let io = std::io::Error::other("no socket at unix:///run/r.sock?pass=hunter2&db=1");
+        let line = one_line(
+            &CliError::Io(io),
+            Some("unix:///run/r.sock?pass=hunter2&db=1"),
+        );
+        assert!(!line.contains("hunter2"), "{line}");
+        assert!(line.contains("pass=***"), "{line}");
+        let io = std::io::Error::other("key \"a\u{1b}[2J\u{202e}b\" failed");
+        let line = one_line(&CliError::Io(io), None);
+        assert!(line.contains("a\\u{1b}[2J\\u{202e}b"), "{line}");
+    }
+
+    #[test]
+    fn acl_checks_categories_and_user() {
+        let line = acl(&["order".into()], "app").expect("acl");
+        assert!(line.contains("ACL SETUSER app reset on >"), "{line}");
+        assert!(line.contains(" ~order ~order:* ~convoy:* "), "{line}");
+        let e = acl(&["convoy".into()], "app").expect_err("reserved");
+        assert_eq!(e.exit_code(), 64);
+        assert!(e.to_string().contains("`convoy` is reserved"), "{e}");
+        assert!(acl(&["order".into()], "a b").is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Output: aligned tables and key/value blocks for people, JSON for
 //! scripts. Every function returns the text; the caller prints it.
 
+use convoy_runtime::key::{Escaped, needs_escape};
 use convoy_runtime::redis::admin::{
     AuditRecord, CategoryReport, DeadLetter, Head, HeadOp, HeadOutcome, Inspection,
     PartitionStatus, ReplayOutcome,
@@ -10,6 +11,65 @@ use serde::Serialize;
 /// Longest halt reason or error shown in a table cell.
 const CELL: usize = 60;
 
+/// Longest key shown in a table cell (a key is user data: it may be
+/// kilobytes long).
+const KEY_CELL: usize = 40;
+
+/// Longest key shown in a message or a key/value block.
+const KEY_TEXT: usize = 120;
+
+/// Text from Redis (user data: keys, errors, entry fields) for the
+/// terminal: control and bidirectional characters escaped (see
+/// [`Escaped`]), on one line.
+pub fn text(s: &str) -> String {
+    Escaped(s).to_string()
+}
+
+/// A partition key for a message: escaped, and cut to [`KEY_TEXT`]
+/// characters with `…` (the whole key is in `--json`, and in hexadecimal
+/// with `partitions --key-hex`).
+pub fn key(k: &str) -> String {
+    cut(&text(k), KEY_TEXT)
+}
+
+/// A key's UTF-8 bytes in hexadecimal, as `--key-hex` takes them.
+pub fn hex(k: &str) -> String {
+    k.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `out` with every control or bidirectional character other than the
+/// newlines that end its lines escaped: the last guard before the
+/// terminal, for anything rendering did not escape itself.
+pub fn terminal_safe(out: &str) -> String {
+    if !out.chars().any(|c| c != '\n' && needs_escape(c)) {
+        return out.to_owned();
+    }
+    let mut safe = String::with_capacity(out.len());
+    for c in out.chars() {
+        if c != '\n' && needs_escape(c) {
+            safe.push_str(&Escaped(c.encode_utf8(&mut [0; 4])).to_string());
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
+}
+
+/// `convoy acl`: the `ACL SETUSER` line and what it allows.
+pub fn acl(user: &str, categories: &[&str]) -> String {
+    let line = convoy_runtime::redis::acl::setuser(user, "PASSWORD", categories);
+    format!(
+        "# The least-privilege Redis user for convoy on {} (engines, publishers and the\n\
+         # convoy command line): the categories' keys and convoy's own (convoy:*), no\n\
+         # channels, only the commands convoy runs. Replace PASSWORD, then run it with\n\
+         # redis-cli as an administrator, and put the user in the URL:\n\
+         # redis://{user}:PASSWORD@host:6379/ (on Redis 7.2 and later, add\n\
+         # +client|setinfo to keep ACL LOG quiet). A category added to the domain\n\
+         # needs the rule again.\n\
+         {line}\n",
+        categories.join(", ")
+    )
+}
 /// How a column is aligned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Align {
@@ -80,16 +140,18 @@ fn width(s: &str) -> usize {
     s.chars().count()
 }
 
-/// `s` cut to `max` characters, with `…` when cut; newlines become spaces.
+/// `s` escaped (see [`text`]) and cut to `max` characters, with `…`
+/// when cut.
 pub fn truncate(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if width(&flat) <= max {
-        return flat;
+    cut(&text(s), max)
+}
+
+/// `s` cut to `max` characters, with `…` when cut.
+fn cut(s: &str, max: usize) -> String {
+    if width(s) <= max {
+        return s.to_owned();
     }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    let mut cut: String = s.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
     cut
 }
@@ -127,11 +189,30 @@ pub fn duration(ms: u64) -> String {
     }
 }
 
-/// Pretty JSON.
+/// Pretty JSON, with every control or bidirectional character in its
+/// strings written as a `\uXXXX` escape (the same data for a JSON reader,
+/// and nothing a terminal acts on).
 pub fn json<T: Serialize>(value: &T) -> Result<String, serde_json::Error> {
-    let mut s = serde_json::to_string_pretty(value)?;
+    let mut s = json_safe(&serde_json::to_string_pretty(value)?);
     s.push('\n');
     Ok(s)
+}
+
+/// JSON text with the characters serde leaves as they are (DEL, C1
+/// controls, bidirectional and invisible format characters) escaped as
+/// `\uXXXX`. serde escapes C0 controls inside strings itself, so a raw
+/// newline or tab is the layout's and stays.
+fn json_safe(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if needs_escape(c) && !matches!(c, '\n' | '\t' | '\r') {
+            // Every such character is in the Basic Multilingual Plane.
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn dash(v: Option<impl ToString>) -> String {
@@ -141,11 +222,12 @@ fn dash(v: Option<impl ToString>) -> String {
 fn owner_cell(p: &PartitionStatus) -> String {
     match (&p.owner, p.owner_alive) {
         (None, _) => "-".to_owned(),
-        (Some(o), true) => o.clone(),
-        (Some(o), false) => format!("{o} (gone)"),
+        (Some(o), true) => text(o),
+        (Some(o), false) => format!("{} (gone)", text(o)),
     }
 }
 
+/// The halt's reason and error, unescaped (callers escape or truncate).
 fn halt_text(p: &PartitionStatus) -> String {
     let mut s = p.halt_reason.clone().unwrap_or_else(|| "halted".to_owned());
     if let Some(e) = &p.halt_error {
@@ -156,15 +238,18 @@ fn halt_text(p: &PartitionStatus) -> String {
 }
 
 /// `convoy partitions`: one row per key and handler, then the totals.
-pub fn partitions(r: &CategoryReport) -> String {
+/// Keys are escaped and cut to fit, or whole in hexadecimal with
+/// `key_hex`.
+pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
     if r.partitions.is_empty() {
         let groups = if r.groups.is_empty() {
             "no handler registered".to_owned()
         } else {
-            format!("handlers: {}", r.groups.join(", "))
+            format!("handlers: {}", text(&r.groups.join(", ")))
         };
         return format!("category {}: no live partitions ({groups})\n", r.category);
     }
+    let mut altered = false;
     let mut t = Table::new(&[
         ("KEY", Align::Left),
         ("HANDLER", Align::Left),
@@ -183,16 +268,27 @@ pub fn partitions(r: &CategoryReport) -> String {
         } else {
             p.length.to_string()
         };
+        let key_cell = if key_hex {
+            hex(&p.key)
+        } else {
+            let cell = truncate(&p.key, KEY_CELL);
+            altered |= cell != p.key;
+            cell
+        };
         t.row(vec![
-            p.key.clone(),
-            p.group.clone(),
+            key_cell,
+            text(&p.group),
             owner_cell(p),
             dash(p.generation),
             dash(p.lease_ms_left.map(duration)),
             len,
             p.pending.to_string(),
             p.lag.map_or_else(|| "?".to_owned(), |l| l.to_string()),
-            if p.halted { "yes" } else { "no" }.to_owned(),
+            match (p.halted, p.behind_halt) {
+                (true, Some(n)) => format!("yes, {n} behind"),
+                (true, None) => "yes".to_owned(),
+                (false, _) => "no".to_owned(),
+            },
             if p.halted {
                 truncate(&halt_text(p), CELL)
             } else {
@@ -213,10 +309,20 @@ pub fn partitions(r: &CategoryReport) -> String {
     } else {
         String::new()
     };
+    let hint = if altered {
+        "\nsome keys are shown escaped or cut; `--key-hex` lists them whole in hexadecimal, for `--key-hex` of the other commands\n"
+    } else {
+        ""
+    };
+    let behind = if s.behind_halts > 0 {
+        format!(" ({} behind halted heads)", s.behind_halts)
+    } else {
+        String::new()
+    };
     format!(
-        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}\n",
+        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}{behind}\n{hint}",
         t.render(),
-        r.category,
+        text(&r.category),
         plural(s.partitions, "partition", "partitions"),
         plural(r.groups.len(), "handler", "handlers"),
         s.owned,
@@ -260,7 +366,7 @@ fn owner_line(p: &PartitionStatus) -> String {
                 (true, None) => String::new(),
                 (false, _) => ", not alive: its lease is free for the taking".to_owned(),
             };
-            format!("{o}, generation {gen_}{lease}")
+            format!("{}, generation {gen_}{lease}", text(o))
         }
     }
 }
@@ -274,50 +380,71 @@ fn head_line(h: &Head) -> String {
             "times"
         };
         match &h.consumer {
-            Some(c) => format!("pending, delivered {} {times} to {c}", h.delivery_count),
+            Some(c) => format!(
+                "pending, delivered {} {times} to {}",
+                h.delivery_count,
+                text(c)
+            ),
             None => format!("pending, delivered {} {times}", h.delivery_count),
         }
     } else {
         "not delivered yet".to_owned()
     };
-    format!("{} ({} lane, {state})", h.entry_id, h.lane.as_str())
+    format!("{} ({} lane, {state})", text(&h.entry_id), h.lane.as_str())
 }
 
+/// A payload pretty-printed when it is JSON (with its strings' control and
+/// bidirectional characters escaped), else escaped on one line.
 fn payload(p: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(p) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_else(|_| p.to_owned()),
-        Err(_) => p.to_owned(),
+        Ok(v) => json_safe(&serde_json::to_string_pretty(&v).unwrap_or_else(|_| text(p))),
+        Err(_) => text(p),
     }
+}
+
+/// `{category}:{key}`, the key escaped and cut.
+fn partition(category: &str, k: &str) -> String {
+    format!("{}:{}", text(category), key(k))
+}
+
+/// The dashes of an optional escaped value.
+fn dash_text(v: Option<&String>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| text(v))
 }
 
 /// `convoy inspect`: the unit's state, then its head.
 pub fn inspection(category: &str, i: &Inspection) -> String {
     let s = &i.status;
-    let mut rows: Vec<(&str, String)> = vec![
-        ("partition", format!("{category}:{}", s.key)),
-        ("handler", s.group.clone()),
-        ("owner", owner_line(s)),
-    ];
+    let mut rows: Vec<(&str, String)> = vec![("partition", partition(category, &s.key))];
+    if s.key.chars().any(needs_escape) || key(&s.key) != s.key {
+        rows.push(("key hex", cut(&hex(&s.key), 2 * KEY_TEXT)));
+    }
+    rows.push(("handler", text(&s.group)));
+    rows.push(("owner", owner_line(s)));
     if s.halted {
         let since = s.halt_since_ms.map(utc).unwrap_or_default();
-        let reason = s.halt_reason.clone().unwrap_or_default();
+        let reason = text(s.halt_reason.as_deref().unwrap_or_default());
         rows.push(("state", format!("HALTED since {since}: {reason}")));
-        rows.push(("halted on", dash(s.halt_entry.as_ref())));
-        rows.push(("halt error", dash(s.halt_error.as_ref())));
+        rows.push(("halted on", dash_text(s.halt_entry.as_ref())));
+        rows.push(("halt error", dash_text(s.halt_error.as_ref())));
     } else {
         rows.push(("state", "running".to_owned()));
     }
     rows.push(("attempts", s.attempts.to_string()));
-    rows.push(("last error", dash(s.last_error.as_ref())));
+    rows.push(("last error", dash_text(s.last_error.as_ref())));
     let len = if s.backfill_length > 0 {
         format!("{} (+{} backfill)", s.length, s.backfill_length)
     } else {
         s.length.to_string()
     };
+    let behind = match s.behind_halt {
+        Some(n) => format!(" ({n} behind the halted head)"),
+        None => String::new(),
+    };
     rows.push((
         "length",
         format!(
-            "{len}, pending {}, lag {}",
+            "{len}, pending {}, lag {}{behind}",
             s.pending,
             s.lag
                 .map_or_else(|| "unknown".to_owned(), |l| l.to_string())
@@ -333,15 +460,15 @@ pub fn inspection(category: &str, i: &Inspection) -> String {
             rows.push(("head", head_line(h)));
             match (&h.envelope, &h.decode_error) {
                 (Some(e), _) => {
-                    rows.push(("type", e.type_name.clone()));
-                    rows.push(("message id", e.id.clone()));
+                    rows.push(("type", text(&e.type_name)));
+                    rows.push(("message id", text(&e.id)));
                     rows.push(("published", utc(e.time_ms)));
                     rows.push(("priority", e.priority.as_str().to_owned()));
-                    rows.push(("correlation", dash(e.correlation_id.as_ref())));
+                    rows.push(("correlation", dash_text(e.correlation_id.as_ref())));
                     rows.push(("payload", payload(&e.payload)));
                 }
                 (None, err) => {
-                    rows.push(("undecodable", dash(err.as_ref())));
+                    rows.push(("undecodable", dash_text(err.as_ref())));
                 }
             }
         }
@@ -356,11 +483,11 @@ pub fn head_summary(category: &str, i: &Inspection, h: &Head) -> String {
     let what = match &h.envelope {
         Some(e) => format!(
             "{} (message {}, published {})",
-            e.type_name,
-            e.id,
+            text(&e.type_name),
+            text(&e.id),
             utc(e.time_ms)
         ),
-        None => format!("undecodable ({})", dash(h.decode_error.as_ref())),
+        None => format!("undecodable ({})", dash_text(h.decode_error.as_ref())),
     };
     let state = if s.halted {
         format!("halted ({})", truncate(&halt_text(s), CELL))
@@ -368,25 +495,24 @@ pub fn head_summary(category: &str, i: &Inspection, h: &Head) -> String {
         "running".to_owned()
     };
     format!(
-        "partition {category}:{} for handler {} is {state}\nhead {}: {what}\n",
-        s.key,
-        s.group,
+        "partition {} for handler {} is {state}\nhead {}: {what}\n",
+        partition(category, &s.key),
+        text(&s.group),
         head_line(h)
     )
 }
 
 /// The question asked before a skip or dead-letter.
 pub fn head_question(op: HeadOp, category: &str, i: &Inspection, h: &Head) -> String {
-    let key = &i.status.key;
+    let p = partition(category, &i.status.key);
+    let (entry, group) = (text(&h.entry_id), text(&i.status.group));
     match op {
         HeadOp::Skip => format!(
-            "Skip entry {} of {category}:{key} for handler {}? It is acknowledged without being handled.",
-            h.entry_id, i.status.group
+            "Skip entry {entry} of {p} for handler {group}? It is acknowledged without being handled."
         ),
-        HeadOp::DeadLetter => format!(
-            "Move entry {} of {category}:{key} to {category}:{key}:dlq for handler {}?",
-            h.entry_id, i.status.group
-        ),
+        HeadOp::DeadLetter => {
+            format!("Move entry {entry} of {p} to {p}:dlq for handler {group}?")
+        }
     }
 }
 
@@ -396,7 +522,8 @@ pub fn force_warning(i: &Inspection) -> String {
     let s = &i.status;
     let owner = match (&s.owner, s.owner_alive) {
         (Some(o), true) => format!(
-            "its owner {o} (generation {}) is fenced out first (the generation is bumped and the lease deleted); the event it has in flight may still take effect, and the next owner takes the unit at a newer generation",
+            "its owner {} (generation {}) is fenced out first (the generation is bumped and the lease deleted); the event it has in flight may still take effect, and the next owner takes the unit at a newer generation",
+            text(o),
             dash(s.generation)
         ),
         _ => "it has no live owner to fence out".to_owned(),
@@ -405,16 +532,15 @@ pub fn force_warning(i: &Inspection) -> String {
 }
 
 /// What a skip or dead-letter did.
-pub fn head_outcome(category: &str, key: &str, group: &str, o: &HeadOutcome) -> String {
+pub fn head_outcome(category: &str, k: &str, group: &str, o: &HeadOutcome) -> String {
+    let p = partition(category, k);
+    let (entry, group) = (text(&o.entry_id), text(group));
     let mut out = match (&o.op, &o.dlq_id) {
         (HeadOp::DeadLetter, Some(dlq)) => format!(
-            "moved entry {} of {category}:{key} to {category}:{key}:dlq as {dlq} for handler {group}",
-            o.entry_id
+            "moved entry {entry} of {p} to {p}:dlq as {} for handler {group}",
+            text(dlq)
         ),
-        _ => format!(
-            "skipped entry {} of {category}:{key} for handler {group}",
-            o.entry_id
-        ),
+        _ => format!("skipped entry {entry} of {p} for handler {group}"),
     };
     out.push_str(if o.deleted {
         " and deleted it from the stream"
@@ -424,14 +550,15 @@ pub fn head_outcome(category: &str, key: &str, group: &str, o: &HeadOutcome) -> 
     out.push_str("; the partition resumes with its next event\n");
     if let Some(token) = &o.fenced {
         out.push_str(&format!(
-            "fenced out the owner's lease {token}: the next owner takes the unit at a newer generation and reclaims what is pending\n"
+            "fenced out the owner's lease {}: the next owner takes the unit at a newer generation and reclaims what is pending\n",
+            text(token)
         ));
     }
-    out.push_str(&format!("audit record {}\n", o.audit_id));
+    out.push_str(&format!("audit record {}\n", text(&o.audit_id)));
     out
 }
 
-/// `convoy dlq`.
+/// `convoy dlq`; `stream` is already escaped for the terminal.
 pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
     if letters.is_empty() {
         return format!("no dead letters in {stream}\n");
@@ -448,17 +575,19 @@ pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
     ]);
     for l in letters {
         let (ty, id) = match &l.envelope {
-            Some(e) => (e.type_name.clone(), e.id.clone()),
+            Some(e) => (truncate(&e.type_name, CELL), truncate(&e.id, CELL)),
             None => ("?".to_owned(), "?".to_owned()),
         };
         t.row(vec![
-            l.dlq_id.clone(),
+            text(&l.dlq_id),
             ty,
             id,
-            dash(l.group.as_ref()),
-            dash(l.entry.as_ref()),
+            dash_text(l.group.as_ref()),
+            dash_text(l.entry.as_ref()),
             dash(l.time_ms.map(utc)),
-            dash(l.operator.as_ref()),
+            l.operator
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |o| truncate(o, CELL)),
             truncate(l.error.as_deref().unwrap_or("-"), CELL),
         ]);
     }
@@ -471,19 +600,21 @@ pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
 }
 
 /// The question asked before a replay.
-pub fn replay_question(category: &str, key: &str, l: &DeadLetter, handlers: usize) -> String {
+pub fn replay_question(category: &str, k: &str, l: &DeadLetter, handlers: usize) -> String {
     let what = match &l.envelope {
-        Some(e) => format!("{} (message {})", e.type_name, e.id),
+        Some(e) => format!("{} (message {})", text(&e.type_name), text(&e.id)),
         None => "an undecodable entry".to_owned(),
     };
+    let category = text(category);
     let who = if handlers > 1 {
         format!("all {handlers} handlers of category {category} receive it again")
     } else {
         format!("the handlers of category {category} receive it again")
     };
+    let p = format!("{category}:{}", key(k));
     format!(
-        "Replay dead letter {} of {category}:{key}:dlq, {what}, to the tail of {category}:{key}? It runs after the events already in the partition, and {who}.",
-        l.dlq_id
+        "Replay dead letter {} of {p}:dlq, {what}, to the tail of {p}? It runs after the events already in the partition, and {who}.",
+        text(&l.dlq_id)
     )
 }
 
@@ -491,7 +622,10 @@ pub fn replay_question(category: &str, key: &str, l: &DeadLetter, handlers: usiz
 pub fn replay_outcome(o: &ReplayOutcome) -> String {
     format!(
         "replayed dead letter {} to the tail of {} as entry {} and woke the partition's owners\naudit record {}\n",
-        o.dlq_id, o.stream, o.entry_id, o.audit_id
+        text(&o.dlq_id),
+        cut(&text(&o.stream), KEY_TEXT),
+        text(&o.entry_id),
+        text(&o.audit_id)
     )
 }
 
@@ -514,11 +648,15 @@ pub fn audit(records: &[AuditRecord]) -> String {
         let time = f("time").parse().map(utc).unwrap_or_default();
         t.row(vec![
             time,
-            f("op"),
-            format!("{}:{}", f("category"), f("key")),
-            f("group"),
-            f("entry"),
-            f("operator"),
+            truncate(&f("op"), CELL),
+            format!(
+                "{}:{}",
+                truncate(&f("category"), CELL),
+                truncate(&f("key"), KEY_CELL)
+            ),
+            truncate(&f("group"), CELL),
+            truncate(&f("entry"), CELL),
+            truncate(&f("operator"), CELL),
             if f("forced") == "1" { "yes" } else { "no" }.to_owned(),
         ]);
     }
@@ -544,7 +682,9 @@ mod tests {
             length: if halted { 7 } else { 0 },
             backfill_length: 0,
             pending: if halted { 7 } else { 0 },
-            lag: Some(0),
+            undelivered: Some(0),
+            lag: Some(if halted { 7 } else { 0 }),
+            behind_halt: halted.then_some(6),
             halted,
             halt_reason: halted.then(|| "max_retries exceeded".to_owned()),
             halt_error: halted.then(|| "poison event c1#3".to_owned()),
@@ -583,7 +723,7 @@ mod tests {
         assert_eq!(duration(1_949), "1.9s");
         assert_eq!(duration(125_000), "2m05s");
         assert_eq!(duration(3_720_000), "1h02m");
-        assert_eq!(truncate("abc\ndef", 10), "abc def");
+        assert_eq!(truncate("abc\ndef", 10), "abc\\ndef");
         assert_eq!(truncate("abcdefghijkl", 5), "abcd…");
     }
 
@@ -601,15 +741,16 @@ mod tests {
                 length: 7,
                 backfill_length: 0,
                 pending: 7,
-                lag: 0,
+                lag: 7,
                 lag_unknown: 0,
+                behind_halts: 6,
             },
         };
-        let text = partitions(&report);
+        let text = partitions(&report, false);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED  REASON"
+            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED         REASON"
         );
         assert_eq!(
             lines[1],
@@ -617,19 +758,88 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "c1   app::Ledger  e0      12   1.9s    7        7    0  yes     max_retries exceeded: poison event c1#3"
+            "c1   app::Ledger  e0      12   1.9s    7        7    7  yes, 6 behind  max_retries exceeded: poison event c1#3"
         );
         assert_eq!(
             lines[4],
-            "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 0"
+            "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 7 (6 behind halted heads)"
         );
         let empty = CategoryReport {
             partitions: Vec::new(),
             ..report
         };
         assert_eq!(
-            partitions(&empty),
+            partitions(&empty, false),
             "category ledger: no live partitions (handlers: app::Ledger)\n"
+        );
+    }
+
+    #[test]
+    fn keys_are_escaped_and_cut_in_tables() {
+        let hostile = "a\u{1b}[2J\r\nb\u{202e}gpj.exe";
+        let long = "k".repeat(64 * 1024);
+        let report = CategoryReport {
+            category: "ledger".into(),
+            groups: vec!["app::Ledger".into()],
+            partitions: vec![
+                status(hostile, false),
+                status(&long, false),
+                status("c0", false),
+            ],
+            totals: Totals::default(),
+        };
+        let out = partitions(&report, false);
+        assert!(
+            !out.chars().any(|c| c != '\n' && needs_escape(c)),
+            "{out:?}"
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[1].starts_with("a\\u{1b}[2J\\r\\nb\\u{202e}gpj.exe  "),
+            "{:?}",
+            lines[1]
+        );
+        assert!(lines.iter().all(|l| l.chars().count() < 200), "{out}");
+        assert!(lines[2].starts_with(&format!("{}…  app::Ledger", "k".repeat(KEY_CELL - 1))));
+        assert!(out.contains("`--key-hex` lists them whole"), "{out}");
+        // Whole, in hexadecimal, for --key-hex.
+        let out = partitions(&report, true);
+        assert!(
+            out.contains("611b5b324a0d0a62e280ae67706a2e657865  "),
+            "{out}"
+        );
+        assert!(out.contains(&"6b".repeat(64 * 1024)));
+        // Plain keys need no hint.
+        let plain = CategoryReport {
+            partitions: vec![status("c0", false)],
+            ..report
+        };
+        assert!(!partitions(&plain, false).contains("--key-hex"));
+    }
+
+    #[test]
+    fn json_and_output_have_no_raw_controls() {
+        let s = status("a\u{202e}b\u{85}\u{7f}\n", true);
+        let out = json(&s).expect("json");
+        assert!(
+            out.contains("\"key\": \"a\\u202eb\\u0085\\u007f\\n\""),
+            "{out}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&out).expect("same data");
+        assert_eq!(back["key"], s.key.as_str());
+        assert_eq!(terminal_safe("ok\n\u{1b}[31m\n"), "ok\n\\u{1b}[31m\n");
+        let i = Inspection {
+            status: s,
+            head: None,
+        };
+        let block = inspection("ledger", &i);
+        assert!(
+            block.contains("partition   ledger:a\\u{202e}b\\u{85}\\u{7f}\\n\n"),
+            "{block}"
+        );
+        assert!(
+            block.contains("key hex     61e280ae62c2857f0a\n"),
+            "{block}"
         );
     }
 

@@ -289,8 +289,8 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .find(|l| l.starts_with("c1 "))
         .unwrap_or_else(|| panic!("{table}"));
     assert!(
-        line.contains(" yes ") && line.contains("max_retries exceeded"),
-        "{table}"
+        line.contains(" 7  yes, 6 behind  ") && line.contains("max_retries exceeded"),
+        "the lag is the head and the six behind it: {table}"
     );
     assert!(
         table.contains("3 partitions, 1 handler, 3 owned, 1 halted"),
@@ -710,5 +710,144 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
         s.seen("bad") == ids("bad", &[0, 1])
     })
     .await;
+    engine.shutdown().await.expect("shutdown");
+}
+
+/// The hexadecimal of a key's UTF-8 bytes, as `--key-hex` takes it.
+fn hex(key: &str) -> String {
+    key.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `out` holds a character a terminal would act on (other than
+/// the newlines ending its lines).
+fn raw_controls(out: &str) -> Vec<char> {
+    out.chars()
+        .filter(|&c| c != '\n' && convoy_runtime::key::needs_escape(c))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_are_escaped_cut_and_named_with_key_hex() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    // A terminal escape, CR/LF, a right-to-left override and a NUL; and a
+    // 16 KiB key.
+    let evil = "ev\u{1b}[2J\r\nil\u{202e}txt.exe\0";
+    let long = "L".repeat(16 * 1024);
+    s.publish(&[
+        posted(evil, 0, true),
+        posted(evil, 1, false),
+        posted(&long, 0, false),
+    ])
+    .await;
+    wait_until("the evil key halts", || async {
+        s.halted_on(evil).await.is_some() && s.seen(&long).len() == 1
+    })
+    .await;
+
+    let table = s.convoy(&["partitions", "ledger"]).await.ok().stdout;
+    assert_eq!(raw_controls(&table), Vec::<char>::new(), "{table:?}");
+    assert!(
+        table.contains("ev\\u{1b}[2J\\r\\nil\\u{202e}txt.exe\\0  "),
+        "{table}"
+    );
+    assert!(
+        table.lines().all(|l| l.chars().count() < 300),
+        "a long key pads no row: {table}"
+    );
+    assert!(table.contains("`--key-hex` lists them whole"), "{table}");
+    let listed = s
+        .convoy(&["partitions", "ledger", "--key-hex"])
+        .await
+        .ok()
+        .stdout;
+    assert!(listed.contains(&hex(evil)), "{listed}");
+    let json = s.convoy(&["partitions", "ledger", "--json"]).await.ok();
+    assert_eq!(raw_controls(&json.stdout), Vec::<char>::new());
+    row(&json.json(), evil);
+
+    let inspect = s
+        .convoy(&["inspect", "ledger", &hex(evil), "--key-hex"])
+        .await
+        .ok()
+        .stdout;
+    assert_eq!(raw_controls(&inspect), Vec::<char>::new(), "{inspect:?}");
+    assert!(inspect.contains("HALTED"), "{inspect}");
+    let skip = s
+        .convoy(&["skip", "ledger", &hex(evil), "--key-hex", "--yes"])
+        .await
+        .ok();
+    assert_eq!(raw_controls(&skip.stdout), Vec::<char>::new(), "{skip:?}");
+    assert_eq!(raw_controls(&skip.stderr), Vec::<char>::new(), "{skip:?}");
+    wait_until("the evil key resumes after the skip", || async {
+        s.seen(evil) == vec![format!("{evil}#1")]
+    })
+    .await;
+    // A key that is not hexadecimal UTF-8 is a usage error.
+    let r = s.convoy(&["inspect", "ledger", "ff", "--key-hex"]).await;
+    assert_eq!(r.code, 64, "{r:?}");
+    assert!(r.stderr.contains("not UTF-8"), "{r:?}");
+    // An error quoting the key escapes it too.
+    let r = s
+        .convoy(&["skip", "ledger", &hex(evil), "--key-hex", "--yes"])
+        .await;
+    assert_ne!(r.code, 0, "{r:?}");
+    assert_eq!(raw_controls(&r.stderr), Vec::<char>::new(), "{r:?}");
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_acl_rule_is_enough_for_the_command_line() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    s.publish(&[posted("c1", 0, true), posted("c1", 1, false)])
+        .await;
+    wait_until("c1 halts", || async { s.halted_on("c1").await.is_some() }).await;
+
+    let dir = s.server.dir().to_owned();
+    let printed = convoy(&dir, &["acl", "ledger", "--user", "ops"], None)
+        .await
+        .ok()
+        .stdout;
+    let line = printed
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER "))
+        .unwrap_or_else(|| panic!("{printed}"));
+    let mut cmd = redis::cmd("ACL");
+    for word in line
+        .replace(">PASSWORD", ">op-s3cret")
+        .split_whitespace()
+        .skip(1)
+    {
+        cmd.arg(word);
+    }
+    let _: () = cmd
+        .query_async(&mut s.redis().await)
+        .await
+        .expect("the rule");
+    let url = format!("redis://ops:op-s3cret@127.0.0.1:{}/", s.server.port());
+    for args in [
+        &["partitions", "ledger"][..],
+        &["inspect", "ledger", "c1"],
+        &["dead-letter", "ledger", "c1", "--yes"],
+        &["dlq", "ledger", "c1"],
+        &["audit"],
+    ] {
+        convoy(&dir, args, Some(&url)).await.ok();
+    }
+    wait_until("c1 resumes", || async { s.seen("c1") == ids("c1", &[1]) }).await;
+    let log: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut s.redis().await)
+        .await
+        .expect("ACL LOG");
+    assert!(log.is_empty(), "Redis denied the operator: {log:?}");
+    // A category that would reach convoy's own keys is refused.
+    let r = convoy(&dir, &["acl", "convoy"], None).await;
+    assert_eq!(r.code, 64, "{r:?}");
+    let r = convoy(&dir, &["skip", "convoy", "audit", "--yes"], Some(&url)).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("`convoy` is reserved"), "{r:?}");
     engine.shutdown().await.expect("shutdown");
 }

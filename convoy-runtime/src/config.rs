@@ -35,6 +35,9 @@
 //!
 //! [handlers."ledger-projector"]    # by handler name
 //! concurrency = 8                  # events in flight at once on this instance
+//!
+//! [server.observability]
+//! handle_span_level = "info"       # the per-event `handle` span: trace, debug, info, warn, error
 //! ```
 //!
 //! Every key is optional, but the file itself is not: [`Config::from_file`]
@@ -267,38 +270,147 @@ impl std::fmt::Debug for BrokerConfig {
     }
 }
 
-/// A URL with its password replaced by `***`, for logs: the password of
-/// the user-info part (`redis://user:***@host`) and the value of a `pass` or
-/// `password` query parameter (`unix:///run/redis.sock?pass=***`). Read
-/// with a URL parser; text that is not a URL is shown as `<not a URL>`
-/// rather than risk printing a secret in it.
+/// A URL with its secrets replaced by `***`, for logs and messages: the
+/// password of its user info (`redis://user:***@host/`) and the value of a
+/// `pass` or `password` query parameter (where redis-rs reads the password
+/// of a `unix://` / `redis+unix://` socket URL:
+/// `unix:///run/redis.sock?pass=***`). Parsed with a URL parser; text that
+/// does not parse as a URL is shown only when it cannot hold a secret (no
+/// `@`, no `?`), else as `scheme://<hidden: not a valid URL>`.
 pub fn redact_url(url: &str) -> String {
-    if url == "inline" {
-        return url.to_owned();
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            let mut changed = false;
+            if parsed.password().is_some() {
+                // Only fails for URLs that cannot have a password, and
+                // this one has one.
+                changed |= parsed.set_password(Some("***")).is_ok();
+            }
+            if parsed.query_pairs().any(|(k, _)| is_secret_param(&k)) {
+                let pairs: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if is_secret_param(&k) {
+                            "***".to_owned()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
+                changed = true;
+            }
+            if changed {
+                parsed.to_string()
+            } else {
+                url.to_owned()
+            }
+        }
+        Err(_) if !url.contains('@') && !url.contains('?') => url.to_owned(),
+        Err(_) => match url.split_once("://") {
+            Some((scheme, _))
+                if scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+            {
+                format!("{scheme}://<hidden: not a valid URL>")
+            }
+            _ => "<hidden: not a valid URL>".to_owned(),
+        },
     }
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return "<not a URL>".to_owned();
+}
+
+/// The secrets of a URL as they may appear in text quoting it: the
+/// password of its user info and the values of `pass` / `password` query
+/// parameters, each as written and percent-decoded. Empty when the URL
+/// does not parse or has none.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Vec::new();
     };
-    if parsed.password().is_some() {
-        // Cannot fail: a URL with a password has a host.
-        let _ = parsed.set_password(Some("***"));
+    let mut out = Vec::new();
+    if let Some(pw) = parsed.password() {
+        out.push(pw.to_owned());
+        if let Ok(decoded) = percent_decoded(pw) {
+            out.push(decoded);
+        }
     }
-    let secret = |k: &str| k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password");
-    if parsed.query_pairs().any(|(k, _)| secret(&k)) {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if secret(&k) {
-                    "***".into()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    for (k, v) in parsed.query_pairs() {
+        if is_secret_param(&k) {
+            out.push(v.into_owned());
+        }
     }
-    parsed.to_string().replace("%2A%2A%2A", "***")
+    if let Some(q) = parsed.query() {
+        for pair in q.split('&') {
+            if let Some((k, v)) = pair.split_once('=')
+                && is_secret_param(k)
+            {
+                out.push(v.to_owned());
+            }
+        }
+    }
+    out.retain(|s| !s.is_empty());
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn is_secret_param(name: &str) -> bool {
+    matches!(name.to_ascii_lowercase().as_str(), "pass" | "password")
+}
+
+fn percent_decoded(s: &str) -> Result<String, std::str::Utf8Error> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|e| e.utf8_error())
+}
+
+/// Every URL in `text` (a `scheme://` up to the closing quote, or the end
+/// of the word when unquoted) redacted with [`redact_url`]: for messages
+/// that quote configuration text, such as a TOML syntax error's snippet
+/// of the `url` line.
+pub(crate) fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
+            .map_or(0, |i| i + 1);
+        let quote = rest[..start]
+            .chars()
+            .next_back()
+            .filter(|c| *c == '"' || *c == '\'');
+        let after = &rest[at..];
+        let len = match quote {
+            Some(q) => after.find([q, '\n']),
+            None => after.find(|c: char| c.is_whitespace() || c == '"' || c == '\''),
+        }
+        .unwrap_or(after.len());
+        let end = at + len;
+        out.push_str(&rest[..start]);
+        out.push_str(&redact_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `[server]`.
@@ -317,6 +429,50 @@ pub struct ServerConfig {
     /// start, `{hostname}-{pid}-{random}`. `DomainBuilder::instance_id` in
     /// code takes precedence.
     pub instance_id: Option<String>,
+    /// `[server.observability]`.
+    pub observability: ObservabilityConfig,
+}
+
+/// `[server.observability]`: logs (metrics are set up where the recorder
+/// is installed, see [`metrics`](crate::metrics)).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObservabilityConfig {
+    /// The level of the `handle` span each event runs in (fields: handler,
+    /// category, key, generation, attempt, id, type). At `info`, the
+    /// default, a handler's own log lines carry them at `RUST_LOG=info`;
+    /// a span below the subscriber's level is not created at all.
+    pub handle_span_level: SpanLevel,
+}
+
+/// A `tracing` level, as written in `domain.toml`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpanLevel {
+    /// `trace`.
+    Trace,
+    /// `debug`.
+    Debug,
+    /// `info` (the default).
+    #[default]
+    Info,
+    /// `warn`.
+    Warn,
+    /// `error`.
+    Error,
+}
+
+impl SpanLevel {
+    /// The `tracing` level.
+    pub fn level(self) -> tracing::Level {
+        match self {
+            SpanLevel::Trace => tracing::Level::TRACE,
+            SpanLevel::Debug => tracing::Level::DEBUG,
+            SpanLevel::Info => tracing::Level::INFO,
+            SpanLevel::Warn => tracing::Level::WARN,
+            SpanLevel::Error => tracing::Level::ERROR,
+        }
+    }
 }
 
 /// `[server.partitioning]`: timing of the partitioned consumer.
@@ -509,7 +665,7 @@ impl Config {
                 .try_into()
                 .map_err(|e: toml::de::Error| Error::Config {
                     file: origin.clone(),
-                    message: e.to_string().trim_end().to_owned(),
+                    message: redact_urls_in(e.to_string().trim_end()),
                 })?;
         c.validate(&origin)?;
         c.origin = Some(Arc::from(origin));
@@ -709,9 +865,10 @@ fn read_table(path: &Path) -> Result<toml::Table, Error> {
 }
 
 fn parse_table(text: &str, file: &str) -> Result<toml::Table, Error> {
+    // The error quotes the offending line: hide any URL's password.
     text.parse::<toml::Table>().map_err(|e| Error::Config {
         file: file.to_owned(),
-        message: e.to_string().trim_end().to_owned(),
+        message: redact_urls_in(e.to_string().trim_end()),
     })
 }
 
@@ -852,6 +1009,22 @@ mod tests {
         assert!(!c.server.priority_lanes.enabled);
         assert_eq!(c.server.priority_lanes.backfill_suffix, "backfill");
         assert_eq!(c.broker.url, "inline");
+    }
+
+    #[test]
+    fn handle_span_level() {
+        let c = Config::from_toml("").expect("defaults");
+        assert_eq!(c.server.observability.handle_span_level, SpanLevel::Info);
+        let c = Config::from_toml("[server.observability]\nhandle_span_level = \"debug\"\n")
+            .expect("debug");
+        assert_eq!(
+            c.server.observability.handle_span_level.level(),
+            tracing::Level::DEBUG
+        );
+        let e = Config::from_toml("[server.observability]\nhandle_span_level = \"loud\"\n")
+            .expect_err("not a level")
+            .to_string();
+        assert!(e.contains("handle_span_level") || e.contains("loud"), "{e}");
     }
 
     #[test]
@@ -1086,14 +1259,51 @@ mod tests {
         assert_eq!(redact_url("redis://:secret@h:1/0"), "redis://:***@h:1/0");
         assert_eq!(redact_url("redis://u:p@ss@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact_url("rediss://:p%40ss@h/0"), "rediss://:***@h/0");
+        // An `@` in the password, written raw: the parser takes the last one.
+        assert_eq!(redact_url("redis://u:a@b@h:1/"), "redis://u:***@h:1/");
         assert_eq!(
-            redact_url("unix:///run/redis.sock?db=1&pass=secret"),
+            redact_url("unix:///run/redis.sock?db=1&pass=hunter2"),
             "unix:///run/redis.sock?db=1&pass=***"
         );
+        assert_eq!(
+            redact_url("redis+unix:///s.sock?user=app&password=hunter2"),
+            "redis+unix:///s.sock?user=app&password=***"
+        );
+        assert_eq!(
+            redact_url("redis://u:hunter2@h:99999/"),
+            "redis://<hidden: not a valid URL>"
+        );
         assert_eq!(redact_url("inline"), "inline");
-        assert_eq!(redact_url("not a url :secret@"), "<not a URL>");
         let c = Config::from_toml("[broker]\nurl = \"rediss://:pw@h/0\"\n").expect("ok");
         assert!(!format!("{c:?}").contains("pw"));
+    }
+
+    #[test]
+    fn url_secrets_as_written_and_decoded() {
+        assert_eq!(url_secrets("redis://u:p%40ss@h/"), ["p%40ss", "p@ss"]);
+        assert_eq!(url_secrets("unix:///s?pass=x%2By"), ["x%2By", "x+y"]);
+        assert!(url_secrets("redis://h/").is_empty());
+    }
+
+    #[test]
+    fn a_syntax_error_on_the_url_line_hides_the_password() {
+        for text in [
+            "[broker]\nurl = \"redis://app:hunter2@h:6379/0\n",
+            "[broker]\nurl = redis://app:hunter2@h:6379/0\n",
+            "[broker]\nurl = \"redis://app:hunter2@h:6379/0\" x\n",
+            "[broker]\nurl = \"unix:///run/r.sock?pass=hunter2\" = 1\n",
+        ] {
+            let e = Config::from_toml(text)
+                .expect_err("syntax error")
+                .to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+            assert!(e.contains("***") || e.contains("<hidden"), "{e}");
+        }
+        let e = Config::from_toml("[broker]\nurl = \"redis://a:b@h/\" x\n")
+            .expect_err("syntax error")
+            .to_string();
+        assert!(e.contains("redis://a:***@h/"), "{e}");
     }
 
     #[test]

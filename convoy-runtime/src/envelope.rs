@@ -20,6 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::key::Escaped;
 use crate::message::Message;
 
 /// The priority of a raised event; low-priority events use the backfill lane
@@ -94,7 +95,7 @@ impl Envelope {
         correlation_id: Option<String>,
     ) -> Result<Self, Error> {
         let d = M::DESCRIPTOR;
-        let payload = serde_json::to_string(message).map_err(|source| Error::Encode {
+        let payload = message.to_json().map_err(|source| Error::Encode {
             type_name: d.type_name.to_owned(),
             source,
         })?;
@@ -112,7 +113,7 @@ impl Envelope {
 
     /// Decodes the payload as `M`.
     pub fn decode<M: Message>(&self) -> Result<M, Error> {
-        serde_json::from_str(&self.payload).map_err(|source| Error::Decode {
+        M::from_json(&self.payload).map_err(|source| Error::Decode {
             id: self.id.clone(),
             type_name: self.type_name.clone(),
             source,
@@ -136,6 +137,47 @@ impl Envelope {
             out.push((fields::CORRELATION, c.clone()));
         }
         out
+    }
+
+    /// Checks that the envelope belongs where it was read: its `category`
+    /// field is `category` and its `key` field is `key` (a partition's key,
+    /// or none for a category's own stream). An entry written where it does
+    /// not belong (by hand, by another program, or copied between streams)
+    /// is a processing failure with this reason, never handled as if it
+    /// were the partition's.
+    pub fn check_origin(
+        &self,
+        stream: &str,
+        entry_id: &str,
+        category: &str,
+        key: Option<&str>,
+    ) -> Result<(), Error> {
+        let misplaced = |reason: String| Error::MalformedEntry {
+            stream: stream.to_owned(),
+            entry_id: entry_id.to_owned(),
+            reason,
+        };
+        if self.category != category {
+            return Err(misplaced(format!(
+                "its `category` field is {:?} but it was read from a stream of category {:?}; it was written where it does not belong: move it to its own category's stream, or skip it",
+                Escaped(&self.category),
+                Escaped(category)
+            )));
+        }
+        if self.partition_key.as_deref() != key {
+            let found = match &self.partition_key {
+                Some(k) => format!("{:?}", Escaped(k)),
+                None => "missing".to_owned(),
+            };
+            let want = match key {
+                Some(k) => format!("partition {:?}", Escaped(k)),
+                None => "the category's stream of events without a key".to_owned(),
+            };
+            return Err(misplaced(format!(
+                "its `key` field is {found} but it was read from {want}; it was written where it does not belong: move it to its own partition, or skip it"
+            )));
+        }
+        Ok(())
     }
 
     /// Reads an envelope back from stream entry fields; `entry_id` and
@@ -254,5 +296,39 @@ mod tests {
         let bad = [("time", b"x".as_slice())];
         let err = Envelope::from_fields("s", "1-0", bad).expect_err("bad time");
         assert!(err.to_string().contains("not a number"), "{err}");
+    }
+
+    #[test]
+    fn an_entry_must_belong_where_it_was_read() {
+        let e = sample();
+        e.check_origin("order:c-1", "1-0", "order", Some("c-1"))
+            .expect("its own partition");
+        let err = e
+            .check_origin("order:c-2", "1-0", "order", Some("c-2"))
+            .expect_err("another key")
+            .to_string();
+        assert!(
+            err.contains("its `key` field is \"c-1\" but it was read from partition \"c-2\""),
+            "{err}"
+        );
+        let err = e
+            .check_origin("pay:c-1", "1-0", "pay", Some("c-1"))
+            .expect_err("another category")
+            .to_string();
+        assert!(err.contains("its `category` field is \"order\""), "{err}");
+        let err = e
+            .check_origin("order", "1-0", "order", None)
+            .expect_err("a key in the category's own stream")
+            .to_string();
+        assert!(err.contains("events without a key"), "{err}");
+        let unkeyed = Envelope {
+            partition_key: None,
+            ..sample()
+        };
+        let err = unkeyed
+            .check_origin("order:c-1", "1-0", "order", Some("c-1"))
+            .expect_err("no key in a partition")
+            .to_string();
+        assert!(err.contains("`key` field is missing"), "{err}");
     }
 }

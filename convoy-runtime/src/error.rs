@@ -281,7 +281,8 @@ fn short_name(name: &str) -> &str {
 }
 
 /// Renders an error with its chain of causes (`outer: cause: root`), for
-/// logs.
+/// logs: escaped (see [`Escaped`](crate::key::Escaped)), since errors quote
+/// keys and entries, which are user data.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
@@ -290,7 +291,7 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
         out.push_str(&s.to_string());
         source = s.source();
     }
-    out
+    crate::key::Escaped(&out).to_string()
 }
 
 /// The list of problems found by `Domain::init`.
@@ -394,6 +395,16 @@ pub enum Problem {
         /// `event handler` or `process manager`.
         kind: &'static str,
     },
+    /// A category name cannot be used (an aggregate implemented by hand:
+    /// the derive rejects these at compile time).
+    BadCategory {
+        /// The category.
+        category: String,
+        /// The first message type or handler naming it.
+        declared_by: String,
+        /// The rule it breaks.
+        rule: crate::key::CategoryRule,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -487,6 +498,14 @@ impl fmt::Display for Problem {
                     "{kind} `{handler}` is declared but this domain does not run it, so it never handles anything; pass it with {call}, or build the domain with without_discovery() if this binary holds several domains"
                 )
             }
+            Problem::BadCategory {
+                category,
+                declared_by,
+                rule,
+            } => write!(
+                f,
+                "`{declared_by}` is in category {category:?}, which cannot be used: {rule}"
+            ),
         }
     }
 }

@@ -65,6 +65,142 @@ pub fn check_key(value: Option<&str>, backfill_suffix: &str) -> Result<(), KeyRu
     Ok(())
 }
 
+/// The first segment of every key convoy keeps for itself
+/// (`convoy:lease:..`, `convoy:unit:..`, the `convoy:audit` stream): no
+/// category may have this name, or its partitions would be convoy's keys.
+pub const OWN_PREFIX: &str = "convoy";
+
+/// Why a category name was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CategoryRule {
+    /// The name is empty.
+    Empty,
+    /// The name contains `:`, the stream name separator.
+    Colon,
+    /// The name contains whitespace, a control character or a character
+    /// that must be escaped for a terminal (see [`needs_escape`]).
+    Whitespace,
+    /// The name is `convoy`, the prefix of convoy's own keys.
+    Reserved,
+}
+
+impl fmt::Display for CategoryRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CategoryRule::Empty => "a category must not be empty",
+            CategoryRule::Colon => {
+                "a category must not contain `:`; it is the first segment of stream names (`{category}:{key}`)"
+            }
+            CategoryRule::Whitespace => {
+                "a category must not contain whitespace, control or bidirectional characters"
+            }
+            CategoryRule::Reserved => {
+                "`convoy` is reserved: convoy's own keys (`convoy:lease:..`, the `convoy:audit` stream) start with it; name the aggregate's category otherwise, for example `#[aggregate(category = \"...\")]`"
+            }
+        })
+    }
+}
+
+/// Checks a category name: the first segment of every stream name of the
+/// category, so it must not reach another category's streams or convoy's
+/// own keys. (The `Aggregate` derive checks the same at compile time.)
+pub fn check_category(category: &str) -> Result<(), CategoryRule> {
+    if category.is_empty() {
+        return Err(CategoryRule::Empty);
+    }
+    if category.contains(':') {
+        return Err(CategoryRule::Colon);
+    }
+    if category
+        .chars()
+        .any(|c| c.is_whitespace() || needs_escape(c))
+    {
+        return Err(CategoryRule::Whitespace);
+    }
+    if category == OWN_PREFIX {
+        return Err(CategoryRule::Reserved);
+    }
+    Ok(())
+}
+
+/// Text that came from users or from Redis (a key value, an error
+/// message, an entry's field) made safe for a terminal or a log line:
+/// control characters, Unicode bidirectional controls, line and paragraph
+/// separators and invisible format characters are written as escapes
+/// (`\n`, `\t`, `\0`, `\u{202e}`), and `\` as `\\`, so the text keeps one
+/// line, cannot reorder or hide what is around it, and reads back
+/// unambiguously. `Display` writes the escaped text, `Debug` the same in
+/// double quotes (`"` escaped), the form log fields use:
+///
+/// ```
+/// use convoy_runtime::key::Escaped;
+/// assert_eq!(Escaped("acme").to_string(), "acme");
+/// assert_eq!(Escaped("a\nb\u{202e}c").to_string(), "a\\nb\\u{202e}c");
+/// assert_eq!(format!("{:?}", Escaped("say \"hi\"")), "\"say \\\"hi\\\"\"");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl Escaped<'_> {
+    fn write(&self, f: &mut fmt::Formatter<'_>, quoted: bool) -> fmt::Result {
+        use fmt::Write as _;
+        let s = self.0;
+        if !s
+            .chars()
+            .any(|c| needs_escape(c) || c == '\\' || (quoted && c == '"'))
+        {
+            return f.write_str(s);
+        }
+        for c in s.chars() {
+            match c {
+                '\\' => f.write_str("\\\\")?,
+                '"' if quoted => f.write_str("\\\"")?,
+                '\n' => f.write_str("\\n")?,
+                '\r' => f.write_str("\\r")?,
+                '\t' => f.write_str("\\t")?,
+                '\0' => f.write_str("\\0")?,
+                c if needs_escape(c) => write!(f, "\\u{{{:x}}}", c as u32)?,
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, false)
+    }
+}
+
+impl fmt::Debug for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"")?;
+        self.write(f, true)?;
+        f.write_str("\"")
+    }
+}
+
+/// Whether `c` must not reach a terminal or a log line as itself: control
+/// characters (C0, DEL, C1), bidirectional controls, line and paragraph
+/// separators, and invisible format characters (zero-width ones, the BOM,
+/// soft hyphen).
+pub fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00ad}'
+                | '\u{061c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
 /// Whether `v` has the reserved `__name__` form.
 pub(crate) fn is_sentinel(v: &str) -> bool {
     v.len() > 4 && v.starts_with("__") && v.ends_with("__")
@@ -133,7 +269,41 @@ mod tests {
         assert_eq!(check_key(Some("client-1"), b), Ok(()));
     }
 
+    #[test]
+    fn categories() {
+        assert_eq!(check_category("order"), Ok(()));
+        assert_eq!(check_category(""), Err(CategoryRule::Empty));
+        assert_eq!(check_category("a:b"), Err(CategoryRule::Colon));
+        assert_eq!(check_category("a b"), Err(CategoryRule::Whitespace));
+        assert_eq!(check_category("convoy"), Err(CategoryRule::Reserved));
+        assert_eq!(check_category("convoys"), Ok(()));
+        assert!(CategoryRule::Reserved.to_string().contains("convoy:audit"));
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(Escaped("client-1").to_string(), "client-1");
+        assert_eq!(Escaped("a\r\nb").to_string(), "a\\r\\nb");
+        assert_eq!(
+            Escaped("\u{1b}[31mred\r\n\0\u{202e}\u{2066}x\u{85}").to_string(),
+            "\\u{1b}[31mred\\r\\n\\0\\u{202e}\\u{2066}x\\u{85}"
+        );
+        assert_eq!(Escaped("a\\b").to_string(), "a\\\\b");
+        assert_eq!(
+            Escaped("\u{200b}\u{feff}").to_string(),
+            "\\u{200b}\\u{feff}"
+        );
+        assert_eq!(format!("{:?}", Escaped("k\"1\"")), "\"k\\\"1\\\"\"");
+        assert_eq!(format!("{:?}", Escaped("")), "\"\"");
+    }
+
     proptest! {
+        #[test]
+        fn escaped_text_is_one_safe_line(s in any::<String>()) {
+            let e = Escaped(&s).to_string();
+            prop_assert!(!e.chars().any(needs_escape), "{e:?}");
+        }
+
         #[test]
         fn uuids_always_pass(bytes in any::<[u8; 16]>()) {
             let u = uuid::Uuid::from_bytes(bytes);

@@ -67,8 +67,9 @@
 //! | --- | --- |
 //! | `testing` | the test kit in [`testing`]: a real `redis-server` (and a PostgreSQL server) started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
 //! | `prometheus` | [`metrics::install_prometheus`]: a Prometheus scrape endpoint for convoy's metrics |
+//! | `tls` | `rediss://` URLs: rustls (ring, webpki roots, or a CA of your own); without it no TLS crate is compiled and a `rediss://` URL is a configuration error naming the feature |
 //!
-//! Neither is on by default.
+//! None is on by default.
 //!
 //! # Design
 //!

@@ -65,7 +65,12 @@ impl MessageDescriptor {
 }
 
 /// A message type (event or command) known to convoy.
-pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+///
+/// Messages travel as JSON: the derives require `serde::Serialize` and
+/// `serde::Deserialize` on the type, and say so in one error when either
+/// is missing (they are not supertraits, which would report every missing
+/// derive several times over, at convoy's traits).
+pub trait Message: Send + Sync + 'static {
     /// The aggregate the message is `part_of`.
     type Aggregate: Aggregate;
     /// Compile-time description of the type.
@@ -77,6 +82,16 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// not a [`PartitionKey`]; `Some(None)` when the field holds no value
     /// (`Option::None`), which is the null key.
     fn partition_key(&self, field: &str) -> Option<Option<String>>;
+
+    /// The message as JSON (generated: `serde_json::to_string`).
+    #[doc(hidden)]
+    fn to_json(&self) -> Result<String, serde_json::Error>;
+
+    /// The message read from JSON (generated: `serde_json::from_str`).
+    #[doc(hidden)]
+    fn from_json(json: &str) -> Result<Self, serde_json::Error>
+    where
+        Self: Sized;
 }
 
 /// An event: published through the outbox and handled by event handlers.
@@ -208,6 +223,114 @@ impl<T: ?Sized> ViaFallback for &KeyProbe<'_, T> {
     fn probe_key(&self) -> Option<Option<String>> {
         None
     }
+}
+
+/// Autoref probe of whether a message type is serde-serializable both
+/// ways, used by the generated `Message` impl (so that a type without the
+/// serde derives still gets its impl, and the one error about them is
+/// [`require_serde`]'s). Not a public API.
+#[doc(hidden)]
+pub struct SerdeProbe<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> SerdeProbe<T> {
+    /// A probe for `T`.
+    pub const fn new() -> Self {
+        SerdeProbe(std::marker::PhantomData)
+    }
+}
+
+impl<T> Default for SerdeProbe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for SerdeProbe<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SerdeProbe")
+    }
+}
+
+/// Probe arm taken when the type is `Serialize + DeserializeOwned`.
+#[doc(hidden)]
+pub trait ViaSerde<T> {
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error>;
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error>;
+    fn serde_check(&self) -> SerdeDerived;
+}
+
+impl<T: Serialize + DeserializeOwned> ViaSerde<T> for SerdeProbe<T> {
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error> {
+        serde_json::to_string(value)
+    }
+
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    fn serde_check(&self) -> SerdeDerived {
+        SerdeDerived
+    }
+}
+
+/// Probe arm taken otherwise: never runs, because [`require_serde`]
+/// rejects the program.
+#[doc(hidden)]
+pub trait ViaNoSerde<T> {
+    fn encode_json(&self, value: &T) -> Result<String, serde_json::Error>;
+    fn decode_json(&self, json: &str) -> Result<T, serde_json::Error>;
+    fn serde_check(&self) -> SerdeMissing<T>;
+}
+
+impl<T> ViaNoSerde<T> for &SerdeProbe<T> {
+    fn encode_json(&self, _: &T) -> Result<String, serde_json::Error> {
+        Err(serde::ser::Error::custom(
+            "the message type is not Serialize",
+        ))
+    }
+
+    fn decode_json(&self, _: &str) -> Result<T, serde_json::Error> {
+        Err(serde::de::Error::custom(
+            "the message type is not Deserialize",
+        ))
+    }
+
+    fn serde_check(&self) -> SerdeMissing<T> {
+        SerdeMissing(std::marker::PhantomData)
+    }
+}
+
+/// What the probe answers for a serde type.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SerdeDerived;
+
+/// What the probe answers for a type lacking a serde derive.
+#[doc(hidden)]
+pub struct SerdeMissing<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> std::fmt::Debug for SerdeMissing<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SerdeMissing")
+    }
+}
+
+/// Implemented only by the probe's answer for a serde type: the bound
+/// whose failure is the one diagnostic of a message without the derives.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`{M}` must derive `Serialize` and `Deserialize`: add `#[derive(serde::Serialize, serde::Deserialize)]` to it",
+    label = "convoy messages travel as JSON",
+    note = "`{M}` lacks `serde::Serialize`, `serde::Deserialize`, or both"
+)]
+pub trait IsSerde<M> {}
+
+impl<M> IsSerde<M> for SerdeDerived {}
+
+/// Compiles only when `answer` is the probe's answer for a serde type.
+#[doc(hidden)]
+pub fn require_serde<M, A: IsSerde<M>>(answer: A) {
+    let _ = answer;
 }
 
 #[cfg(test)]

@@ -6,14 +6,14 @@
 //! | --- | --- | --- | --- |
 //! | `convoy_events_handled_total` | counter | `handler` | events a handler finished successfully |
 //! | `convoy_events_failed_total` | counter | `handler` | failed attempts (each retry counts) |
-//! | `convoy_handle_seconds` | histogram | `handler` | time spent in the handler per attempt |
+//! | `convoy_handle_seconds` | histogram | `handler` | time spent in the handler per attempt (the Prometheus endpoint exports it as a histogram, buckets [`HANDLE_SECONDS_BUCKETS`] or your own) |
 //! | `convoy_partitions_owned` | gauge | `handler` | partitions this instance owns |
 //! | `convoy_partitions` | gauge | `category` | live partitions in the category's index |
 //! | `convoy_partitions_halted_total` | counter | `handler` | partitions halted on a poison event |
 //! | `convoy_lease_acquired_total` | counter | `handler` | leases taken |
 //! | `convoy_lease_lost_total` | counter | `handler` | units given up because the fence refused this instance or its liveness lapsed |
 //! | `convoy_reclaimed_entries_total` | counter | `handler` | pending entries of earlier owners reclaimed on takeover |
-//! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions and not yet acknowledged by the handler |
+//! | `convoy_lag` | gauge | `handler`, `category` | events published to the category's partitions that the handler has not finished (finished: handled and acknowledged, skipped or dead-lettered by an operator), refreshed every heartbeat: the sum of `convoy partitions`' LAG (pending + undelivered) over the category's partitions; a halted partition counts its head and everything behind it |
 //! | `convoy_partition_warning` | gauge | `category` | 1 while the category has more live partitions than `partition_warning_threshold` |
 //! | `convoy_missing_entries_total` | counter | `handler` | entries that were pending for a unit but no longer exist in its stream when it came to handle them (deleted by hand, or lost with Redis state): never handled, always logged as an error |
 //! | `convoy_outbox_pending` | gauge | | outbox records waiting to be published (the store's backlog, all replicas) |
@@ -165,16 +165,99 @@ pub(crate) fn lag(handler: &'static str, category: &'static str, n: i64) {
     ::metrics::gauge!(LAG, "handler" => handler, "category" => category).set(n.max(0) as f64);
 }
 
+/// The default buckets of the `convoy_handle_seconds` histogram, in
+/// seconds: from 1 ms to a minute.
+pub const HANDLE_SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// Serves every metric in the Prometheus text format at
-/// `http://{addr}/metrics`. Call it once, inside the tokio runtime, before
-/// the engine starts.
+/// `http://{addr}/metrics`, `convoy_handle_seconds` as a histogram with
+/// [`HANDLE_SECONDS_BUCKETS`] (a histogram, unlike a summary, sums across
+/// instances). Call it once, inside the tokio runtime, before the engine
+/// starts.
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<(), crate::error::Error> {
-    ::metrics_exporter_prometheus::PrometheusBuilder::new()
+    install_prometheus_with_buckets(addr, HANDLE_SECONDS_BUCKETS)
+}
+
+/// [`install_prometheus`] with the histogram buckets of
+/// `convoy_handle_seconds` (upper bounds in seconds, increasing; `+Inf` is
+/// always added).
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub fn install_prometheus_with_buckets(
+    addr: std::net::SocketAddr,
+    handle_seconds_buckets: &[f64],
+) -> Result<(), crate::error::Error> {
+    prometheus_builder(handle_seconds_buckets)?
         .with_http_listener(addr)
         .install()
         .map_err(|e| crate::error::Error::Metrics {
             message: format!("cannot serve Prometheus metrics on {addr}: {e}"),
         })
+}
+
+/// The exporter's builder: convoy's histograms with buckets.
+#[cfg(feature = "prometheus")]
+fn prometheus_builder(
+    buckets: &[f64],
+) -> Result<::metrics_exporter_prometheus::PrometheusBuilder, crate::error::Error> {
+    let bad = |why: &str| crate::error::Error::Metrics {
+        message: format!(
+            "the buckets of {HANDLE_SECONDS} ({buckets:?}) {why}; give increasing upper bounds in seconds, such as metrics::HANDLE_SECONDS_BUCKETS"
+        ),
+    };
+    if buckets.is_empty() {
+        return Err(bad("are empty"));
+    }
+    if buckets.iter().any(|b| !b.is_finite() || *b <= 0.0) {
+        return Err(bad("must be positive numbers"));
+    }
+    if buckets.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(bad("are not increasing"));
+    }
+    ::metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            ::metrics_exporter_prometheus::Matcher::Full(HANDLE_SECONDS.to_owned()),
+            buckets,
+        )
+        .map_err(|e| bad(&e.to_string()))
+}
+
+#[cfg(all(test, feature = "prometheus"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_seconds_is_a_histogram_with_buckets() {
+        let recorder = prometheus_builder(&[0.01, 0.1, 1.0])
+            .expect("buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, || {
+            let m = HandlerMetrics::new("app::Ledger");
+            m.handled(Duration::from_millis(50));
+            m.failed(Duration::from_millis(5));
+        });
+        let text = handle.render();
+        assert!(
+            text.contains("# TYPE convoy_handle_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("convoy_handle_seconds_bucket{handler=\"app::Ledger\",le=\"0.01\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("convoy_handle_seconds_bucket{handler=\"app::Ledger\",le=\"0.1\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("quantile"), "not a summary: {text}");
+        for bad in [&[][..], &[0.1, 0.1], &[1.0, 0.5], &[f64::NAN], &[-1.0]] {
+            assert!(prometheus_builder(bad).is_err(), "{bad:?}");
+        }
+        assert!(prometheus_builder(HANDLE_SECONDS_BUCKETS).is_ok());
+    }
 }

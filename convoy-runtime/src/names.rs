@@ -9,6 +9,7 @@
 //! a sequential process manager (its units are correlation values).
 
 use crate::key::DLQ_TOKEN;
+pub(crate) use crate::key::OWN_PREFIX;
 
 /// The scope of a sequential process manager's units: a correlation value
 /// spans every category it subscribes to.

@@ -2,9 +2,13 @@
 //! change in any release.
 
 pub use ::inventory;
+pub use ::serde_json::Error as JsonError;
 
 pub use crate::handler::{BoxFuture, Dispatched, HandlerDescriptor, HandlerKind};
-pub use crate::message::{KeyProbe, MessageDescriptor, MessageKind, ViaFallback, ViaPartitionKey};
+pub use crate::message::{
+    IsSerde, KeyProbe, MessageDescriptor, MessageKind, SerdeProbe, ViaFallback, ViaNoSerde,
+    ViaPartitionKey, ViaSerde, require_serde,
+};
 pub use crate::process_manager::{PmHandle, ProcessManagerDescriptor, ProcessManagerRegistration};
 pub use crate::registry::{HandlerRegistration, MessageRegistration};
 
@@ -123,6 +127,14 @@ pub const fn handled_command<M: crate::Command>() -> Handled<M> {
         descriptor: <M as crate::Message>::DESCRIPTOR,
         decode: crate::Envelope::decode::<M>,
     }
+}
+
+/// The JSON of a message whose derive failed to expand (beside the
+/// compile error): never runs.
+pub fn no_json<T>() -> ::core::result::Result<T, JsonError> {
+    Err(<JsonError as ::serde::de::Error>::custom(
+        "the message's derive failed to expand",
+    ))
 }
 
 /// Stands in for the aggregate of a message whose derive failed to expand

@@ -24,6 +24,7 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::handler::{Context, Dispatch, Dispatched, HandlerError};
+use crate::key::Escaped;
 use crate::message::MessageDescriptor;
 
 /// One handled event of a process manager.
@@ -208,7 +209,7 @@ impl<P: ProcessManager> Dispatch for PmDispatch<P> {
                 return Ok(Dispatched::NotHandled);
             };
             let Some(id) = P::correlation(envelope)? else {
-                tracing::warn!(process_manager = d.name, id = %envelope.id, field = h.correlate, "event carries no correlation value; skipped");
+                tracing::warn!(process_manager = d.name, id = %Escaped(&envelope.id), field = h.correlate, "event carries no correlation value; skipped");
                 return Ok(Dispatched::NotHandled);
             };
             for _ in 0..CONFLICT_RETRIES {
@@ -216,7 +217,7 @@ impl<P: ProcessManager> Dispatch for PmDispatch<P> {
                 if let Some(s) = &loaded
                     && s.applied.contains(&envelope.id)
                 {
-                    tracing::info!(process_manager = d.name, instance = %id, id = %envelope.id, "event already applied to the instance (redelivered); not applied again");
+                    tracing::info!(process_manager = d.name, instance = ?Escaped(&id), id = %Escaped(&envelope.id), "event already applied to the instance (redelivered); not applied again");
                     return Ok(Dispatched::Handled);
                 }
                 let mut applied = loaded
@@ -225,12 +226,12 @@ impl<P: ProcessManager> Dispatch for PmDispatch<P> {
                     .unwrap_or_default();
                 let (mut state, version) = match loaded {
                     None if !h.start => {
-                        tracing::info!(process_manager = d.name, instance = %id, r#type = %envelope.type_name, "event for an instance that was never started; skipped");
+                        tracing::info!(process_manager = d.name, instance = ?Escaped(&id), r#type = %Escaped(&envelope.type_name), "event for an instance that was never started; skipped");
                         return Ok(Dispatched::NotHandled);
                     }
                     None => (P::default(), 0),
                     Some(s) if s.ended => {
-                        tracing::debug!(process_manager = d.name, instance = %id, "instance already ended; event ignored");
+                        tracing::debug!(process_manager = d.name, instance = ?Escaped(&id), "instance already ended; event ignored");
                         return Ok(Dispatched::NotHandled);
                     }
                     Some(s) => {
@@ -262,7 +263,7 @@ impl<P: ProcessManager> Dispatch for PmDispatch<P> {
                 if self.store.save(d.name, &id, version, stored).await? {
                     return Ok(out);
                 }
-                tracing::warn!(process_manager = d.name, instance = %id, "instance changed concurrently; running the handler again on the new state");
+                tracing::warn!(process_manager = d.name, instance = ?Escaped(&id), "instance changed concurrently; running the handler again on the new state");
             }
             Err(HandlerError::from(Error::StateConflict {
                 process_manager: d.name.to_owned(),

@@ -72,10 +72,25 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
         ),
     };
 
+    // One error, at the user's type, when it lacks the serde derives (the
+    // impl below compiles either way: its JSON goes through the same probe).
+    let serde_check = quote_spanned! {ident.span()=>
+        #[allow(dead_code)]
+        fn __convoy_requires_serde() {
+            #[allow(unused_imports)]
+            use ::convoy_runtime::__private::{ViaNoSerde as _, ViaSerde as _};
+            ::convoy_runtime::__private::require_serde::<#ident, _>(
+                (&::convoy_runtime::__private::SerdeProbe::<#ident>::new()).serde_check(),
+            );
+        }
+    };
+
     quote! {
         #[doc(hidden)]
         #[allow(non_upper_case_globals, unused_qualifications, clippy::needless_borrow)]
         const _: () = {
+            #serde_check
+
             #[automatically_derived]
             impl ::convoy_runtime::Message for #ident {
                 #aggregate
@@ -93,6 +108,22 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
                     __convoy_field: &str,
                 ) -> ::core::option::Option<::core::option::Option<::std::string::String>> {
                     #partition_key
+                }
+
+                fn to_json(
+                    &self,
+                ) -> ::core::result::Result<::std::string::String, ::convoy_runtime::__private::JsonError> {
+                    #[allow(unused_imports)]
+                    use ::convoy_runtime::__private::{ViaNoSerde as _, ViaSerde as _};
+                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).encode_json(self)
+                }
+
+                fn from_json(
+                    json: &str,
+                ) -> ::core::result::Result<Self, ::convoy_runtime::__private::JsonError> {
+                    #[allow(unused_imports)]
+                    use ::convoy_runtime::__private::{ViaNoSerde as _, ViaSerde as _};
+                    (&::convoy_runtime::__private::SerdeProbe::<Self>::new()).decode_json(json)
                 }
             }
 
@@ -149,6 +180,18 @@ pub(super) fn message_fallback(ident: &Ident, kind: Kind) -> TokenStream {
                     _: &str,
                 ) -> ::core::option::Option<::core::option::Option<::std::string::String>> {
                     ::core::option::Option::None
+                }
+
+                fn to_json(
+                    &self,
+                ) -> ::core::result::Result<::std::string::String, ::convoy_runtime::__private::JsonError> {
+                    ::convoy_runtime::__private::no_json()
+                }
+
+                fn from_json(
+                    _: &str,
+                ) -> ::core::result::Result<Self, ::convoy_runtime::__private::JsonError> {
+                    ::convoy_runtime::__private::no_json()
                 }
             }
 

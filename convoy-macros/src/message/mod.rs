@@ -130,7 +130,16 @@ impl<'a> Aggregate<'a> {
                 }
                 value
             }
-            None => snake_case(&input.ident.unraw().to_string()),
+            None => {
+                let value = snake_case(&input.ident.unraw().to_string());
+                if let Err(problem) = check_category(&value) {
+                    cx.error_at(
+                        input.ident.span(),
+                        format!("the category defaults to `{value}`, the type name in snake case, and {problem}"),
+                    );
+                }
+                value
+            }
         };
         cx.check()?;
         Ok(Aggregate {
@@ -222,7 +231,13 @@ fn named_fields<'a>(cx: &Ctxt, input: &'a DeriveInput, kind: Kind) -> Option<Vec
     }
 }
 
-/// Why `category` cannot be a stream category, if it cannot.
+/// The first segment of convoy's own Redis keys (the runtime's
+/// `key::OWN_PREFIX`): no category may be named so.
+const RESERVED_CATEGORY: &str = "convoy";
+
+/// Why `category` cannot be a stream category, if it cannot (the runtime's
+/// `key::check_category` checks the same at init, for aggregates
+/// implemented by hand).
 fn check_category(category: &str) -> Result<(), &'static str> {
     if category.is_empty() {
         Err("the category must not be empty")
@@ -235,6 +250,10 @@ fn check_category(category: &str) -> Result<(), &'static str> {
         .any(|c| c.is_whitespace() || c.is_control())
     {
         Err("the category must not contain whitespace")
+    } else if category == RESERVED_CATEGORY {
+        Err(
+            "`convoy` is reserved: convoy's own keys (`convoy:lease:..`, the `convoy:audit` stream) start with it, so this category's partitions would be convoy's keys; choose another name, for example `#[aggregate(category = \"...\")]`",
+        )
     } else {
         Ok(())
     }
@@ -312,6 +331,29 @@ mod tests {
             [
                 "the category must not contain `:`; it is the first segment of stream names (`{category}:{key}`)"
             ]
+        );
+    }
+
+    #[test]
+    fn the_category_convoy_is_reserved_named_or_defaulted() {
+        let named: DeriveInput = parse_quote!(
+            #[aggregate(category = "convoy")]
+            struct Audit;
+        );
+        let defaulted: DeriveInput = parse_quote!(
+            struct Convoy;
+        );
+        for input in [named, defaulted] {
+            let errors = errors(Aggregate::from_syn(&input));
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].contains("`convoy` is reserved"), "{errors:?}");
+        }
+        let input: DeriveInput = parse_quote!(
+            struct Convoys;
+        );
+        assert_eq!(
+            Aggregate::from_syn(&input).expect("valid").category,
+            "convoys"
         );
     }
 

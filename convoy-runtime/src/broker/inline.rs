@@ -13,6 +13,7 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::handler::Position;
+use crate::key::Escaped;
 use crate::names;
 
 /// An event an inline handler gave up on: after its retries, or at once
@@ -131,7 +132,7 @@ impl InlineBroker {
                         } else {
                             "handler failed after retries"
                         };
-                        tracing::error!(handler = sub.name, id = %envelope.id, attempt, error = %e, "{why}; event dead-lettered");
+                        tracing::error!(handler = sub.name, id = %Escaped(&envelope.id), attempt, error = %Escaped(&e.to_string()), "{why}; event dead-lettered");
                         self.dead
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -143,7 +144,7 @@ impl InlineBroker {
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(handler = sub.name, id = %envelope.id, attempt, error = %e, "handler failed; retrying");
+                        tracing::warn!(handler = sub.name, id = %Escaped(&envelope.id), attempt, error = %Escaped(&e.to_string()), "handler failed; retrying");
                         tokio::time::sleep(retry.backoff(attempt)).await;
                         attempt += 1;
                     }

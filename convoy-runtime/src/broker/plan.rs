@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::handler::{
     Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError, Position,
 };
+use crate::key::Escaped;
 use crate::key::KeyPolicy;
 use crate::message::MessageDescriptor;
 use crate::metrics::HandlerMetrics;
@@ -262,15 +263,12 @@ impl ConsumerPlan {
         position: Option<Position>,
         dispatched_at: std::time::SystemTime,
     ) -> Result<Dispatched, HandlerError> {
-        let span = tracing::debug_span!(
-            "handle",
-            handler = sub.name,
-            category = sub.category,
-            key = envelope.partition_key.as_deref().unwrap_or(""),
-            generation = fence.as_ref().map(|f| f.generation).unwrap_or(0),
+        let span = handle_span(
+            self.config.server.observability.handle_span_level.level(),
+            sub,
+            envelope,
             attempt,
-            id = %envelope.id,
-            r#type = %envelope.type_name,
+            fence.as_ref().map(|f| f.generation).unwrap_or(0),
         );
         async {
             if self.registry.message(&envelope.type_name).is_none() {
@@ -306,5 +304,39 @@ impl ConsumerPlan {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// The `handle` span of one attempt, at `level` (a span's level is part of
+/// its call site, so one call site per level). Keys, ids and type names
+/// come from the stream entry: they are escaped.
+fn handle_span(
+    level: tracing::Level,
+    sub: &Subscription,
+    envelope: &Envelope,
+    attempt: u32,
+    generation: u64,
+) -> tracing::Span {
+    macro_rules! span {
+        ($level:expr) => {
+            tracing::span!(
+                $level,
+                "handle",
+                handler = sub.name,
+                category = sub.category,
+                key = ?Escaped(envelope.partition_key.as_deref().unwrap_or("")),
+                generation,
+                attempt,
+                id = %Escaped(&envelope.id),
+                r#type = %Escaped(&envelope.type_name),
+            )
+        };
+    }
+    match level {
+        tracing::Level::TRACE => span!(tracing::Level::TRACE),
+        tracing::Level::DEBUG => span!(tracing::Level::DEBUG),
+        tracing::Level::INFO => span!(tracing::Level::INFO),
+        tracing::Level::WARN => span!(tracing::Level::WARN),
+        _ => span!(tracing::Level::ERROR),
     }
 }

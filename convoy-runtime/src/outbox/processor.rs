@@ -9,6 +9,7 @@ use crate::backoff::Backoff;
 use crate::broker::{Broker, Producer, Publication};
 use crate::config::PriorityLanesConfig;
 use crate::error::{Error, chain};
+use crate::key::Escaped;
 use crate::key::check_key;
 use crate::metrics;
 use crate::routing::route;
@@ -102,7 +103,7 @@ impl OutboxProcessor {
         let mut settled = 0;
         for r in &records {
             if let Err(reason) = self.check(r) {
-                tracing::error!(seq = r.seq, id = %r.envelope.id, %reason, "outbox record abandoned");
+                tracing::error!(seq = r.seq, id = %Escaped(&r.envelope.id), reason = %Escaped(&reason), "outbox record abandoned");
                 self.store.mark_abandoned(r.seq, reason).await?;
                 settled += 1;
                 continue;

@@ -19,8 +19,8 @@
 //! | `convoy:unit:{group}:{scope}:{key}` | hash | `gen` (durable), `inc`, `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
 //! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
-//! | `convoy:published:{category}` | counter | partitioned events published (lag = this − acked) |
-//! | `convoy:acked:{group}:{category}` | counter | partitioned events a group acknowledged |
+//! | `convoy:published:{category}` | counter | partitioned events published, and dead letters replayed (`convoy_lag` = this − acked) |
+//! | `convoy:acked:{group}:{category}` | counter | partitioned events a group finished: acknowledged, or skipped or dead-lettered by an operator |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended`, `applied` |
 //! | `convoy:producer:{id}:sent` | sorted set, PX | the outbox seqs a producer published that it may still send again (drops re-sent records; about one batch) |
 //! | `convoy:producer:{id}:epoch` | string, PX | the fencing epoch of the producer's newest publisher (refuses a replaced relay) |

@@ -40,11 +40,13 @@
 //! | `wake.rs` | following the wake streams |
 //! | `state.rs` | process-manager instances (the broker's state store) |
 //! | `admin/` | [`admin::Admin`]: the operators' tools, one file per operation |
+//! | `acl.rs` | [`acl`]: the least-privilege ACL rule for a domain's categories |
 //! | `reply.rs` | reading stream entries from replies |
 //!
 //! A broker implementation sees a [`ConsumerPlan`](crate::broker::ConsumerPlan),
 //! never the domain, the engine or a unit of work.
 
+pub mod acl;
 pub mod admin;
 mod broker;
 mod connection;

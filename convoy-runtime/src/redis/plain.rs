@@ -17,6 +17,7 @@ use crate::broker::{ConsumerPlan, Subscription};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::HandlerError;
+use crate::key::Escaped;
 use crate::names;
 
 /// Entries per read.
@@ -232,7 +233,11 @@ impl PlainConsumer {
         let retry = &self.plan.config.server.retry;
         let mut attempt = 1;
         loop {
-            let result = match entry.envelope(stream) {
+            let category = self.sub().category;
+            let result = match entry.envelope(stream).and_then(|env| {
+                env.check_origin(stream, &entry.id, category, None)
+                    .map(|()| env)
+            }) {
                 Ok(env) => {
                     self.plan
                         .invoke(
@@ -258,13 +263,13 @@ impl PlainConsumer {
                     } else {
                         "handler failed after retries"
                     };
-                    tracing::error!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %e, "{why}; entry moved to the dead letter stream");
+                    tracing::error!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %Escaped(&e.to_string()), "{why}; entry moved to the dead letter stream");
                     self.dead_letter(stream, entry, &e.to_string()).await?;
                     return Ok(true);
                 }
                 Err(e) => {
                     let wait = retry.backoff(attempt);
-                    tracing::warn!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %e, "handler failed; retrying");
+                    tracing::warn!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %Escaped(&e.to_string()), "handler failed; retrying");
                     if sleep_or_stop(wait, shutdown).await {
                         return Ok(false);
                     }

@@ -99,6 +99,11 @@ impl Unit {
         &self.lanes[at.lane]
     }
 
+    /// Whether the unit's backfill lanes are read (priority lanes on).
+    pub(crate) fn backfill_on(&self) -> bool {
+        !self.lanes.is_empty() && self.lanes.iter().all(|l| !l.backfill.is_empty())
+    }
+
     /// The stream of `at`.
     pub(crate) fn stream(&self, at: At) -> &str {
         let l = self.lane(at);

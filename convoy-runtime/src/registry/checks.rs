@@ -15,6 +15,7 @@
 //! | one key per category, handlers and process managers together | [`check_one_key_per_category`] |
 //! | the broker advertises `STREAM_PARTITIONING` (or delivers serially, as the inline broker does) | [`check_broker_partitions`] |
 //! | every declared event handler and process manager is run (a warning unless `require_all_handlers`) | [`check_every_declared_handler_runs`] |
+//! | category names cannot reach another category's keys or convoy's own (`convoy` is reserved) | [`check_category_names`] |
 
 use std::collections::BTreeMap;
 
@@ -312,6 +313,30 @@ pub(crate) fn check_every_declared_handler_runs(
         }
     }
     problems
+}
+
+/// Every category a message or handler names can be one: the `Aggregate`
+/// derive checks it at compile time; this is the defence in depth for
+/// aggregates implemented by hand (a category `convoy` would put domain
+/// events in `convoy:audit` and let a skip delete audit records).
+pub(super) fn check_category_names(d: &Declarations, problems: &mut Vec<Problem>) {
+    let mut seen = std::collections::BTreeSet::new();
+    let categories = d
+        .messages
+        .iter()
+        .map(|m| (m.category, m.type_name))
+        .chain(d.handlers.iter().map(|h| (h.category, h.name)));
+    for (category, declared_by) in categories {
+        if let Err(rule) = crate::key::check_category(category)
+            && seen.insert(category)
+        {
+            problems.push(Problem::BadCategory {
+                category: category.to_owned(),
+                declared_by: declared_by.to_owned(),
+                rule,
+            });
+        }
+    }
 }
 
 fn fields_of(m: &MessageDescriptor) -> Vec<String> {

@@ -87,6 +87,7 @@ impl Registry {
         checks::check_one_command_handler_per_command(&d, &mut problems);
         let event_keys = checks::check_one_key_per_category(&d, &mut problems);
         checks::check_broker_partitions(&d, broker, &mut problems);
+        checks::check_category_names(&d, &mut problems);
         if !problems.is_empty() {
             return Err(Error::IncorrectUsage(Problems(problems)));
         }

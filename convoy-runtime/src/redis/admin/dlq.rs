@@ -58,6 +58,7 @@ impl Admin {
         category: &str,
         key: Option<&str>,
     ) -> Result<Vec<DeadLetter>, AdminError> {
+        super::check_category(category)?;
         let stream = match key {
             Some(k) => names::partition_dlq(category, k),
             None => names::category_dlq(category),
@@ -79,6 +80,7 @@ impl Admin {
         dlq_id: &str,
         operator: &str,
     ) -> Result<ReplayOutcome, AdminError> {
+        super::check_category(category)?;
         let mut c = self.conn.clone();
         let replayed = Replay {
             category,

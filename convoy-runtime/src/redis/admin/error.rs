@@ -169,6 +169,17 @@ pub enum AdminError {
         halted: Vec<String>,
     },
 
+    /// The category named cannot be a category: operating on it would
+    /// reach another category's keys or convoy's own (a skip in
+    /// "category" `convoy` would delete audit records).
+    #[error("{category:?} is not a category: {rule}")]
+    BadCategory {
+        /// The name given.
+        category: String,
+        /// The rule it breaks.
+        rule: crate::key::CategoryRule,
+    },
+
     /// Redis answered something this version does not understand.
     #[error("unexpected reply from redis to {what}: {reply}; is the server a Redis 7 or later?")]
     UnexpectedReply {
@@ -192,6 +203,7 @@ impl AdminError {
         matches!(
             self,
             AdminError::NotHalted { .. }
+                | AdminError::BadCategory { .. }
                 | AdminError::HeadMoved { .. }
                 | AdminError::HeadChanged { .. }
                 | AdminError::NothingToDo { .. }

@@ -141,6 +141,7 @@ impl Admin {
             operator,
             expect_entry,
         } = *req;
+        super::check_category(category)?;
         let scope = self.scope(group, category).await?;
         let unit = self.unit(group, &scope, category, key);
         let mut c = self.conn.clone();

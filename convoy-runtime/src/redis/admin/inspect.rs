@@ -51,6 +51,7 @@ impl Admin {
         key: &str,
         group: &str,
     ) -> Result<Inspection, AdminError> {
+        super::check_category(category)?;
         let scope = self.scope(group, category).await?;
         let unit = self.unit(group, &scope, category, key);
         let primary = names::partition_stream(category, key);
@@ -81,7 +82,7 @@ impl Admin {
         let unit = string_map(&get(7));
         let (pending_p, lag_p) = lane_counts(&infos[0], group, lens[0]);
         let (pending_b, lag_b) = lane_counts(&infos[1], group, lens[1]);
-        let lag = match (lag_p, lag_b) {
+        let undelivered = match (lag_p, lag_b) {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
@@ -92,7 +93,7 @@ impl Admin {
             &unit,
             (lens[0], lens[1]),
             pending_p + pending_b,
-            lag,
+            undelivered,
         )];
         self.liveness(category, &mut rows, &[unit.get("inc").cloned()])
             .await?;

@@ -185,6 +185,7 @@ impl Admin {
     /// The consumer groups (handlers) registered for a category's
     /// partitions, sorted.
     pub async fn groups(&self, category: &str) -> Result<Vec<String>, AdminError> {
+        check_category(category)?;
         let mut c = self.conn.clone();
         let mut groups: Vec<String> = redis::cmd("SMEMBERS")
             .arg(names::groups(category))
@@ -315,4 +316,14 @@ impl Admin {
             .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
         Ok(entries(&v))
     }
+}
+
+/// Refuses a name that cannot be a category (see
+/// [`check_category`](crate::key::check_category)), before any key is
+/// derived from it.
+fn check_category(category: &str) -> Result<(), AdminError> {
+    crate::key::check_category(category).map_err(|rule| AdminError::BadCategory {
+        category: category.to_owned(),
+        rule,
+    })
 }

@@ -30,10 +30,13 @@ pub struct Totals {
     pub backfill_length: u64,
     /// Pending entries over all units.
     pub pending: u64,
-    /// Undelivered entries over all units whose lag is known.
+    /// Lag (entries not finished, see [`PartitionStatus::lag`]) over all
+    /// units whose lag is known; per group, what `convoy_lag` shows.
     pub lag: u64,
     /// Units whose lag Redis could not tell.
     pub lag_unknown: usize,
+    /// Entries waiting behind halted heads, over all halted units.
+    pub behind_halts: u64,
 }
 
 /// Every unit of a category.
@@ -54,6 +57,7 @@ impl Admin {
     /// group: lease, lengths, pending, lag, halt; and totals. A few
     /// pipelined round trips, whatever the number of partitions.
     pub async fn partitions(&self, category: &str) -> Result<CategoryReport, AdminError> {
+        super::check_category(category)?;
         let mut c = self.conn.clone();
         let (mut keys_, mut groups): (Vec<String>, Vec<String>) = redis::pipe()
             .cmd("SMEMBERS")
@@ -87,6 +91,7 @@ impl Admin {
                 Some(l) => totals.lag += l,
                 None => totals.lag_unknown += 1,
             }
+            totals.behind_halts += r.behind_halt.unwrap_or(0);
         }
         Ok(CategoryReport {
             category: category.to_owned(),
@@ -139,7 +144,7 @@ impl Admin {
                 let unit = string_map(&next());
                 let (pending_p, lag_p) = lane_counts(&info_p, g, len_p);
                 let (pending_b, lag_b) = lane_counts(&info_b, g, len_b);
-                let lag = match (lag_p, lag_b) {
+                let undelivered = match (lag_p, lag_b) {
                     (Some(a), Some(b)) => Some(a + b),
                     _ => None,
                 };
@@ -151,7 +156,7 @@ impl Admin {
                     &unit,
                     (len_p, len_b),
                     pending_p + pending_b,
-                    lag,
+                    undelivered,
                 ));
             }
         }

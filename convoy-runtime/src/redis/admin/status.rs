@@ -37,11 +37,23 @@ pub struct PartitionStatus {
     pub length: u64,
     /// Entries in the backfill lane.
     pub backfill_length: u64,
-    /// Entries delivered to the group and not yet acknowledged (both lanes).
+    /// Entries delivered to the group's owner and not yet acknowledged
+    /// (both lanes): the event in flight, the rest of the batch it was read
+    /// in, or a halted head and the entries read with it.
     pub pending: u64,
     /// Entries not yet delivered to the group (both lanes); `None` when
     /// Redis cannot tell (entries deleted in the undelivered range).
+    pub undelivered: Option<u64>,
+    /// Entries the handler has not finished: `pending + undelivered`, what
+    /// is left to handle (an entry counts as finished once acknowledged,
+    /// skipped or dead-lettered). The `convoy_lag` gauge of the handler
+    /// and category is the sum of this over the category's partitions.
+    /// `None` when `undelivered` is unknown.
     pub lag: Option<u64>,
+    /// For a halted unit: the entries waiting behind its head (`lag - 1`,
+    /// read ahead or not); they run, in order, once the head is skipped or
+    /// dead-lettered. `None` when not halted or the lag is unknown.
+    pub behind_halt: Option<u64>,
     /// Whether the unit is halted.
     pub halted: bool,
     /// Why (`max_retries exceeded`).
@@ -171,9 +183,9 @@ pub(super) fn group_infos(v: &Value) -> Vec<GroupInfo> {
         .collect()
 }
 
-/// Pending and lag of `group` on one lane of `len` entries. A stream the
-/// group has not read yet gets the group at id 0 on the first read, so all
-/// of it is lag.
+/// Pending and undelivered entries of `group` on one lane of `len`
+/// entries. A stream the group has not read yet gets the group at id 0 on
+/// the first read, so all of it is undelivered.
 pub(super) fn lane_counts(infos: &[GroupInfo], group: &str, len: u64) -> (u64, Option<u64>) {
     match infos.iter().find(|g| g.name == group) {
         Some(g) => (g.pending, g.lag),
@@ -192,7 +204,7 @@ pub(super) fn status(
     unit: &BTreeMap<String, String>,
     (length, backfill_length): (u64, u64),
     pending: u64,
-    lag: Option<u64>,
+    undelivered: Option<u64>,
 ) -> PartitionStatus {
     let token = text(lease);
     let (owner, generation) = match token.as_deref().and_then(|t| t.rsplit_once(':')) {
@@ -201,6 +213,7 @@ pub(super) fn status(
     };
     let halted = unit.get("halted").map(String::as_str) == Some("1");
     let num = |k: &str| unit.get(k).and_then(|v| v.parse::<u64>().ok());
+    let lag = undelivered.map(|u| u + pending);
     PartitionStatus {
         key: key.to_owned(),
         group: group.to_owned(),
@@ -212,7 +225,9 @@ pub(super) fn status(
         length,
         backfill_length,
         pending,
+        undelivered,
         lag,
+        behind_halt: lag.filter(|_| halted).map(|l| l.saturating_sub(1)),
         halted,
         halt_reason: halted.then(|| non_empty(unit, "halt_reason")).flatten(),
         halt_error: halted.then(|| non_empty(unit, "halt_error")).flatten(),

@@ -11,7 +11,9 @@
 --
 -- KEYS[3i-2], KEYS[3i-1], KEYS[3i]  unit i: its lease key, its state hash,
 --                       and the liveness key of the owner the caller saw
---                       holding the lease ('' when it saw none, or itself)
+--                       holding the lease (the caller's own when it saw
+--                       none, or itself: never '', which a Redis ACL user
+--                       limited to convoy's keys may not name)
 -- KEYS[#KEYS]           the caller's own liveness key
 -- ARGV[1]               the owner id (this engine instance)
 -- ARGV[2]               the most units to take in this call
@@ -62,7 +64,7 @@ for i = 1, (#KEYS - 1) / 3 do
   if cur and string.sub(cur, 1, #prefix) ~= prefix then
     local owner = string.match(cur, '^(.*):%d+$')
     if owner then
-      if owner ~= seen or alive == '' then
+      if owner ~= seen or seen == '' then
         -- Changed hands since the caller looked: held, for now.
         free = false
       else

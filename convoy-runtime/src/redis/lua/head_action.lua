@@ -7,7 +7,8 @@
 -- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
 -- KEYS[4] backfill stream, KEYS[5] the category's set of registered groups,
 -- KEYS[6] the audit stream, KEYS[7] the key's dead letter stream,
--- KEYS[8] the category's wake stream
+-- KEYS[8] the category's wake stream, KEYS[9] the group's acknowledged
+-- count for the category (`convoy_lag` is published - acknowledged)
 -- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
 -- ARGV[7] the head the operator confirmed ('' for whatever it is),
@@ -25,7 +26,8 @@
 -- generation and reclaims what is pending.
 --
 -- Both acknowledge a pending head (or moves the group past an
--- undelivered one), deletes it when this is the category's only group,
+-- undelivered one) and count it as acknowledged, so `convoy_lag` drops
+-- with the partition's lag, deletes it when this is the category's only group,
 -- clears the halt and the head's failure count, appends an audit record,
 -- and writes a wake-up for the key: a halted owner waits for one, then sees
 -- the halt cleared and resumes with the next event.
@@ -188,13 +190,15 @@ if op == 'dead_letter' then
   dlq = redis.call('XADD', KEYS[7], '*', unpack(copy))
 end
 
+local done = 1
 if pending then
-  redis.call('XACK', stream, group, head)
+  done = redis.call('XACK', stream, group, head)
 elseif has_group then
   redis.call('XGROUP', 'SETID', stream, group, head)
 else
   redis.call('XGROUP', 'CREATE', stream, group, head)
 end
+redis.call('INCRBY', KEYS[9], done)
 local deleted = 0
 if redis.call('SCARD', KEYS[5]) <= 1 then
   deleted = redis.call('XDEL', stream, head)

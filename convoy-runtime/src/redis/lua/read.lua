@@ -5,13 +5,17 @@
 --
 -- KEYS[1]                 lease
 -- KEYS[2 .. n+1]          primary streams
--- KEYS[n+2 .. 2n+1]       backfill streams ('' when lanes are off)
--- KEYS[2n+2]              the owner's liveness key
+-- KEYS[n+2 .. 2n+1]       backfill streams (only when lanes are on)
+-- KEYS[#KEYS]             the owner's liveness key
 -- ARGV[1] fence token (also the consumer name), ARGV[2] group,
 -- ARGV[3] primary count, ARGV[4] backfill count,
 -- ARGV[5] '0' to re-read this consumer's pending entries, '>' for new ones,
 -- ARGV[6] n, ARGV[7] the lane to look at first (rotates for fairness
--- between the categories of one unit), ARGV[8] the owner's incarnation
+-- between the categories of one unit), ARGV[8] the owner's incarnation,
+-- ARGV[9] '1' when priority lanes are on (the backfill streams are in KEYS)
+--
+-- Every key is passed by name, never as '': a Redis ACL user limited to
+-- convoy's key patterns is refused any key outside them, even an empty one.
 --
 -- A stream without the group (new, or re-created by a publish after a
 -- reap) gets the group at id 0, so nothing published is skipped.
@@ -26,7 +30,7 @@ if no then
 end
 
 local function read(stream, count)
-  if stream == '' or redis.call('EXISTS', stream) == 0 then
+  if redis.call('EXISTS', stream) == 0 then
     return false
   end
   local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', count,
@@ -52,7 +56,11 @@ end
 
 local n = tonumber(ARGV[6])
 local first = tonumber(ARGV[7])
-for pass = 0, 1 do
+local passes = 0
+if ARGV[9] == '1' then
+  passes = 1
+end
+for pass = 0, passes do
   for j = 0, n - 1 do
     local i = (first + j) % n
     local stream = KEYS[2 + pass * n + i]

@@ -5,7 +5,9 @@
 --
 -- KEYS[1] the key's dead letter stream, KEYS[2] the partition stream,
 -- KEYS[3] the category's partition index, KEYS[4] the category's wake
--- stream, KEYS[5] the audit stream
+-- stream, KEYS[5] the audit stream, KEYS[6] the category's published
+-- count (`convoy_lag` is published - acknowledged: the replayed entry is
+-- one more to handle)
 -- ARGV[1] dead letter id, ARGV[2] partition key, ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category, ARGV[6] wake stream approximate max
 -- length
@@ -42,6 +44,7 @@ if #copy == 0 then
   return {'empty'}
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(copy))
+redis.call('INCRBY', KEYS[6], 1)
 redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'k', ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[1])

@@ -28,6 +28,7 @@ use crate::broker::{ConsumerPlan, Subscription};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::Fence;
+use crate::key::Escaped;
 use crate::names::{self, CORRELATION_SCOPE};
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -546,11 +547,11 @@ impl Coordinator {
             .await;
             match released {
                 Ok(Released::Released) => {
-                    tracing::info!(handler = s.group(), key = %key, "released a lease this instance held without a worker");
+                    tracing::info!(handler = s.group(), key = ?Escaped(&key), "released a lease this instance held without a worker");
                 }
                 Ok(Released::NotHeld) => {}
                 Err(e) => {
-                    tracing::warn!(handler = s.group(), key = %key, error = %chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
+                    tracing::warn!(handler = s.group(), key = ?Escaped(&key), error = %chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
                     self.orphans.insert(key);
                 }
             }
@@ -621,7 +622,7 @@ impl Coordinator {
                 continue;
             };
             let key = unit.key.clone();
-            tracing::info!(handler = s.group(), key = %key, generation = taken.generation, halted = taken.halted, "lease acquired");
+            tracing::info!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
             crate::metrics::acquired(s.group(), 1);
             let handle = worker::spawn(
                 s.clone(),

@@ -37,6 +37,7 @@ use crate::backoff::Backoff;
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::{Fence, HandlerError, Position};
+use crate::key::Escaped;
 
 /// Entries read per fenced read from the primary lane.
 const PRIMARY_BATCH: usize = 100;
@@ -215,7 +216,7 @@ impl Worker {
                 false
             }
             Exit::Retired => {
-                tracing::info!(handler = self.group(), key = %self.unit.key, "drained idle partition retired");
+                tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "drained idle partition retired");
                 false
             }
         }
@@ -225,10 +226,10 @@ impl Worker {
         crate::metrics::lost(self.group(), 1);
         match why {
             Refusal::LeaseGone => {
-                tracing::error!(handler = self.group(), key = %self.unit.key, token = %self.token, "{}", why.describe())
+                tracing::error!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "{}", why.describe())
             }
             _ => {
-                tracing::warn!(handler = self.group(), key = %self.unit.key, token = %self.token, "{}", why.describe())
+                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "{}", why.describe())
             }
         }
     }
@@ -243,7 +244,7 @@ impl Worker {
         let err = HandlerError::msg(reason.clone());
         match self.record_failure("", &err, Some("not a stream")).await {
             Ok(_) => {
-                tracing::error!(handler = self.group(), key = %self.unit.key, stream, kind, "partition halted: {reason}");
+                tracing::error!(handler = self.group(), key = ?Escaped(&self.unit.key), stream, kind, "partition halted: {reason}");
                 self.set_halted(true);
                 crate::metrics::halted(self.group());
                 Ok(())
@@ -279,7 +280,7 @@ impl Worker {
                 Ok(Claimed::Done { count, gone }) => {
                     if count > 0 {
                         crate::metrics::reclaimed(self.group(), count);
-                        tracing::info!(handler = self.group(), key = %unit.key, stream = %stream, claimed = count, "reclaimed pending entries of earlier owners");
+                        tracing::info!(handler = self.group(), key = ?Escaped(&unit.key), stream = ?Escaped(stream), claimed = count, "reclaimed pending entries of earlier owners");
                     }
                     if !gone.is_empty() {
                         self.report_missing(stream, &gone);
@@ -291,7 +292,7 @@ impl Worker {
                     return Ok(());
                 }
                 Err(e) => {
-                    tracing::warn!(handler = self.group(), key = %unit.key, error = %chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&unit.key), error = %chain(&e), "reclaim failed; giving the unit up rather than skipping ahead");
                     return Err(Exit::Release);
                 }
             }
@@ -327,7 +328,7 @@ impl Worker {
                 // An operator un-halts by skipping or dead-lettering the head,
                 // which also wakes the unit.
                 if !self.still_halted().await {
-                    tracing::info!(handler = self.group(), key = %self.unit.key, "partition un-halted; resuming");
+                    tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "partition un-halted; resuming");
                     self.set_halted(false);
                     self.head = None;
                 }
@@ -383,7 +384,7 @@ impl Worker {
                     // consumer, unhandled. Re-read those before anything new.
                     pending_mode = true;
                     drained = false;
-                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
                     if !backoff.wait_or_stop(&self.stop).await {
                         return Exit::Release;
                     }
@@ -463,7 +464,11 @@ impl Worker {
                 _ => 0,
             };
             let attempt = failures + 1;
-            let result = match entry.envelope(stream) {
+            let origin = unit.lane(at);
+            let result = match entry.envelope(stream).and_then(|env| {
+                env.check_origin(stream, &entry.id, &origin.category, Some(&unit.key))
+                    .map(|()| env)
+            }) {
                 Ok(env) => {
                     let _permit = self.s.permits.acquire().await;
                     // The wait for a permit may have outlasted the lease:
@@ -504,7 +509,7 @@ impl Worker {
                 Err(err) if is_fenced_write(&err) => {
                     // The handler's exactly-once write found a newer owner's
                     // effects: this owner was replaced while it stalled.
-                    tracing::warn!(handler = self.group(), key = %self.unit.key, entry = %entry.id, error = %err, "handler's write fenced out by a newer owner; giving up the unit");
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, error = %Escaped(&err.to_string()), "handler's write fenced out by a newer owner; giving up the unit");
                     return Step::Exit(Exit::Lost(Refusal::FencedOut));
                 }
                 Err(err) => match self.flush_then_fail(&entry.id, failures, &err).await {
@@ -519,10 +524,10 @@ impl Worker {
                             };
                             tracing::error!(
                                 handler = self.group(),
-                                key = %self.unit.key,
+                                key = ?Escaped(&self.unit.key),
                                 entry = %entry.id,
                                 attempts = n,
-                                error = %err,
+                                error = %Escaped(&err.to_string()),
                                 "partition halted: {why}; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
                             );
                             self.set_halted(true);
@@ -530,7 +535,7 @@ impl Worker {
                             return Step::Halted;
                         }
                         let wait = retry.backoff(n);
-                        tracing::warn!(handler = self.group(), key = %self.unit.key, entry = %entry.id, attempt = n, retry_in_ms = wait.as_millis() as u64, error = %err, "handler failed; retrying the head in place");
+                        tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, attempt = n, retry_in_ms = wait.as_millis() as u64, error = %Escaped(&err.to_string()), "handler failed; retrying the head in place");
                         tokio::select! {
                             _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
                             _ = tokio::time::sleep(wait) => {}
@@ -597,7 +602,7 @@ impl Worker {
         crate::metrics::missing(self.group(), ids.len());
         tracing::error!(
             handler = self.group(),
-            key = %self.unit.key,
+            key = ?Escaped(&self.unit.key),
             stream,
             entries = ?ids,
             "pending entries are gone from the stream and can never be handled (deleted by hand, or lost with Redis state); they are acknowledged so the partition can go on"
@@ -652,7 +657,7 @@ impl Worker {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&*e), "ack failed; retrying");
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&*e), "ack failed; retrying");
                     backoff.wait().await;
                 }
             }
@@ -706,7 +711,7 @@ impl Worker {
                     if self.past_deadline() {
                         return Err(Exit::Expired);
                     }
-                    tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "recording a failure failed; retrying");
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "recording a failure failed; retrying");
                     backoff.wait().await;
                 }
             }
@@ -733,7 +738,7 @@ impl Worker {
             Err(e) => {
                 // It may have run (the unit retired, its lease gone): give
                 // the unit up rather than act on a lease that may be gone.
-                tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "reap failed; giving the unit up (it may have been retired)");
+                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "reap failed; giving the unit up (it may have been retired)");
                 Err(Exit::Release)
             }
         }
@@ -769,12 +774,12 @@ impl Worker {
         .await;
         match r {
             Ok(Released::Released) => {
-                tracing::info!(handler = self.group(), key = %self.unit.key, token = %self.token, "lease released");
+                tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "lease released");
                 true
             }
             Ok(Released::NotHeld) => true,
             Err(e) => {
-                tracing::warn!(handler = self.group(), key = %self.unit.key, error = %chain(&e), "lease release failed; the coordinator releases it later, or it lapses with this instance's liveness");
+                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "lease release failed; the coordinator releases it later, or it lapses with this instance's liveness");
                 false
             }
         }

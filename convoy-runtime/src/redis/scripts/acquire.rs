@@ -100,10 +100,12 @@ impl Acquire<'_> {
     ) -> Result<Acquired, Error> {
         let mut inv = SCRIPTS.acquire.prepare_invoke();
         for (u, holder) in self.units.iter().zip(self.holders) {
+            // With no holder seen, the caller's own liveness key stands
+            // in (the script then ignores it): every key is named.
             let alive = holder
                 .as_deref()
                 .map(|h| names::alive(self.group, h))
-                .unwrap_or_default();
+                .unwrap_or_else(|| self.alive.to_owned());
             inv.key(&u.lease).key(&u.state).key(alive);
         }
         inv.key(self.alive)

@@ -78,7 +78,8 @@ impl HeadAction<'_> {
             .key(&lane.groups)
             .key(names::AUDIT_STREAM)
             .key(names::partition_dlq(&lane.category, &u.key))
-            .key(&lane.wake);
+            .key(&lane.wake)
+            .key(&lane.acked);
         inv.arg(&u.group)
             .arg(if self.force { "1" } else { "0" })
             .arg(self.operator)

@@ -57,8 +57,11 @@ impl Read<'_> {
         for l in lanes {
             inv.key(&l.primary);
         }
-        for l in lanes {
-            inv.key(&l.backfill);
+        let backfill_on = by.unit.backfill_on();
+        if backfill_on {
+            for l in lanes {
+                inv.key(&l.backfill);
+            }
         }
         inv.key(by.alive)
             .arg(by.token)
@@ -71,7 +74,8 @@ impl Read<'_> {
             })
             .arg(lanes.len())
             .arg(self.first_lane)
-            .arg(by.incarnation);
+            .arg(by.incarnation)
+            .arg(if backfill_on { "1" } else { "0" });
         let reply = call("read", &inv, conn, "fenced read failed").await?;
         match &reply.status {
             Status::Done => {}

@@ -43,6 +43,7 @@ impl Replay<'_> {
             .key(names::partition_index(self.category))
             .key(names::wake_stream(self.category))
             .key(names::AUDIT_STREAM)
+            .key(names::published(self.category))
             .arg(self.dlq_id)
             .arg(self.key)
             .arg(self.operator)
