@@ -65,9 +65,12 @@ pub const COMMANDS: &[&str] = &[
     "+srem",
     "+scard",
     "+smembers",
+    "+pexpire",
     "+zadd",
     "+zcard",
+    "+zrange",
     "+zremrangebyscore",
+    "+zscore",
     // Server and connection.
     "+time",
     "+ping",
