@@ -9,7 +9,7 @@ use convoy_runtime::config::redact_url;
 use convoy_runtime::redis::admin::{Admin, AdminError, HeadOp, HeadRequest};
 
 use crate::cli::{Cli, Command, Connection, HeadArgs};
-use crate::render;
+use crate::{outbox, render};
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,25 @@ pub enum CliError {
         /// The configuration file.
         config: String,
     },
+    /// No PostgreSQL URL for the outbox commands.
+    #[error(
+        "no PostgreSQL URL for the outbox: pass --postgres-url, set CONVOY_POSTGRES_URL, or set [outbox] postgres_url in {config} (or point --config at the domain's file)"
+    )]
+    NoPostgresUrl {
+        /// The configuration file looked at.
+        config: String,
+    },
+    /// An outbox retry or discard without a Redis to audit it in.
+    #[error(
+        "outbox retry and discard are recorded in the convoy:audit stream on Redis, and {config} names no Redis: pass --redis-url or set CONVOY_REDIS_URL; nothing was changed"
+    )]
+    AuditNeedsRedis {
+        /// The configuration file looked at.
+        config: String,
+    },
+    /// Reading the outbox failed.
+    #[error(transparent)]
+    Outbox(convoy_runtime::Error),
     /// Not confirmed, and no way to ask.
     #[error(
         "refusing to {action} without confirmation: standard input is not a terminal; pass --yes to confirm"
@@ -65,10 +84,11 @@ impl From<AdminError> for CliError {
 }
 
 impl CliError {
-    /// 2 when Redis cannot be reached, else 1.
+    /// 2 when Redis or the outbox's PostgreSQL cannot be reached, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Admin(e) if e.is_unreachable() => 2,
+            CliError::Outbox(e) if e.is_transient() => 2,
             _ => 1,
         }
     }
@@ -76,7 +96,7 @@ impl CliError {
 
 /// Where to connect.
 #[derive(Debug)]
-struct Target {
+pub struct Target {
     url: String,
     ca_file: Option<String>,
     backfill_suffix: String,
@@ -84,7 +104,7 @@ struct Target {
 
 /// The URL from the flag or the environment (clap reads both), else from
 /// the configuration file; the backfill suffix and TLS CA from the file.
-fn target(conn: &Connection) -> Result<Target, CliError> {
+pub fn target(conn: &Connection) -> Result<Target, CliError> {
     let shown = conn.config.display().to_string();
     let config = load_config(&conn.config)?;
     let suffix = config.server.priority_lanes.backfill_suffix.clone();
@@ -107,11 +127,11 @@ fn target(conn: &Connection) -> Result<Target, CliError> {
 }
 
 /// The configuration, or every default when the file does not exist.
-fn load_config(path: &Path) -> Result<Config, CliError> {
+pub fn load_config(path: &Path) -> Result<Config, CliError> {
     Config::from_file(path).map_err(CliError::Config)
 }
 
-async fn connect(t: &Target) -> Result<Admin, CliError> {
+pub async fn connect(t: &Target) -> Result<Admin, CliError> {
     let admin = match &t.ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
@@ -128,7 +148,7 @@ async fn connect(t: &Target) -> Result<Admin, CliError> {
 }
 
 /// The operator's name: `--operator`, else `$USER`, else `$LOGNAME`.
-fn operator(conn: &Connection) -> String {
+pub fn operator(conn: &Connection) -> String {
     conn.operator
         .clone()
         .or_else(|| std::env::var("USER").ok())
@@ -139,10 +159,21 @@ fn operator(conn: &Connection) -> String {
 
 /// Runs one command; the text for stdout is printed here.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
-    let target = target(&cli.conn)?;
-    let admin = connect(&target).await?;
-    let who = operator(&cli.conn);
     let out = match cli.command {
+        // The outbox listing needs no Redis; its actions connect for the
+        // audit record.
+        Command::Outbox(args) => outbox::run(&cli.conn, &args).await?,
+        command => partition_command(&cli.conn, command).await?,
+    };
+    print(&out)
+}
+
+/// A command on Redis: connect, then act; returns the text for stdout.
+async fn partition_command(conn: &Connection, command: Command) -> Result<String, CliError> {
+    let target = target(conn)?;
+    let admin = connect(&target).await?;
+    let who = operator(conn);
+    let out = match command {
         Command::Partitions { category, json } => {
             let report = admin.partitions(&category).await?;
             if json {
@@ -218,7 +249,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 render::audit(&records)
             }
         }
+        Command::Outbox(args) => outbox::run(conn, &args).await?,
     };
+    Ok(out)
+}
+
+/// Writes a command's output to stdout.
+fn print(out: &str) -> Result<ExitCode, CliError> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(out.as_bytes())?;
     stdout.flush()?;
@@ -325,7 +362,7 @@ async fn head_action(
 }
 
 /// Asks on the terminal unless `yes`; refuses without a terminal.
-fn confirm(question: &str, yes: bool, action: &'static str) -> Result<(), CliError> {
+pub fn confirm(question: &str, yes: bool, action: &'static str) -> Result<(), CliError> {
     if yes {
         return Ok(());
     }
@@ -358,9 +395,9 @@ fn ask(
 }
 
 /// An error as one line: its chain of causes joined with `: `, control
-/// characters flattened, and the URL's password (if any) hidden even when a
-/// cause quotes it.
-pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) -> String {
+/// characters flattened, and the URLs' passwords (if any) hidden even when
+/// a cause quotes them.
+pub fn one_line(error: &(dyn std::error::Error + 'static), urls: &[String]) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {
@@ -371,12 +408,12 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) ->
         }
         source = s.source();
     }
-    if let Some(url) = url
-        && let Some(password) = password(url)
-    {
-        text = text
-            .replace(url, &redact_url(url))
-            .replace(&format!(":{password}@"), ":***@");
+    for url in urls {
+        if let Some(password) = password(url) {
+            text = text
+                .replace(url.as_str(), &redact_url(url))
+                .replace(&format!(":{password}@"), ":***@");
+        }
     }
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -391,14 +428,24 @@ fn password(url: &str) -> Option<&str> {
     (!pw.is_empty()).then_some(pw)
 }
 
-/// The URL a command would use, for hiding its password in errors.
-pub fn url_for_errors(cli: &Cli) -> Option<String> {
-    cli.conn.redis_url.clone().or_else(|| {
-        load_config(&cli.conn.config)
-            .ok()
-            .map(|c| c.broker.url)
+/// The URLs a command would use (Redis, and PostgreSQL for the outbox
+/// commands), for hiding their passwords in errors.
+pub fn urls_for_errors(cli: &Cli) -> Vec<String> {
+    let config = load_config(&cli.conn.config).ok();
+    let redis = cli.conn.redis_url.clone().or_else(|| {
+        config
+            .as_ref()
+            .map(|c| c.broker.url.clone())
             .filter(|u| u != "inline")
-    })
+    });
+    let postgres = match &cli.command {
+        Command::Outbox(args) => args
+            .postgres_url
+            .clone()
+            .or_else(|| config.as_ref().and_then(|c| c.outbox.postgres_url.clone())),
+        _ => None,
+    };
+    redis.into_iter().chain(postgres).collect()
 }
 
 #[cfg(test)]
@@ -433,10 +480,19 @@ mod tests {
         let io =
             std::io::Error::other("connect to redis://u:hunter2@h:1/ failed\nretry u:hunter2@h:1");
         let e = CliError::Io(io);
-        let line = one_line(&e, Some("redis://u:hunter2@h:1/"));
+        let line = one_line(
+            &e,
+            &[
+                "postgres://p:s3cret@db/x".into(),
+                "redis://u:hunter2@h:1/".into(),
+            ],
+        );
         assert!(!line.contains("hunter2"), "{line}");
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("redis://u:***@h:1/"), "{line}");
+        let io = std::io::Error::other("cannot reach postgres://p:s3cret@db/x");
+        let line = one_line(&CliError::Io(io), &["postgres://p:s3cret@db/x".into()]);
+        assert!(!line.contains("s3cret"), "{line}");
         assert_eq!(password("redis://h:1/"), None);
         assert_eq!(password("rediss://:pw@h/0"), Some("pw"));
     }

@@ -512,12 +512,24 @@ pub fn audit(records: &[AuditRecord]) -> String {
     for r in records {
         let f = |k: &str| r.fields.get(k).cloned().unwrap_or_default();
         let time = f("time").parse().map(utc).unwrap_or_default();
+        let op = f("op");
+        // An outbox action's entry is the row's id, not a stream entry.
+        let entry = if op.starts_with("outbox_") {
+            format!("outbox row {}", f("entry"))
+        } else {
+            f("entry")
+        };
+        let group = f("group");
         t.row(vec![
             time,
-            f("op"),
+            op,
             format!("{}:{}", f("category"), f("key")),
-            f("group"),
-            f("entry"),
+            if group.is_empty() {
+                "-".to_owned()
+            } else {
+                group
+            },
+            entry,
             f("operator"),
             if f("forced") == "1" { "yes" } else { "no" }.to_owned(),
         ]);
