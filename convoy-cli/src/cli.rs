@@ -44,7 +44,8 @@ pub struct Connection {
         value_name = "URL"
     )]
     pub redis_url: Option<String>,
-    /// The domain configuration: broker URL, TLS CA, backfill lane suffix.
+    /// The domain configuration: broker URL, TLS CA, backfill lane suffix,
+    /// the outbox (`[outbox] postgres_url`, `schema`, `table`).
     #[arg(
         long,
         global = true,

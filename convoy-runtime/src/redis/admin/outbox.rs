@@ -169,7 +169,7 @@ mod tests {
                 category: "c".into(),
                 partition_key: Some("k".into()),
                 time_ms: 0,
-                priority: crate::message::Priority::Normal,
+                priority: crate::envelope::Priority::Normal,
                 correlation_id: None,
                 payload: "{}".into(),
             },
