@@ -6,17 +6,21 @@ use clap::{Args, Parser, Subcommand};
 
 const AFTER_HELP: &str = "\
 Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config.
+The outbox commands: --postgres-url, else $CONVOY_POSTGRES_URL, else [outbox]
+postgres_url of --config (and its schema and table).
 
 Exit codes: 0 done; 1 refused, declined or failed (nothing was changed unless
-the message says so); 2 Redis cannot be reached; 64 bad arguments.";
+the message says so); 2 Redis (or the outbox's PostgreSQL) cannot be reached;
+64 bad arguments.";
 
 /// Inspect and unwedge convoy's per-key partitions on Redis.
 ///
 /// A partition halts when its head event fails past `max_retries`: the head
 /// stays pending and nothing behind it runs. Look at it with `inspect`, then
 /// `skip` it or move it to the key's dead letter stream with `dead-letter`;
-/// the owner resumes with the next event, in order. Every action is recorded
-/// in the `convoy:audit` stream.
+/// the owner resumes with the next event, in order. `outbox` shows the
+/// PostgreSQL outbox's backlog and abandoned rows, and retries or discards
+/// them. Every action is recorded in the `convoy:audit` stream.
 #[derive(Debug, Parser)]
 #[command(name = "convoy", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -40,7 +44,8 @@ pub struct Connection {
         value_name = "URL"
     )]
     pub redis_url: Option<String>,
-    /// The domain configuration: broker URL, TLS CA, backfill lane suffix.
+    /// The domain configuration: broker URL, TLS CA, backfill lane suffix,
+    /// the outbox (`[outbox] postgres_url`, `schema`, `table`).
     #[arg(
         long,
         global = true,
@@ -131,6 +136,9 @@ pub enum Command {
         #[arg(long, default_value = "convoy", value_name = "NAME")]
         user: String,
     },
+    /// The PostgreSQL outbox: backlog, oldest pending age, abandoned rows
+    /// with their reasons; `retry` or `discard` an abandoned row.
+    Outbox(OutboxArgs),
     /// Show the latest operator actions (the `convoy:audit` stream).
     Audit {
         /// How many records.
@@ -140,6 +148,51 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `convoy outbox [retry|discard ID]`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct OutboxArgs {
+    /// The outbox's database (`postgres://user:password@host/db`).
+    #[arg(
+        long,
+        global = true,
+        env = "CONVOY_POSTGRES_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub postgres_url: Option<String>,
+    /// How many abandoned rows to list, the oldest first.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Retry or discard an abandoned row (without: show the outbox).
+    #[command(subcommand)]
+    pub action: Option<OutboxAction>,
+}
+
+/// What to do with an abandoned outbox row.
+#[derive(Debug, Subcommand)]
+pub enum OutboxAction {
+    /// Make an abandoned row pending again: the relay publishes it after
+    /// the rows of its key published meanwhile (or abandons it again if
+    /// its key is still invalid).
+    Retry(RowArgs),
+    /// Delete an abandoned row: its event is never published.
+    Discard(RowArgs),
+}
+
+/// An abandoned outbox row.
+#[derive(Debug, Args)]
+pub struct RowArgs {
+    /// The row's id (from `convoy outbox`).
+    pub id: u64,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 /// `--handler`.
@@ -348,6 +401,52 @@ mod tests {
     }
 
     #[test]
+    fn outbox_shows_or_acts_on_one_row() {
+        let cli =
+            parse(&["outbox", "--json", "--postgres-url", "postgres://h/db"]).expect("parses");
+        let Command::Outbox(a) = cli.command else {
+            panic!("not outbox")
+        };
+        assert!(a.json && a.action.is_none());
+        assert_eq!(a.limit, 50);
+        assert_eq!(a.postgres_url.as_deref(), Some("postgres://h/db"));
+        let cli = parse(&[
+            "outbox",
+            "retry",
+            "17",
+            "--postgres-url",
+            "postgres://h/db",
+            "-y",
+        ])
+        .expect("parses");
+        let Command::Outbox(a) = cli.command else {
+            panic!("not outbox")
+        };
+        assert_eq!(a.postgres_url.as_deref(), Some("postgres://h/db"));
+        assert!(matches!(
+            a.action,
+            Some(OutboxAction::Retry(RowArgs { id: 17, yes: true }))
+        ));
+        let cli = parse(&["outbox", "discard", "3"]).expect("parses");
+        let Command::Outbox(a) = cli.command else {
+            panic!("not outbox")
+        };
+        assert!(matches!(
+            a.action,
+            Some(OutboxAction::Discard(RowArgs { id: 3, yes: false }))
+        ));
+        for args in [
+            &["outbox", "retry"][..],
+            &["outbox", "retry", "x"],
+            &["outbox", "discard", "-1"],
+            &["outbox", "frobnicate"],
+        ] {
+            let e = parse(args).expect_err("usage error");
+            assert!(e.use_stderr(), "{args:?}");
+        }
+    }
+
+    #[test]
     fn mistakes_are_usage_errors() {
         for args in [
             &["inspect", "order"][..],
@@ -364,6 +463,7 @@ mod tests {
     fn help_names_the_environment_variable_and_exit_codes() {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("CONVOY_REDIS_URL"), "{help}");
+        assert!(help.contains("CONVOY_POSTGRES_URL"), "{help}");
         assert!(help.contains("Exit codes"), "{help}");
     }
 }

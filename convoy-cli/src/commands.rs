@@ -10,7 +10,7 @@ use convoy_runtime::key::Escaped;
 use convoy_runtime::redis::admin::{Admin, AdminError, HeadOp, HeadRequest};
 
 use crate::cli::{Cli, Command, Connection, HeadArgs};
-use crate::render;
+use crate::{outbox, render};
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,25 @@ pub enum CliError {
         /// The configuration file.
         config: String,
     },
+    /// No PostgreSQL URL for the outbox commands.
+    #[error(
+        "no PostgreSQL URL for the outbox: pass --postgres-url, set CONVOY_POSTGRES_URL, or set [outbox] postgres_url in {config} (or point --config at the domain's file)"
+    )]
+    NoPostgresUrl {
+        /// The configuration file looked at.
+        config: String,
+    },
+    /// An outbox retry or discard without a Redis to audit it in.
+    #[error(
+        "outbox retry and discard are recorded in the convoy:audit stream on Redis, and {config} names no Redis: pass --redis-url or set CONVOY_REDIS_URL; nothing was changed"
+    )]
+    AuditNeedsRedis {
+        /// The configuration file looked at.
+        config: String,
+    },
+    /// Reading the outbox failed.
+    #[error(transparent)]
+    Outbox(convoy_runtime::Error),
     /// Not confirmed, and no way to ask.
     #[error(
         "refusing to {action} without confirmation: standard input is not a terminal; pass --yes to confirm"
@@ -75,6 +94,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Admin(e) if e.is_unreachable() => 2,
+            CliError::Outbox(e) if e.is_transient() => 2,
             CliError::Usage(_) => crate::USAGE,
             _ => 1,
         }
@@ -83,7 +103,7 @@ impl CliError {
 
 /// Where to connect.
 #[derive(Debug)]
-struct Target {
+pub struct Target {
     url: String,
     ca_file: Option<String>,
     backfill_suffix: String,
@@ -91,7 +111,7 @@ struct Target {
 
 /// The URL from the flag or the environment (clap reads both), else from
 /// the configuration file; the backfill suffix and TLS CA from the file.
-fn target(conn: &Connection) -> Result<Target, CliError> {
+pub fn target(conn: &Connection) -> Result<Target, CliError> {
     let shown = conn.config.display().to_string();
     let config = load_config(&conn.config)?;
     let suffix = config.server.priority_lanes.backfill_suffix.clone();
@@ -117,14 +137,14 @@ fn target(conn: &Connection) -> Result<Target, CliError> {
 /// CLI needs the file only for what a flag does not give (the URL, the TLS
 /// CA, the backfill suffix), and says which file it looked at when the URL
 /// is missing.
-fn load_config(path: &Path) -> Result<Config, CliError> {
+pub fn load_config(path: &Path) -> Result<Config, CliError> {
     if !path.exists() {
         return Ok(Config::default());
     }
     Config::from_file(path).map_err(CliError::Config)
 }
 
-async fn connect(t: &Target) -> Result<Admin, CliError> {
+pub async fn connect(t: &Target) -> Result<Admin, CliError> {
     let admin = match &t.ca_file {
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
@@ -141,7 +161,7 @@ async fn connect(t: &Target) -> Result<Admin, CliError> {
 }
 
 /// The operator's name: `--operator`, else `$USER`, else `$LOGNAME`.
-fn operator(conn: &Connection) -> String {
+pub fn operator(conn: &Connection) -> String {
     conn.operator
         .clone()
         .or_else(|| std::env::var("USER").ok())
@@ -155,11 +175,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     if let Command::Acl { categories, user } = &cli.command {
         return print(&acl(categories, user)?);
     }
+    // The outbox listing needs no Redis; its actions connect for the
+    // audit record.
+    if let Command::Outbox(args) = &cli.command {
+        return print(&outbox::run(&cli.conn, args).await?);
+    }
     let target = target(&cli.conn)?;
     let admin = connect(&target).await?;
     let who = operator(&cli.conn);
     let out = match cli.command {
-        Command::Acl { .. } => String::new(),
+        Command::Acl { .. } | Command::Outbox(_) => String::new(),
         Command::Partitions {
             category,
             json,
@@ -382,7 +407,7 @@ async fn head_action(
 }
 
 /// Asks on the terminal unless `yes`; refuses without a terminal.
-fn confirm(question: &str, yes: bool, action: &'static str) -> Result<(), CliError> {
+pub fn confirm(question: &str, yes: bool, action: &'static str) -> Result<(), CliError> {
     if yes {
         return Ok(());
     }
@@ -418,7 +443,7 @@ fn ask(
 /// and bidirectional characters escaped, and the URL's secrets (its
 /// password, a `pass` / `password` query value) hidden even when a cause
 /// quotes them.
-pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) -> String {
+pub fn one_line(error: &(dyn std::error::Error + 'static), urls: &[String]) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {
@@ -429,8 +454,8 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) ->
         }
         source = s.source();
     }
-    if let Some(url) = url {
-        text = text.replace(url, &redact_url(url));
+    for url in urls {
+        text = text.replace(url.as_str(), &redact_url(url));
         for secret in url_secrets(url) {
             text = text.replace(&secret, "***");
         }
@@ -438,14 +463,24 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), url: Option<&str>) ->
     Escaped(&text).to_string()
 }
 
-/// The URL a command would use, for hiding its password in errors.
-pub fn url_for_errors(cli: &Cli) -> Option<String> {
-    cli.conn.redis_url.clone().or_else(|| {
-        load_config(&cli.conn.config)
-            .ok()
-            .map(|c| c.broker.url)
+/// The URLs a command would use (Redis, and PostgreSQL for the outbox
+/// commands), for hiding their secrets in errors.
+pub fn urls_for_errors(cli: &Cli) -> Vec<String> {
+    let config = load_config(&cli.conn.config).ok();
+    let redis = cli.conn.redis_url.clone().or_else(|| {
+        config
+            .as_ref()
+            .map(|c| c.broker.url.clone())
             .filter(|u| u != "inline")
-    })
+    });
+    let postgres = match &cli.command {
+        Command::Outbox(args) => args
+            .postgres_url
+            .clone()
+            .or_else(|| config.as_ref().and_then(|c| c.outbox.postgres_url.clone())),
+        _ => None,
+    };
+    redis.into_iter().chain(postgres).collect()
 }
 
 #[cfg(test)]
@@ -480,19 +515,28 @@ mod tests {
         let io =
             std::io::Error::other("connect to redis://u:hunter2@h:1/ failed\nretry u:hunter2@h:1");
         let e = CliError::Io(io);
-        let line = one_line(&e, Some("redis://u:hunter2@h:1/"));
+        let line = one_line(
+            &e,
+            &[
+                "postgres://p:s3cret@db/x".into(),
+                "redis://u:hunter2@h:1/".into(),
+            ],
+        );
         assert!(!line.contains("hunter2"), "{line}");
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("redis://u:***@h:1/"), "{line}");
         let io = std::io::Error::other("no socket at unix:///run/r.sock?pass=hunter2&db=1");
         let line = one_line(
             &CliError::Io(io),
-            Some("unix:///run/r.sock?pass=hunter2&db=1"),
+            &["unix:///run/r.sock?pass=hunter2&db=1".into()],
         );
         assert!(!line.contains("hunter2"), "{line}");
         assert!(line.contains("pass=***"), "{line}");
+        let io = std::io::Error::other("cannot reach postgres://p:s3cret@db/x");
+        let line = one_line(&CliError::Io(io), &["postgres://p:s3cret@db/x".into()]);
+        assert!(!line.contains("s3cret"), "{line}");
         let io = std::io::Error::other("key \"a\u{1b}[2J\u{202e}b\" failed");
-        let line = one_line(&CliError::Io(io), None);
+        let line = one_line(&CliError::Io(io), &[]);
         assert!(line.contains("a\\u{1b}[2J\\u{202e}b"), "{line}");
     }
 

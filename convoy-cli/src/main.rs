@@ -1,6 +1,7 @@
 //! `convoy`: the operator's command line for convoy's per-key partitions on
-//! Redis. `convoy --help` lists the commands; the work is done by
-//! `convoy_runtime::redis::admin::Admin`.
+//! Redis and its PostgreSQL outbox. `convoy --help` lists the commands; the
+//! work is done by `convoy_runtime::redis::admin::Admin` and the outbox's
+//! `OutboxStore` methods.
 
 // A binary has no public API: `pub` in its modules only marks what the
 // other modules use (the workspace's `unreachable_pub` is for libraries).
@@ -8,6 +9,7 @@
 
 mod cli;
 mod commands;
+mod outbox;
 mod render;
 
 use std::process::ExitCode;
@@ -26,7 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { USAGE } else { 0 });
         }
     };
-    let url = commands::url_for_errors(&cli);
+    let urls = commands::urls_for_errors(&cli);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -40,7 +42,7 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("convoy: {}", commands::one_line(&e, url.as_deref()));
+            eprintln!("convoy: {}", commands::one_line(&e, &urls));
             ExitCode::from(e.exit_code())
         }
     }

@@ -646,16 +646,28 @@ pub fn audit(records: &[AuditRecord]) -> String {
     for r in records {
         let f = |k: &str| r.fields.get(k).cloned().unwrap_or_default();
         let time = f("time").parse().map(utc).unwrap_or_default();
+        let op = f("op");
+        // An outbox action's entry is the row's id, not a stream entry.
+        let entry = if op.starts_with("outbox_") {
+            format!("outbox row {}", f("entry"))
+        } else {
+            f("entry")
+        };
+        let group = f("group");
         t.row(vec![
             time,
-            truncate(&f("op"), CELL),
+            truncate(&op, CELL),
             format!(
                 "{}:{}",
                 truncate(&f("category"), CELL),
                 truncate(&f("key"), KEY_CELL)
             ),
-            truncate(&f("group"), CELL),
-            truncate(&f("entry"), CELL),
+            if group.is_empty() {
+                "-".to_owned()
+            } else {
+                truncate(&group, CELL)
+            },
+            truncate(&entry, CELL),
             truncate(&f("operator"), CELL),
             if f("forced") == "1" { "yes" } else { "no" }.to_owned(),
         ]);

@@ -110,6 +110,14 @@ pub trait OutboxStore: Any + Send + Sync + 'static {
     /// there was such a record.
     fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>>;
 
+    /// The record `seq` if the store still keeps it, whatever its status
+    /// (what an operator looks at before a retry or discard). The default
+    /// searches [`OutboxStore::records`]; a store with an index by
+    /// sequence number overrides it.
+    fn record(&self, seq: u64) -> BoxFuture<'_, Result<Option<OutboxRecord>, Error>> {
+        Box::pin(async move { Ok(self.records().await?.into_iter().find(|r| r.seq == seq)) })
+    }
+
     /// The producer name under which the broker recognises a re-sent
     /// record of this store, for an engine whose instance id is
     /// `instance_id`.

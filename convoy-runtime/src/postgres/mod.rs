@@ -459,6 +459,18 @@ impl OutboxStore for PgOutbox {
         })
     }
 
+    fn record(&self, seq: u64) -> BoxFuture<'_, Result<Option<OutboxRecord>, Error>> {
+        Box::pin(async move {
+            let sql = self.sql(&format!("SELECT {COLUMNS} FROM {{t}} WHERE id = $1"));
+            let row = sqlx::query(sql)
+                .bind(seq as i64)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(missing_table(&self.inner.tables.qualified, self.reading()))?;
+            row.as_ref().map(record).transpose()
+        })
+    }
+
     fn producer(&self, instance_id: &str) -> String {
         // The relay publishes under the relay table's shared producer id
         // (`pg/{uuid}`, read when it starts); this name serves only a

@@ -6,7 +6,8 @@ use crate::error::Error;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
-    /// Talking to Redis failed (see [`AdminError::is_unreachable`]).
+    /// Talking to Redis (or an outbox's database) failed (see
+    /// [`AdminError::is_unreachable`]).
     #[error(transparent)]
     Runtime(#[from] Error),
 
@@ -180,6 +181,29 @@ pub enum AdminError {
         rule: crate::key::CategoryRule,
     },
 
+    /// An outbox retry or discard of a record that is not abandoned.
+    #[error(
+        "outbox row {id} of {outbox} is not abandoned: {state}; nothing was changed (`convoy outbox` lists the abandoned rows)"
+    )]
+    NotAbandoned {
+        /// The outbox (a `PgOutbox`'s qualified table).
+        outbox: String,
+        /// The record's id.
+        id: u64,
+        /// Where it stands instead.
+        state: String,
+    },
+
+    /// The action was done, but its audit record could not be written.
+    #[error("{done}, but its audit record could not be written to convoy:audit")]
+    NotAudited {
+        /// What was done.
+        done: String,
+        /// Why the audit record was not written.
+        #[source]
+        source: Error,
+    },
+
     /// Redis answered something this version does not understand.
     #[error("unexpected reply from redis to {what}: {reply}; is the server a Redis 7 or later?")]
     UnexpectedReply {
@@ -191,8 +215,9 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    /// Whether Redis could not be reached (connection refused or dropped, a
-    /// timeout, the server loading): retrying later may work.
+    /// Whether Redis (or an outbox's database) could not be reached
+    /// (connection refused or dropped, a timeout, the server loading):
+    /// retrying later may work.
     pub fn is_unreachable(&self) -> bool {
         matches!(self, AdminError::Runtime(e) if e.is_transient())
     }
@@ -209,6 +234,7 @@ impl AdminError {
                 | AdminError::NothingToDo { .. }
                 | AdminError::NotAStream { .. }
                 | AdminError::EntryDeleted { .. }
+                | AdminError::NotAbandoned { .. }
         )
     }
 }

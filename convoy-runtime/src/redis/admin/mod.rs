@@ -1,6 +1,6 @@
 //! Operating partitions by hand: list them, inspect a halted head, skip it
 //! or move it to the key's dead letter stream, list and replay dead
-//! letters. The `convoy` command line is a thin layer over [`Admin`].
+//! letters; retry or discard an abandoned outbox record. The `convoy` command line is a thin layer over [`Admin`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), convoy_runtime::redis::admin::AdminError> {
@@ -45,7 +45,9 @@
 //!
 //! Every action appends an audit record to [`AUDIT_STREAM`] (`op`,
 //! `category`, `key`, `group`, `entry`, `operator`, `time`, `forced`,
-//! `stream`, `fenced`, and `dlq_entry` for dead-letter and replay).
+//! `stream`, `fenced`, and `dlq_entry` for dead-letter and replay; an
+//! outbox action adds `outbox`, `message_id`, `type`, `reason` and
+//! `attempts`, with the record's id as `entry`).
 //!
 //! # The head
 //!
@@ -61,7 +63,9 @@
 //! One file per operation: `partitions.rs` (the report of
 //! [`Admin::partitions`]), `inspect.rs` ([`Admin::inspect`]), `head.rs`
 //! ([`Admin::skip`], [`Admin::dead_letter`]), `dlq.rs` ([`Admin::dlq`],
-//! [`Admin::replay`]), `audit.rs` ([`Admin::audit`]); `status.rs` reads a
+//! [`Admin::replay`]), `audit.rs` ([`Admin::audit`]), `outbox.rs`
+//! ([`Admin::outbox_action`]: retry or discard an abandoned outbox record);
+//! `status.rs` reads a
 //! unit's status for the first two, `error.rs` holds [`AdminError`].
 
 mod audit;
@@ -69,6 +73,7 @@ mod dlq;
 mod error;
 mod head;
 mod inspect;
+mod outbox;
 mod partitions;
 mod status;
 
@@ -77,6 +82,7 @@ pub use dlq::{DeadLetter, ReplayOutcome};
 pub use error::AdminError;
 pub use head::{HeadOp, HeadOutcome, HeadRequest};
 pub use inspect::{Head, Inspection};
+pub use outbox::{OutboxOp, OutboxOutcome};
 pub use partitions::{CategoryReport, Totals};
 pub use status::PartitionStatus;
 
