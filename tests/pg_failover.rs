@@ -767,12 +767,19 @@ async fn noted(pool: &PgPool, instance: &str, event: &Posted, outcome: &str) -> 
     n > 0
 }
 
-/// Issue 11, test 6 (the stall). Guards: `AppliedEvents::claim` refuses an
-/// owner whose lease generation is older than the row's (a `SIGSTOP`-ed
-/// owner whose lease was taken over): its transaction rolls back, and
-/// every event's effect is in the database once, in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_owner_whose_lease_was_taken_over_has_its_write_refused() {
+/// The exactly-once tests' start: both servers, the effects tables, 3 keys
+/// of 8 events published, and owner `a` running until it pauses in `c0#3`
+/// at the step `stall` names (it notes `note` there first).
+struct EffectsRun {
+    env: PgEnv,
+    pool: sqlx::PgPool,
+    url: String,
+    events: Vec<Posted>,
+    stalled: Posted,
+    a: Child,
+}
+
+async fn effects_owner_paused_at(stall: &str, note: &str) -> EffectsRun {
     let env = PgEnv::start();
     let pool = prepare_effects(&env).await;
     let url = env.redis.url();
@@ -783,20 +790,38 @@ async fn a_stalled_owner_whose_lease_was_taken_over_has_its_write_refused() {
         Priority::Normal,
     )
     .await;
-    // a is stopped in c0#3, before its transaction.
     let stalled = Posted::new("c0", 3);
     let at = encode(std::slice::from_ref(&stalled));
-    let mut a = Child::spawn(
-        &env,
-        "effects",
-        "a",
-        &url,
-        &[("CONVOY_STALL_BEFORE_CLAIM", &at)],
-    );
-    wait_until(WAIT, "a started c0#3", || {
-        noted(&pool, "a", &stalled, "started")
+    let a = Child::spawn(&env, "effects", "a", &url, &[(stall, &at)]);
+    wait_until(WAIT, &format!("a {note} c0#3"), || {
+        noted(&pool, "a", &stalled, note)
     })
     .await;
+    EffectsRun {
+        env,
+        pool,
+        url,
+        events,
+        stalled,
+        a,
+    }
+}
+
+/// Issue 11, test 6 (the stall). Guards: `AppliedEvents::claim` refuses an
+/// owner whose lease generation is older than the row's (a `SIGSTOP`-ed
+/// owner whose lease was taken over): its transaction rolls back, and
+/// every event's effect is in the database once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_owner_whose_lease_was_taken_over_has_its_write_refused() {
+    // a is stopped in c0#3, before its transaction.
+    let EffectsRun {
+        env,
+        pool,
+        url,
+        events,
+        stalled: _,
+        mut a,
+    } = effects_owner_paused_at("CONVOY_STALL_BEFORE_CLAIM", "started").await;
     a.process.stop().expect("SIGSTOP");
     // Past a's lease (2 s) b takes c0 over and applies c0#3 onwards.
     let b = Child::spawn(&env, "effects", "b", &url, &[]);
@@ -863,30 +888,15 @@ async fn a_stalled_owner_whose_lease_was_taken_over_has_its_write_refused() {
 /// every event's effect is in the database once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_killed_between_its_commit_and_its_ack_is_rerun_without_a_second_effect() {
-    let env = PgEnv::start();
-    let pool = prepare_effects(&env).await;
-    let url = env.redis.url();
-    let events = interleaved(3, 8);
-    publish(
-        &publisher(test_config(&url), "p"),
-        &events,
-        Priority::Normal,
-    )
-    .await;
     // a is killed in c0#3, after its commit and before its ack.
-    let stalled = Posted::new("c0", 3);
-    let at = encode(std::slice::from_ref(&stalled));
-    let mut a = Child::spawn(
-        &env,
-        "effects",
-        "a",
-        &url,
-        &[("CONVOY_STALL_AFTER_COMMIT", &at)],
-    );
-    wait_until(WAIT, "a committed c0#3", || {
-        noted(&pool, "a", &stalled, "applied")
-    })
-    .await;
+    let EffectsRun {
+        env,
+        pool,
+        url,
+        events,
+        stalled,
+        mut a,
+    } = effects_owner_paused_at("CONVOY_STALL_AFTER_COMMIT", "applied").await;
     a.process.kill9().expect("kill -9");
     let b = Child::spawn(&env, "effects", "b", &url, &[]);
     wait_until(WAIT, "b applied the rest", || async {
