@@ -5,17 +5,20 @@
 //! partition fences its owner without reordering; an unreachable Redis is
 //! exit code 2 and one line.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use convoy_runtime::testing::RedisServer;
 use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
+
+use common::{Run, run_convoy, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -169,56 +172,12 @@ impl Setup {
     }
 }
 
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "convoy failed: {self:?}");
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
-    }
-}
-
 async fn convoy(dir: &std::path::Path, args: &[&str], url: Option<&str>) -> Run {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"));
-    cmd.args(args)
-        .current_dir(dir)
-        .env("USER", "test-op")
-        .env_remove("CONVOY_REDIS_URL")
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::null());
+    let mut args = args.to_vec();
     if let Some(url) = url {
-        cmd.arg("--redis-url").arg(url);
+        args.extend(["--redis-url", url]);
     }
-    let out = cmd.output().await.expect("run convoy");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(out.stdout).expect("utf-8"),
-        stderr: String::from_utf8(out.stderr).expect("utf-8"),
-    }
-}
-
-async fn wait_until<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < WAIT,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    run_convoy(dir, &args, &[]).await
 }
 
 fn ids(key: &str, seqs: &[u64]) -> Vec<String> {
@@ -245,7 +204,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         }
     }
     s.publish(&events).await;
-    wait_until("c0 and c2 finish, c1 halts", || async {
+    wait_until(WAIT, "c0 and c2 finish, c1 halts", || async {
         s.seen("c0").len() == 10 && s.seen("c2").len() == 10 && s.halted_on("c1").await.is_some()
     })
     .await;
@@ -343,7 +302,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         r.stdout.contains(&format!("skipped entry {halt_entry}")),
         "{r:?}"
     );
-    wait_until("c1 runs up to its second poison event", || async {
+    wait_until(WAIT, "c1 runs up to its second poison event", || async {
         s.seen("c1").len() == 5 && s.halted_on("c1").await.is_some_and(|e| e != halt_entry)
     })
     .await;
@@ -382,7 +341,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .await
         .ok();
     assert!(r.stdout.contains("to ledger:c1:dlq"), "{r:?}");
-    wait_until("c1 finishes", || async { s.seen("c1").len() == 8 }).await;
+    wait_until(WAIT, "c1 finishes", || async { s.seen("c1").len() == 8 }).await;
     assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9]));
     assert_eq!(s.halted_on("c1").await, None);
     let letters = s
@@ -421,7 +380,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .await
         .ok();
     assert!(r.stdout.contains("to the tail of ledger:c1"), "{r:?}");
-    wait_until("the replayed poison event halts c1", || async {
+    wait_until(WAIT, "the replayed poison event halts c1", || async {
         s.halted_on("c1").await.is_some()
     })
     .await;
@@ -451,7 +410,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
     s.convoy(&["replay", "ledger", "c1", &dlq_id, "--yes"])
         .await
         .ok();
-    wait_until("the replayed event is handled", || async {
+    wait_until(WAIT, "the replayed event is handled", || async {
         s.seen("c1").len() == 9
     })
     .await;
@@ -481,7 +440,7 @@ async fn force_on_a_running_partition_fences_its_owner_without_reordering() {
     let engine = s.domain.engine().spawn();
     let events: Vec<Posted> = (0..20).map(|seq| posted("c0", seq, false)).collect();
     s.publish(&events).await;
-    wait_until("c0 is running", || async { s.seen("c0").len() >= 3 }).await;
+    wait_until(WAIT, "c0 is running", || async { s.seen("c0").len() >= 3 }).await;
     let before = s
         .convoy(&["partitions", "ledger", "--json"])
         .await
@@ -510,7 +469,7 @@ async fn force_on_a_running_partition_fences_its_owner_without_reordering() {
             .contains(&format!("fenced out the owner's lease e0:{generation}")),
         "{r:?}"
     );
-    wait_until("c0 drains", || async {
+    wait_until(WAIT, "c0 drains", || async {
         let mut c = s.redis().await;
         let len: u64 = c.xlen("ledger:c0").await.expect("xlen");
         len == 0 && s.seen("c0").len() >= 19
@@ -652,7 +611,7 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
     let s = setup(Duration::from_millis(1));
     let engine = s.domain.engine().spawn();
     s.publish(&[posted("c0", 0, false)]).await;
-    wait_until("c0 runs", || async { s.seen("c0").len() == 1 }).await;
+    wait_until(WAIT, "c0 runs", || async { s.seen("c0").len() == 1 }).await;
     // A foreign program's hash where the partition stream `ledger:bad`
     // belongs, with the key in the index.
     {
@@ -660,7 +619,7 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
         let _: () = c.hset("ledger:bad", "f", "v").await.expect("hset");
         let _: () = c.sadd("ledger:__partitions__", "bad").await.expect("sadd");
     }
-    wait_until("bad halts", || async {
+    wait_until(WAIT, "bad halts", || async {
         s.unit_state("bad")
             .await
             .get("halt_reason")
@@ -706,7 +665,7 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(s.seen("bad").is_empty(), "halted: nothing runs yet");
     s.convoy(&["skip", "ledger", "bad", "--yes"]).await.ok();
-    wait_until("bad resumes with nothing skipped", || async {
+    wait_until(WAIT, "bad resumes with nothing skipped", || async {
         s.seen("bad") == ids("bad", &[0, 1])
     })
     .await;
@@ -740,7 +699,7 @@ async fn hostile_keys_are_escaped_cut_and_named_with_key_hex() {
         posted(&long, 0, false),
     ])
     .await;
-    wait_until("the evil key halts", || async {
+    wait_until(WAIT, "the evil key halts", || async {
         s.halted_on(evil).await.is_some() && s.seen(&long).len() == 1
     })
     .await;
@@ -779,7 +738,7 @@ async fn hostile_keys_are_escaped_cut_and_named_with_key_hex() {
         .ok();
     assert_eq!(raw_controls(&skip.stdout), Vec::<char>::new(), "{skip:?}");
     assert_eq!(raw_controls(&skip.stderr), Vec::<char>::new(), "{skip:?}");
-    wait_until("the evil key resumes after the skip", || async {
+    wait_until(WAIT, "the evil key resumes after the skip", || async {
         s.seen(evil) == vec![format!("{evil}#1")]
     })
     .await;
@@ -803,7 +762,10 @@ async fn the_printed_acl_rule_is_enough_for_the_command_line() {
     let engine = s.domain.engine().spawn();
     s.publish(&[posted("c1", 0, true), posted("c1", 1, false)])
         .await;
-    wait_until("c1 halts", || async { s.halted_on("c1").await.is_some() }).await;
+    wait_until(WAIT, "c1 halts", || async {
+        s.halted_on("c1").await.is_some()
+    })
+    .await;
 
     let dir = s.server.dir().to_owned();
     let printed = convoy(&dir, &["acl", "ledger", "--user", "ops"], None)
@@ -836,7 +798,10 @@ async fn the_printed_acl_rule_is_enough_for_the_command_line() {
     ] {
         convoy(&dir, args, Some(&url)).await.ok();
     }
-    wait_until("c1 resumes", || async { s.seen("c1") == ids("c1", &[1]) }).await;
+    wait_until(WAIT, "c1 resumes", || async {
+        s.seen("c1") == ids("c1", &[1])
+    })
+    .await;
     let log: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")
         .query_async(&mut s.redis().await)

@@ -7,18 +7,19 @@
 //! environment or `domain.toml`; an unreachable server is exit code 2 and
 //! one line without the password.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use convoy_runtime::postgres::PgOutbox;
 use convoy_runtime::testing::{PgServer, RedisServer, free_port};
 use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+use common::{Run, run_convoy, wait_until};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -93,57 +94,10 @@ fn engine_domain(config: Config, instance: &str, seen: &Seen) -> Domain {
         .expect("domain init")
 }
 
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "convoy failed: {self:?}");
-        self
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
-    }
-}
-
 /// Runs `convoy ARGS` in `dir` as user `test-op`, stdin closed, with only
 /// the connection variables of `env`.
 async fn convoy(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"));
-    cmd.args(args)
-        .current_dir(dir)
-        .env("USER", "test-op")
-        .env_remove("CONVOY_REDIS_URL")
-        .env_remove("CONVOY_POSTGRES_URL")
-        .env_remove("RUST_BACKTRACE")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
-    let out = cmd.output().await.expect("run convoy");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(out.stdout).expect("utf-8"),
-        stderr: String::from_utf8(out.stderr).expect("utf-8"),
-    }
-}
-
-async fn wait_until<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < WAIT,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    run_convoy(dir, args, env).await
 }
 
 /// The status of outbox row `id` (`None` once deleted).
@@ -192,9 +146,11 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     // retried by itself, never holding up other keys.
     let relay = engine_domain(config(&redis_url, &db, "slow"), "relay-a", &seen);
     let engine = relay.engine().spawn();
-    wait_until("ok published and both slow rows abandoned", || async {
-        seen_of(&seen, "ok") == ["ok#0"] && abandoned_count(&pg) == 2
-    })
+    wait_until(
+        WAIT,
+        "ok published and both slow rows abandoned",
+        || async { seen_of(&seen, "ok") == ["ok#0"] && abandoned_count(&pg) == 2 },
+    )
     .await;
     engine.shutdown().await.expect("shutdown");
 
@@ -374,7 +330,7 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     let engine = engine_domain(normal.clone(), "relay-b", &seen)
         .engine()
         .spawn();
-    wait_until("the retried row handled", || async {
+    wait_until(WAIT, "the retried row handled", || async {
         seen_of(&seen, "slow") == ["slow#0"]
     })
     .await;
