@@ -6,16 +6,12 @@ use std::time::Duration;
 
 use convoy_runtime::Priority;
 use convoy_runtime::testing::{Recorder, RedisServer};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_the_engine() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let snapshotter = install_debugging_recorder();
 
     let server = RedisServer::start().expect("redis");
     let url = server.url();

@@ -12,7 +12,7 @@ use convoy_runtime::Priority;
 use convoy_runtime::redis::admin::Admin;
 use convoy_runtime::redis::keys;
 use convoy_runtime::testing::{Recorder, RedisServer};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -102,11 +102,7 @@ async fn agree(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn convoy_lag_agrees_with_convoy_partitions_after_every_operator_verb() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let snapshotter = install_debugging_recorder();
 
     let server = RedisServer::start().expect("redis");
     let url = server.url();

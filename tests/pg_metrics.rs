@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use convoy_runtime::Domain;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use support::pg::PgEnv;
-use support::{Posted, publisher, wait_until};
+use support::{Posted, install_debugging_recorder, publisher, wait_until};
 
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -58,11 +58,7 @@ async fn commit(domain: &Domain, events: &[Posted]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_exports_backlog_age_abandoned_published_and_failures() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let snapshotter = install_debugging_recorder();
 
     let mut env = PgEnv::start();
     env.outbox().await;

@@ -25,7 +25,7 @@ use convoy_runtime::testing::{
     ChildEngine, FaultProxy, Match, Recorder, RedisServer, current_test_command, script_sha,
 };
 use convoy_runtime::{Domain, Priority};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use redis::AsyncCommands;
 use support::*;
 
@@ -34,14 +34,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The metrics recorder of this test binary (one per process).
 fn snapshotter() -> &'static Snapshotter {
     static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("the only recorder of this test binary");
-        snapshotter
-    })
+    SNAPSHOTTER.get_or_init(install_debugging_recorder)
 }
 
 fn counter(name: &str) -> u64 {

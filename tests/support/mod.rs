@@ -266,3 +266,14 @@ pub fn recording_group(url: &str) -> &'static str {
         .map(|h| h.name)
         .expect("Recording is registered")
 }
+
+/// Installs a debugging metrics recorder, the only one of the test binary
+/// (call it once, first), and returns what reads its figures.
+pub fn install_debugging_recorder() -> metrics_util::debugging::Snapshotter {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    snapshotter
+}
