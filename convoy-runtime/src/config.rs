@@ -278,6 +278,24 @@ impl std::fmt::Debug for BrokerConfig {
 /// does not parse as a URL is shown only when it cannot hold a secret (no
 /// `@`, no `?`), else as `scheme://<hidden: not a valid URL>`.
 pub fn redact_url(url: &str) -> String {
+    if let Some(Ok(nodes)) = cluster_nodes(url) {
+        // A cluster URL lists several hosts, which no URL parser takes:
+        // each node's URL carries the same credentials.
+        let scheme = url.split_once("://").map_or("redis+cluster", |(s, _)| s);
+        let hosts: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                let r = redact_url(n);
+                let after = r.split_once("://").map_or(r.as_str(), |(_, a)| a);
+                after.split(['/']).next().unwrap_or("").to_owned()
+            })
+            .collect();
+        let tail = url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.find(['/', '?']).map(|i| &rest[i..]))
+            .unwrap_or("");
+        return format!("{scheme}://{}{}", hosts.join(","), redact_url_query(tail));
+    }
     match url::Url::parse(url) {
         Ok(mut parsed) => {
             let mut changed = false;
@@ -381,6 +399,59 @@ fn percent_decoded(s: &str) -> Result<String, std::str::Utf8Error> {
         }
     }
     String::from_utf8(out).map_err(|e| e.utf8_error())
+}
+
+/// The nodes of a `redis+cluster://[user:password@]h1:p1,h2:p2/[?..]` (or
+/// `rediss+cluster://`) URL, each as a single-node URL with the same
+/// credentials, TLS and query; `None` for a URL of one server.
+pub(crate) fn cluster_nodes(url: &str) -> Option<Result<Vec<String>, String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = match scheme {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return None,
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let query = tail
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    let path = tail.split('?').next().unwrap_or("").trim_matches('/');
+    if !path.is_empty() && path != "0" {
+        return Some(Err(format!(
+            "names database {path}; a Redis Cluster has only database 0: drop the path"
+        )));
+    }
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("{scheme}://{userinfo}{h}/{query}"))
+        .collect();
+    if nodes.is_empty() {
+        return Some(Err(
+            "names no node; list one or more, for example redis+cluster://10.0.0.1:6379,10.0.0.2:6379/".into(),
+        ));
+    }
+    Some(Ok(nodes))
+}
+
+/// The query of a URL's tail (`/path?k=v`) with its secrets hidden.
+fn redact_url_query(tail: &str) -> String {
+    if !tail.contains('?') {
+        return tail.to_owned();
+    }
+    let r = redact_url(&format!("redis://h{tail}"));
+    r.strip_prefix("redis://h")
+        .unwrap_or("?<hidden>")
+        .to_owned()
 }
 
 /// Every URL in `text` (a `scheme://` up to the closing quote, or the end
@@ -996,6 +1067,47 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_urls_are_redacted_node_by_node() {
+        assert_eq!(
+            redact_url("redis+cluster://u:pw@h1:1,h2:2/?password=x&protocol=3"),
+            "redis+cluster://u:***@h1:1,u:***@h2:2/?password=***&protocol=3"
+        );
+        assert_eq!(
+            redact_url("redis+cluster://h1:1,h2:2"),
+            "redis+cluster://h1:1,h2:2"
+        );
+    }
+
+    #[test]
+    fn cluster_urls_list_their_nodes_with_the_credentials() {
+        let nodes = cluster_nodes("redis+cluster://u:pw@h1:1,h2:2/?protocol=3")
+            .expect("a cluster URL")
+            .expect("valid");
+        assert_eq!(
+            nodes,
+            [
+                "redis://u:pw@h1:1/?protocol=3",
+                "redis://u:pw@h2:2/?protocol=3"
+            ]
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://h:1")
+                .expect("cluster")
+                .expect("valid"),
+            ["rediss://h:1/"]
+        );
+        assert!(cluster_nodes("redis://h:1/").is_none());
+        let e = cluster_nodes("redis+cluster://h:1/3")
+            .expect("cluster")
+            .expect_err("db 3");
+        assert!(e.contains("database 3"), "{e}");
+        let e = cluster_nodes("redis+cluster:///")
+            .expect("cluster")
+            .expect_err("no node");
+        assert!(e.contains("no node"), "{e}");
+    }
 
     #[test]
     fn defaults() {

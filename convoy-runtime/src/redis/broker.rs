@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{Connection, open_client};
+use super::connection::{Client, Connection};
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
 use super::scripts::publish::Publish;
@@ -32,7 +32,9 @@ impl std::fmt::Debug for RedisBroker {
 
 impl RedisBroker {
     /// A broker for a `redis://` or `rediss://` URL (user, password and
-    /// database in the URL work). Nothing is connected yet.
+    /// database in the URL work), or for a Redis Cluster named by one or
+    /// more of its nodes: `redis+cluster://[user:password@]h1:p1,h2:p2/`
+    /// (`rediss+cluster://` for TLS). Nothing is connected yet.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         Self::open(url, None)
     }
@@ -44,7 +46,7 @@ impl RedisBroker {
     }
 
     fn open(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Self, Error> {
-        let client = open_client(url, ca_pem, "[broker] url ")?;
+        let client = Client::open(url, ca_pem, "[broker] url ")?;
         Ok(RedisBroker {
             redis: Arc::new(Connection::new(client, url)),
         })
@@ -78,7 +80,7 @@ impl Broker for RedisBroker {
     }
 
     fn state_store(&self) -> Option<Arc<dyn StateStore>> {
-        Some(Arc::new(RedisStateStore::new(&self.redis)))
+        Some(Arc::new(RedisStateStore::new(self.redis.clone())))
     }
 
     fn describe(&self) -> String {

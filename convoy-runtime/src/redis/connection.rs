@@ -1,12 +1,21 @@
-//! Connections to Redis: one shared, reconnecting connection for commands
-//! and scripts, and dedicated connections for blocking reads.
+//! Connections to Redis, one server or a cluster: one shared connection for
+//! commands and scripts (reconnecting on one server, following the topology
+//! on a cluster), and dedicated connections for blocking reads.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use std::collections::HashMap;
+
+use redis::Value;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
 use tokio::sync::OnceCell;
 
-use crate::config::redact_url;
+use crate::config::{cluster_nodes, redact_url};
 use crate::error::Error;
 
 /// How long a blocking read waits before it checks for shutdown.
@@ -87,12 +96,173 @@ fn with_ca(
     })
 }
 
-/// A Redis server's client, and its connections (made on first use).
+/// How a broker reaches Redis: one server, or the nodes of a cluster.
+#[derive(Clone)]
+pub(crate) enum Client {
+    /// One server (`redis://`, `rediss://`, `unix://`).
+    Single(redis::Client),
+    /// A Redis Cluster (`redis+cluster://h1:p1,h2:p2/`): the client
+    /// follows MOVED and ASK redirections and node failovers itself.
+    Cluster {
+        /// The seed nodes' URLs (each with the URL's credentials and TLS).
+        nodes: Vec<String>,
+        /// The server CA for `rediss+cluster://` with a CA of one's own.
+        ca_pem: Option<Vec<u8>>,
+    },
+}
+
+impl Client {
+    /// A client for `url`: `redis+cluster://` and `rediss+cluster://` name
+    /// a cluster by one or more of its nodes, any other URL one server.
+    pub(crate) fn open(url: &str, ca_pem: Option<Vec<u8>>, what: &str) -> Result<Client, Error> {
+        match cluster_nodes(url) {
+            None => open_client(url, ca_pem, what).map(Client::Single),
+            Some(nodes) => {
+                let shown = redact_url(url);
+                let nodes = nodes.map_err(|problem| Error::Config {
+                    file: "<code>".into(),
+                    message: format!("{what}{shown:?} {problem}"),
+                })?;
+                // Each node's URL must be usable on its own (TLS feature,
+                // credentials): checked here, not at the first connect.
+                for n in &nodes {
+                    open_client(n, ca_pem.clone(), what)?;
+                }
+                Ok(Client::Cluster { nodes, ca_pem })
+            }
+        }
+    }
+
+    fn cluster(&self, response_timeout: Duration) -> Option<redis::RedisResult<ClusterClient>> {
+        let Client::Cluster { nodes, ca_pem } = self else {
+            return None;
+        };
+        let builder = ClusterClientBuilder::new(nodes.clone())
+            .connection_timeout(response_timeout.min(Duration::from_secs(5)))
+            .response_timeout(response_timeout)
+            .retries(6)
+            .max_retry_wait(1_000)
+            .min_retry_wait(50);
+        Some(with_cluster_ca(builder, ca_pem.clone()).build())
+    }
+}
+
+#[cfg(feature = "tls")]
+fn with_cluster_ca(b: ClusterClientBuilder, ca_pem: Option<Vec<u8>>) -> ClusterClientBuilder {
+    match ca_pem {
+        Some(root_cert) => b.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert),
+        }),
+        None => b,
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_cluster_ca(b: ClusterClientBuilder, _: Option<Vec<u8>>) -> ClusterClientBuilder {
+    // `Client::open` refused a CA without the feature.
+    b
+}
+
+/// A connection: to one server (shared and reconnecting, or dedicated), or
+/// to a cluster. Commands and scripts work the same on each; a pipeline on a
+/// cluster must stay in one hash slot (see [`query_by_slot`]).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// The shared, reconnecting connection to one server.
+    Shared(ConnectionManager),
+    /// A dedicated connection to one server (blocking reads).
+    Node(MultiplexedConnection),
+    /// A connection to a cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Shared(c) => c.get_db(),
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Whether this is a cluster connection.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}
+
+/// Runs `cmds` (each with the key it routes by) and returns their replies in
+/// order: one pipeline on a single server; on a cluster, one pipeline per
+/// hash slot, sent at once (a cluster refuses a pipeline spanning slots).
+/// Not atomic either way; a failed pipeline fails the whole call.
+pub(crate) async fn query_by_slot(
+    conn: &mut Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+) -> redis::RedisResult<Vec<Value>> {
+    if !conn.is_cluster() {
+        let mut pipe = redis::pipe();
+        for (_, c) in &cmds {
+            pipe.add_command(c.clone());
+        }
+        return pipe.query_async(conn).await;
+    }
+    let mut slots: HashMap<Slot, (redis::Pipeline, Vec<usize>)> = HashMap::new();
+    let n = cmds.len();
+    for (i, (key, c)) in cmds.into_iter().enumerate() {
+        let e = slots
+            .entry(Slot::for_key(key.as_bytes()))
+            .or_insert_with(|| (redis::pipe(), Vec::new()));
+        e.0.add_command(c);
+        e.1.push(i);
+    }
+    let runs = slots.into_values().map(|(pipe, at)| {
+        let mut c = conn.clone();
+        async move {
+            let replies: Vec<Value> = pipe.query_async(&mut c).await?;
+            Ok::<_, redis::RedisError>((at, replies))
+        }
+    });
+    let mut out = vec![Value::Nil; n];
+    for r in futures::future::join_all(runs).await {
+        let (at, replies) = r?;
+        for (i, v) in at.into_iter().zip(replies) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// A Redis server's or cluster's client, and its connections (made on first
+/// use).
 pub(crate) struct Connection {
-    pub(crate) client: redis::Client,
+    pub(crate) client: Client,
     url: String,
     response_timeout: Duration,
-    shared: OnceCell<ConnectionManager>,
+    shared: OnceCell<Conn>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -105,7 +275,7 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// For a client; nothing is connected yet.
-    pub(crate) fn new(client: redis::Client, url: &str) -> Self {
+    pub(crate) fn new(client: Client, url: &str) -> Self {
         Connection {
             client,
             url: url.to_owned(),
@@ -130,31 +300,88 @@ impl Connection {
         redact_url(&self.url)
     }
 
-    /// The shared, reconnecting connection.
-    pub(crate) async fn shared(&self) -> Result<ConnectionManager, Error> {
+    fn connect_error(&self, e: redis::RedisError) -> Error {
+        Error::redis(format!("cannot connect to {}", self.url()), e)
+    }
+
+    /// The shared connection: reconnecting on one server, following the
+    /// topology on a cluster.
+    pub(crate) async fn shared(&self) -> Result<Conn, Error> {
         self.shared
             .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_connection_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(4)
-                    .set_max_delay(Duration::from_secs(2));
-                ConnectionManager::new_with_config(self.client.clone(), config).await
+                match &self.client {
+                    Client::Single(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_response_timeout(Some(self.response_timeout))
+                            .set_connection_timeout(Some(self.response_timeout))
+                            .set_number_of_retries(4)
+                            .set_max_delay(Duration::from_secs(2));
+                        let mut c = ConnectionManager::new_with_config(client.clone(), config)
+                            .await
+                            .map_err(|e| self.connect_error(e))?;
+                        self.refuse_a_cluster_node(&mut c).await?;
+                        Ok(Conn::Shared(c))
+                    }
+                    Client::Cluster { .. } => self.cluster(self.response_timeout).await,
+                }
             })
             .await
             .cloned()
-            .map_err(|e| Error::redis(format!("cannot connect to {}", self.url()), e))
     }
 
-    /// A dedicated connection for blocking reads.
-    pub(crate) async fn blocking(&self) -> Result<MultiplexedConnection, Error> {
-        let cfg = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(BLOCK + self.response_timeout))
-            .set_connection_timeout(Some(self.response_timeout));
-        self.client
-            .get_multiplexed_async_connection_with_config(&cfg)
+    async fn cluster(&self, response_timeout: Duration) -> Result<Conn, Error> {
+        let Some(client) = self.client.cluster(response_timeout) else {
+            return Err(Error::Config {
+                file: "<code>".into(),
+                message: format!("{} is not a cluster URL", self.url()),
+            });
+        };
+        let client = client.map_err(|e| self.connect_error(e))?;
+        client
+            .get_async_connection()
             .await
-            .map_err(|e| Error::redis(format!("cannot connect to {}", self.url()), e))
+            .map(Conn::Cluster)
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// A single-node URL that names a node of a Redis Cluster would fail
+    /// with CROSSSLOT and MOVED errors forever: refused at connect, with
+    /// the URL form to use.
+    async fn refuse_a_cluster_node(&self, c: &mut ConnectionManager) -> Result<(), Error> {
+        let info: String = match redis::cmd("INFO").arg("cluster").query_async(c).await {
+            Ok(i) => i,
+            // An ACL user may not run INFO; the first cluster error says
+            // enough then.
+            Err(_) => return Ok(()),
+        };
+        if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+            return Err(Error::Config {
+                file: "<code>".into(),
+                message: format!(
+                    "{} is a node of a Redis Cluster, and a single-node URL cannot use a cluster; name the cluster with redis+cluster://host1:port1,host2:port2/ (rediss+cluster:// for TLS)",
+                    self.url()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A dedicated connection for blocking reads (on a cluster, a cluster
+    /// connection of its own, so a blocked read holds up nothing else).
+    pub(crate) async fn blocking(&self) -> Result<Conn, Error> {
+        match &self.client {
+            Client::Single(client) => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(BLOCK + self.response_timeout))
+                    .set_connection_timeout(Some(self.response_timeout));
+                client
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await
+                    .map(Conn::Node)
+                    .map_err(|e| self.connect_error(e))
+            }
+            Client::Cluster { .. } => self.cluster(BLOCK + self.response_timeout).await,
+        }
     }
 }
 

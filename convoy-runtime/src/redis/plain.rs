@@ -5,10 +5,9 @@
 use std::sync::Arc;
 
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{BLOCK, Connection};
+use super::connection::{BLOCK, Conn, Connection};
 use super::reply::{Entry, entries, first_stream_entries};
 use super::scripts::dead_letter::DeadLetter;
 use super::scripts::plain_ack::PlainAck;
@@ -159,11 +158,7 @@ impl PlainConsumer {
         }
     }
 
-    async fn ensure_groups(
-        &self,
-        conn: &mut MultiplexedConnection,
-        streams: &[String],
-    ) -> Result<(), Error> {
+    async fn ensure_groups(&self, conn: &mut Conn, streams: &[String]) -> Result<(), Error> {
         let group = self.sub().name;
         let _: i64 = redis::cmd("SADD")
             .arg(names::base_groups(self.sub().category))
@@ -191,7 +186,7 @@ impl PlainConsumer {
 
     async fn autoclaim(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Conn,
         stream: &str,
         me: &str,
     ) -> Result<Vec<Entry>, Error> {

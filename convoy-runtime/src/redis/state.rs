@@ -2,10 +2,9 @@
 //! `convoy:pm:{process manager}:{correlation value}` with `version`,
 //! `state` (JSON) and `ended`, saved by a version-checking script.
 
-use redis::aio::ConnectionManager;
-use tokio::sync::OnceCell;
+use std::sync::Arc;
 
-use super::connection::Connection;
+use super::connection::{Conn, Connection};
 use super::scripts::save_state::{SaveState, Saved};
 use crate::error::Error;
 use crate::future::BoxFuture;
@@ -14,8 +13,7 @@ use crate::process_manager::{StateStore, StoredState};
 
 /// Process-manager state kept in Redis.
 pub(crate) struct RedisStateStore {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    redis: Arc<Connection>,
 }
 
 impl std::fmt::Debug for RedisStateStore {
@@ -25,19 +23,12 @@ impl std::fmt::Debug for RedisStateStore {
 }
 
 impl RedisStateStore {
-    pub(crate) fn new(redis: &Connection) -> Self {
-        RedisStateStore {
-            client: redis.client.clone(),
-            conn: OnceCell::new(),
-        }
+    pub(crate) fn new(redis: Arc<Connection>) -> Self {
+        RedisStateStore { redis }
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, Error> {
-        self.conn
-            .get_or_try_init(|| ConnectionManager::new(self.client.clone()))
-            .await
-            .cloned()
-            .map_err(|e| Error::redis("cannot connect the process-manager state store", e))
+    async fn conn(&self) -> Result<Conn, Error> {
+        self.redis.shared().await
     }
 }
 

@@ -113,7 +113,7 @@ pub(crate) async fn follow(
 
 /// The id of each stream's newest entry (`0-0` for an empty stream).
 async fn newest_ids(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut super::connection::Conn,
     streams: &[String],
 ) -> Result<Vec<String>, redis::RedisError> {
     let mut pipe = redis::pipe();

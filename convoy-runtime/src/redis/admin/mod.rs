@@ -92,14 +92,13 @@ pub use crate::names::AUDIT_STREAM;
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use super::broker::RedisBroker;
-use super::connection::open_client;
+use super::connection::{Client, Conn, Connection};
 use super::reply::{Entry, entries};
 use super::unit::Unit;
-use crate::config::redact_url;
 use crate::error::Error;
 use crate::names;
 
@@ -126,7 +125,7 @@ impl Lane {
 /// Operator access to the partitions of a Redis broker.
 #[derive(Clone)]
 pub struct Admin {
-    conn: ConnectionManager,
+    conn: Conn,
     backfill_suffix: String,
 }
 
@@ -141,39 +140,40 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// Over an existing connection.
     pub fn new(conn: ConnectionManager) -> Self {
+        Self::over(Conn::Shared(conn))
+    }
+
+    fn over(conn: Conn) -> Self {
         Admin {
             conn,
             backfill_suffix: "backfill".to_owned(),
         }
     }
 
-    /// Connects to a `redis://` or `rediss://` URL; fails fast (one retry,
-    /// a 3 s connection timeout) when Redis cannot be reached.
+    /// Connects to a `redis://` or `rediss://` URL, or to a cluster by a
+    /// `redis+cluster://h1:p1,h2:p2/` URL; fails fast when Redis cannot be
+    /// reached.
     pub async fn connect(url: &str) -> Result<Self, AdminError> {
-        Self::connect_client(open_client(url, None, "")?, url).await
+        Self::connect_client(Client::open(url, None, "")?, url).await
     }
 
     /// Connects to a `rediss://` URL whose server certificate is signed by
     /// the CA in `ca_pem` (PEM).
     pub async fn connect_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, AdminError> {
-        Self::connect_client(open_client(url, Some(ca_pem), "")?, url).await
+        Self::connect_client(Client::open(url, Some(ca_pem), "")?, url).await
     }
 
-    async fn connect_client(client: redis::Client, url: &str) -> Result<Self, AdminError> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| Error::redis(format!("cannot connect to {}", redact_url(url)), e))?;
-        Ok(Self::new(conn))
+    async fn connect_client(client: Client, url: &str) -> Result<Self, AdminError> {
+        let conn = Connection::new(client, url)
+            .with_response_timeout(Duration::from_secs(10))
+            .shared()
+            .await?;
+        Ok(Self::over(conn))
     }
 
     /// Over a broker's shared connection.
     pub async fn from_broker(broker: &RedisBroker) -> Result<Self, AdminError> {
-        Ok(Self::new(broker.connection().shared().await?))
+        Ok(Self::over(broker.connection().shared().await?))
     }
 
     /// The backfill lane suffix (`[server.priority_lanes] backfill_suffix`,

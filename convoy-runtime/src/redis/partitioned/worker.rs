@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::super::connection::Conn;
 use super::super::reply::Entry;
 use super::super::scripts::ack::Acked;
 use super::super::scripts::claim::{Claim, Claimed};
@@ -253,7 +254,7 @@ impl Worker {
         }
     }
 
-    async fn conn(&self) -> Result<redis::aio::ConnectionManager, Error> {
+    async fn conn(&self) -> Result<Conn, Error> {
         self.s.redis.shared().await
     }
 
