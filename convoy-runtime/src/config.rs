@@ -71,6 +71,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::error::Error;
+use crate::names::{DEFAULT_SHARDS, MAX_SHARDS};
 
 /// The whole configuration of a domain.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -245,11 +246,22 @@ pub const DEFAULT_CONCURRENCY: usize = 256;
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `inline`, or a `redis://` / `rediss://` URL.
+    /// `inline`, a `redis://` / `rediss://` URL, or a Redis Cluster:
+    /// `redis+cluster://host1:port1,host2:port2/` (`rediss+cluster://`).
     pub url: String,
     /// For `rediss://`: a PEM file with the CA that signed the server's
     /// certificate, when it is not in the system trust store.
     pub tls_ca_file: Option<String>,
+    /// Shards per category (default [`DEFAULT_SHARDS`]): a category's
+    /// partitions are spread over this many hash slots of a cluster.
+    /// Fixed for a category once it is used: Redis records it
+    /// (`convoy:shards:{category}`) and an engine or publisher configured
+    /// otherwise refuses to start, since a key's streams would move.
+    pub shards: u32,
+    /// Shards of single categories, overriding `shards`
+    /// (`[broker.category_shards] order = 64`). The categories of one
+    /// process manager must have the same count.
+    pub category_shards: BTreeMap<String, u32>,
 }
 
 impl Default for BrokerConfig {
@@ -257,7 +269,19 @@ impl Default for BrokerConfig {
         BrokerConfig {
             url: "inline".to_owned(),
             tls_ca_file: None,
+            shards: DEFAULT_SHARDS,
+            category_shards: BTreeMap::new(),
         }
+    }
+}
+
+impl BrokerConfig {
+    /// How many shards `category` has.
+    pub fn shards_of(&self, category: &str) -> u32 {
+        self.category_shards
+            .get(category)
+            .copied()
+            .unwrap_or(self.shards)
     }
 }
 
@@ -266,6 +290,8 @@ impl std::fmt::Debug for BrokerConfig {
         f.debug_struct("BrokerConfig")
             .field("url", &redact_url(&self.url))
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("shards", &self.shards)
+            .field("category_shards", &self.category_shards)
             .finish()
     }
 }
@@ -861,11 +887,24 @@ impl Config {
             }
         }
         let url = &self.broker.url;
-        if url != "inline" && !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        let schemes = ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"];
+        if url != "inline" && !schemes.iter().any(|s| url.starts_with(s)) {
             return Err(format!(
-                "[broker] url = {:?} is not a broker; use \"inline\" or a redis:// or rediss:// URL",
+                "[broker] url = {:?} is not a broker; use \"inline\", a redis:// or rediss:// URL, or redis+cluster://host1:port1,host2:port2/ for a Redis Cluster",
                 redact_url(url)
             ));
+        }
+        let shards = u64::from(MAX_SHARDS);
+        in_range("[broker]", "shards", u64::from(self.broker.shards), 1, shards, "shards")?;
+        for (category, n) in &self.broker.category_shards {
+            in_range(
+                "[broker.category_shards]",
+                category,
+                u64::from(*n),
+                1,
+                shards,
+                "shards",
+            )?;
         }
         Ok(())
     }

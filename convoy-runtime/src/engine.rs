@@ -62,6 +62,7 @@ impl Engine {
             self.domain.instance_id(),
             outbox.wake().clone(),
         )
+        .shards(&self.domain.config().broker)
     }
 
     /// What the broker consumes: the domain's handlers and process

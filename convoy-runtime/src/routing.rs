@@ -19,26 +19,31 @@ pub(crate) struct Route {
 
 /// Routes an event of `category` with an (already validated) `key`.
 ///
-/// - partitioned, broker with `STREAM_PARTITIONING`: `{category}:{key}`, or
-///   `{category}:{key}:{backfill}` for a low-priority event with lanes on;
+/// - partitioned, broker with `STREAM_PARTITIONING`: `{s}{category}:{key}`
+///   in the key's shard `s` of the category's `shards`, or
+///   `{s}{category}:{key}:{backfill}` for a low-priority event with lanes on;
 /// - otherwise (no key, or the broker lacks the capability: the key is
-///   carried on the envelope but not applied): `{category}`, or
-///   `{category}:{backfill}` for a low-priority event with lanes on.
+///   carried on the envelope but not applied): `{s}{category}` in the
+///   category's own shard, or `{s}{category}:{backfill}` for a low-priority
+///   event with lanes on.
 pub(crate) fn route(
     category: &str,
     key: Option<&str>,
     priority: Priority,
     caps: Capabilities,
     lanes: &PriorityLanesConfig,
+    shards: u32,
 ) -> Route {
     let backfill = lanes.enabled && priority == Priority::Low;
     let key = key.filter(|_| caps.contains(Capabilities::STREAM_PARTITIONING));
     let suffix = &lanes.backfill_suffix;
     let stream = match (key, backfill) {
-        (Some(k), false) => names::partition_stream(category, k),
-        (Some(k), true) => names::backfill_stream(category, k, suffix),
-        (None, false) => category.to_owned(),
-        (None, true) => names::base_backfill_stream(category, suffix),
+        (Some(k), false) => names::partition_stream(names::shard_of(k, shards), category, k),
+        (Some(k), true) => {
+            names::backfill_stream(names::shard_of(k, shards), category, k, suffix)
+        }
+        (None, false) => names::base_stream(category, shards),
+        (None, true) => names::base_backfill_stream(category, suffix, shards),
     };
     Route {
         stream,
@@ -62,23 +67,31 @@ mod tests {
 
     #[test]
     fn table() {
-        let r = |key, prio, caps, on| route("order", key, prio, caps, &lanes(on)).stream;
-        assert_eq!(r(Some("c1"), Priority::Normal, P, false), "order:c1");
-        assert_eq!(r(Some("c1"), Priority::Low, P, false), "order:c1");
-        assert_eq!(r(Some("c1"), Priority::Low, P, true), "order:c1:backfill");
-        assert_eq!(r(Some("c1"), Priority::Normal, P, true), "order:c1");
-        assert_eq!(r(Some("c1"), Priority::Normal, NONE, true), "order");
-        assert_eq!(r(Some("c1"), Priority::Low, NONE, true), "order:backfill");
-        assert_eq!(r(None, Priority::Normal, P, true), "order");
-        assert_eq!(r(None, Priority::Low, P, true), "order:backfill");
+        let r = |key, prio, caps, on| route("order", key, prio, caps, &lanes(on), 16).stream;
+        let k = names::tag(names::shard_of("c1", 16));
+        let base = names::tag(names::shard_of("order", 16));
+        assert_eq!(r(Some("c1"), Priority::Normal, P, false), format!("{k}order:c1"));
+        assert_eq!(r(Some("c1"), Priority::Low, P, false), format!("{k}order:c1"));
         assert_eq!(
-            route("order", Some("c1"), Priority::Normal, P, &lanes(false))
+            r(Some("c1"), Priority::Low, P, true),
+            format!("{k}order:c1:backfill")
+        );
+        assert_eq!(r(Some("c1"), Priority::Normal, P, true), format!("{k}order:c1"));
+        assert_eq!(r(Some("c1"), Priority::Normal, NONE, true), format!("{base}order"));
+        assert_eq!(
+            r(Some("c1"), Priority::Low, NONE, true),
+            format!("{base}order:backfill")
+        );
+        assert_eq!(r(None, Priority::Normal, P, true), format!("{base}order"));
+        assert_eq!(r(None, Priority::Low, P, true), format!("{base}order:backfill"));
+        assert_eq!(
+            route("order", Some("c1"), Priority::Normal, P, &lanes(false), 16)
                 .partition
                 .as_deref(),
             Some("c1")
         );
         assert_eq!(
-            route("order", Some("c1"), Priority::Normal, NONE, &lanes(false)).partition,
+            route("order", Some("c1"), Priority::Normal, NONE, &lanes(false), 16).partition,
             None
         );
     }
@@ -90,8 +103,8 @@ mod tests {
             backfill_suffix: "slow".into(),
         };
         assert_eq!(
-            route("order", Some("c1"), Priority::Low, P, &l).stream,
-            "order:c1:slow"
+            route("order", Some("c1"), Priority::Low, P, &l, 1).stream,
+            "{0}order:c1:slow"
         );
     }
 }

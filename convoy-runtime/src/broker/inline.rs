@@ -69,7 +69,8 @@ impl InlineBroker {
     fn position(&self, envelope: &Envelope) -> Position {
         let n = self.delivered.fetch_add(1, Ordering::Relaxed) + 1;
         let stream = match &envelope.partition_key {
-            Some(k) => names::partition_stream(&envelope.category, k),
+            // No shards here: one process, one queue.
+            Some(k) => format!("{}:{k}", envelope.category),
             None => envelope.category.clone(),
         };
         Position {

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use super::{OutboxRecord, OutboxStore};
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Producer, Publication};
-use crate::config::PriorityLanesConfig;
+use crate::config::{BrokerConfig, PriorityLanesConfig};
 use crate::error::{Error, chain};
 use crate::key::Escaped;
 use crate::key::check_key;
@@ -34,6 +34,7 @@ pub struct OutboxProcessor {
     store: Arc<dyn OutboxStore>,
     broker: Arc<dyn Broker>,
     lanes: PriorityLanesConfig,
+    shards: BrokerConfig,
     producer: String,
     wake: Arc<Notify>,
 }
@@ -63,9 +64,17 @@ impl OutboxProcessor {
             store,
             broker,
             lanes,
+            shards: BrokerConfig::default(),
             producer,
             wake,
         }
+    }
+
+    /// Shards per category (`[broker] shards` and `category_shards`; the
+    /// defaults unless set): must match the engines'.
+    pub fn shards(mut self, broker: &BrokerConfig) -> Self {
+        self.shards = broker.clone();
+        self
     }
 
     /// The producer name this processor publishes under.
@@ -114,6 +123,7 @@ impl OutboxProcessor {
                 r.envelope.priority,
                 caps,
                 &self.lanes,
+                self.shards.shards_of(&r.envelope.category),
             );
             batch.push(Publication {
                 seq: r.seq,

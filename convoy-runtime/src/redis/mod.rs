@@ -49,7 +49,8 @@
 pub mod acl;
 pub mod admin;
 mod broker;
-mod connection;
+pub(crate) mod connection;
+mod layout;
 pub mod keys;
 mod partitioned;
 mod plain;
