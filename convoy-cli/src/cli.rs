@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 const AFTER_HELP: &str = "\
-Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config.
+Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config:
+redis://host:port/ (rediss:// for TLS), or a Redis Cluster by one or more of its
+nodes, redis+cluster://host1:port1,host2:port2/ (rediss+cluster:// for TLS).
 The outbox commands: --postgres-url, else $CONVOY_POSTGRES_URL, else [outbox]
 postgres_url of --config (and its schema and table).
 
@@ -20,7 +22,8 @@ the message says so); 2 Redis (or the outbox's PostgreSQL) cannot be reached;
 /// `skip` it or move it to the key's dead letter stream with `dead-letter`;
 /// the owner resumes with the next event, in order. `outbox` shows the
 /// PostgreSQL outbox's backlog and abandoned rows, and retries or discards
-/// them. Every action is recorded in the `convoy:audit` stream.
+/// them. Every action is recorded in an audit stream (a partition's in its
+/// shard's `{s}convoy:audit`, the outbox's in `convoy:audit`).
 #[derive(Debug, Parser)]
 #[command(name = "convoy", version, after_help = AFTER_HELP)]
 pub struct Cli {
@@ -35,7 +38,9 @@ pub struct Cli {
 /// Connection and identity options (accepted before or after the command).
 #[derive(Debug, Args)]
 pub struct Connection {
-    /// Redis URL (redis:// or rediss://, user, password and db in the URL).
+    /// Redis URL: redis:// or rediss:// (user, password and db in the
+    /// URL), or redis+cluster://host1:port1,host2:port2/ for a Redis
+    /// Cluster (rediss+cluster:// with TLS).
     #[arg(
         long,
         global = true,
@@ -93,11 +98,12 @@ pub enum Command {
     /// Acknowledge a halted partition's head without running it; the
     /// partition resumes with its next event.
     Skip(HeadArgs),
-    /// Move a halted partition's head to `{category}:{key}:dlq` and
-    /// acknowledge it; the partition resumes with its next event.
+    /// Move a halted partition's head to the key's dead letter stream
+    /// (`{s}{category}:{key}:dlq`, `s` the key's shard) and acknowledge
+    /// it; the partition resumes with its next event.
     DeadLetter(HeadArgs),
-    /// List dead letters: `{category}:{key}:dlq` with a key, else the
-    /// category's `{category}:dlq` (ordinary handlers').
+    /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
+    /// else the category's `{s}{category}:dlq` (ordinary handlers').
     Dlq {
         /// The category.
         category: String,
@@ -139,7 +145,8 @@ pub enum Command {
     /// The PostgreSQL outbox: backlog, oldest pending age, abandoned rows
     /// with their reasons; `retry` or `discard` an abandoned row.
     Outbox(OutboxArgs),
-    /// Show the latest operator actions (the `convoy:audit` stream).
+    /// Show the latest operator actions (every shard's `{s}convoy:audit`
+    /// and `convoy:audit`, merged by time).
     Audit {
         /// How many records.
         #[arg(long, default_value_t = 20)]
@@ -460,8 +467,16 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_url_is_taken() {
+        let url = "redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001/";
+        let cli = parse(&["partitions", "order", "--redis-url", url]).expect("parses");
+        assert_eq!(cli.conn.redis_url.as_deref(), Some(url));
+    }
+
+    #[test]
     fn help_names_the_environment_variable_and_exit_codes() {
         let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("redis+cluster://"), "{help}");
         assert!(help.contains("CONVOY_REDIS_URL"), "{help}");
         assert!(help.contains("CONVOY_POSTGRES_URL"), "{help}");
         assert!(help.contains("Exit codes"), "{help}");

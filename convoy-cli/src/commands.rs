@@ -230,11 +230,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             if json {
                 render::json(&letters)?
             } else {
-                let stream = match &key {
-                    Some(k) => format!("{category}:{}:dlq", render::key(k)),
-                    None => format!("{category}:dlq"),
+                let stream = match letters.first() {
+                    Some(l) => l.stream.clone(),
+                    None => admin.dlq_stream(&category, key.as_deref()).await?,
                 };
-                render::dead_letters(&render::text(&stream), &letters)
+                render::dead_letters(&render::stream(&stream), &letters)
             }
         }
         Command::Replay {
@@ -247,9 +247,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let letters = admin.dlq(&category, Some(&key)).await?;
             let Some(letter) = letters.iter().find(|l| l.dlq_id == entry_id) else {
                 return Err(AdminError::NoSuchDeadLetter {
-                    category: category.clone(),
-                    key: key.clone(),
-                    stream: convoy_runtime::redis::keys::partition_dlq(&category, &key),
+                    stream: admin.dlq_stream(&category, Some(&key)).await?,
+                    category,
+                    key,
                     id: entry_id,
                 }
                 .into());
@@ -403,7 +403,7 @@ async fn head_action(
             },
         )
         .await?;
-    Ok(render::head_outcome(category, key, &group, &outcome))
+    Ok(render::head_outcome(category, &i.status, &outcome))
 }
 
 /// Asks on the terminal unless `yes`; refuses without a terminal.
@@ -456,11 +456,30 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), urls: &[String]) -> S
     }
     for url in urls {
         text = text.replace(url.as_str(), &redact_url(url));
-        for secret in url_secrets(url) {
+        for secret in secrets(url) {
             text = text.replace(&secret, "***");
         }
     }
     Escaped(&text).to_string()
+}
+
+/// The secrets of `url` (see [`url_secrets`]); a cluster URL's
+/// (`redis+cluster://user:password@host1:port1,host2:port2/`) are those of
+/// its nodes' URLs, which carry its credentials and query.
+fn secrets(url: &str) -> Vec<String> {
+    let mut out = url_secrets(url);
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some(node_scheme) = scheme.strip_suffix("+cluster")
+    {
+        let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((user, hosts)) => (format!("{user}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let host = hosts.split(',').next().unwrap_or_default();
+        out.extend(url_secrets(&format!("{node_scheme}://{user}{host}{tail}")));
+    }
+    out
 }
 
 /// The URLs a command would use (Redis, and PostgreSQL for the outbox
@@ -532,6 +551,16 @@ mod tests {
         );
         assert!(!line.contains("hunter2"), "{line}");
         assert!(line.contains("pass=***"), "{line}");
+        let cluster = "redis+cluster://u:hunter2@h1:1,h2:2/?password=hunter3";
+        let io = std::io::Error::other(format!(
+            "{cluster}: node redis://u:hunter2@h2:2/?password=hunter3 refused"
+        ));
+        let line = one_line(&CliError::Io(io), &[cluster.into()]);
+        assert!(
+            !line.contains("hunter2") && !line.contains("hunter3"),
+            "{line}"
+        );
+        assert!(line.contains("redis+cluster://u:***@h1:1,h2:2/"), "{line}");
         let io = std::io::Error::other("cannot reach postgres://p:s3cret@db/x");
         let line = one_line(&CliError::Io(io), &["postgres://p:s3cret@db/x".into()]);
         assert!(!line.contains("s3cret"), "{line}");

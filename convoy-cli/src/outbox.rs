@@ -1,6 +1,7 @@
 //! `convoy outbox`: the PostgreSQL outbox's backlog, oldest pending age and
 //! abandoned rows; `retry` or `discard` one abandoned row, audited in
-//! `convoy:audit` like the other actions.
+//! `convoy:audit` (which `convoy audit` reads with the shards' audit
+//! streams of the partition actions).
 
 use std::str::FromStr;
 use std::time::Duration;

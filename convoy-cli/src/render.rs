@@ -6,6 +6,7 @@ use convoy_runtime::redis::admin::{
     AuditRecord, CategoryReport, DeadLetter, Head, HeadOp, HeadOutcome, Inspection,
     PartitionStatus, ReplayOutcome,
 };
+use convoy_runtime::redis::keys;
 use serde::Serialize;
 
 /// Longest halt reason or error shown in a table cell.
@@ -30,6 +31,12 @@ pub fn text(s: &str) -> String {
 /// with `partitions --key-hex`).
 pub fn key(k: &str) -> String {
     cut(&text(k), KEY_TEXT)
+}
+
+/// A Redis key's name (a stream, which holds a partition key) for a
+/// message: escaped, and cut like a key.
+pub fn stream(name: &str) -> String {
+    cut(&text(name), KEY_TEXT)
 }
 
 /// A key's UTF-8 bytes in hexadecimal, as `--key-hex` takes them.
@@ -407,6 +414,12 @@ fn partition(category: &str, k: &str) -> String {
     format!("{}:{}", text(category), key(k))
 }
 
+/// The unit's key's dead letter stream, `{s}{category}:{key}:dlq`, for a
+/// message.
+fn dlq(category: &str, s: &PartitionStatus) -> String {
+    stream(&keys::partition_dlq(s.shard, category, &s.key))
+}
+
 /// The dashes of an optional escaped value.
 fn dash_text(v: Option<&String>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| text(v))
@@ -419,6 +432,7 @@ pub fn inspection(category: &str, i: &Inspection) -> String {
     if s.key.chars().any(needs_escape) || key(&s.key) != s.key {
         rows.push(("key hex", cut(&hex(&s.key), 2 * KEY_TEXT)));
     }
+    rows.push(("shard", s.shard.to_string()));
     rows.push(("handler", text(&s.group)));
     rows.push(("owner", owner_line(s)));
     if s.halted {
@@ -510,9 +524,10 @@ pub fn head_question(op: HeadOp, category: &str, i: &Inspection, h: &Head) -> St
         HeadOp::Skip => format!(
             "Skip entry {entry} of {p} for handler {group}? It is acknowledged without being handled."
         ),
-        HeadOp::DeadLetter => {
-            format!("Move entry {entry} of {p} to {p}:dlq for handler {group}?")
-        }
+        HeadOp::DeadLetter => format!(
+            "Move entry {entry} of {p} to {} for handler {group}?",
+            dlq(category, &i.status)
+        ),
     }
 }
 
@@ -531,14 +546,15 @@ pub fn force_warning(i: &Inspection) -> String {
     format!("WARNING: --force on a partition that is not halted on this head: {owner}.\n")
 }
 
-/// What a skip or dead-letter did.
-pub fn head_outcome(category: &str, k: &str, group: &str, o: &HeadOutcome) -> String {
-    let p = partition(category, k);
-    let (entry, group) = (text(&o.entry_id), text(group));
+/// What a skip or dead-letter of the unit `s` did.
+pub fn head_outcome(category: &str, s: &PartitionStatus, o: &HeadOutcome) -> String {
+    let p = partition(category, &s.key);
+    let (entry, group) = (text(&o.entry_id), text(&s.group));
     let mut out = match (&o.op, &o.dlq_id) {
-        (HeadOp::DeadLetter, Some(dlq)) => format!(
-            "moved entry {entry} of {p} to {p}:dlq as {} for handler {group}",
-            text(dlq)
+        (HeadOp::DeadLetter, Some(id)) => format!(
+            "moved entry {entry} of {p} to {} as {} for handler {group}",
+            dlq(category, s),
+            text(id)
         ),
         _ => format!("skipped entry {entry} of {p} for handler {group}"),
     };
@@ -613,8 +629,9 @@ pub fn replay_question(category: &str, k: &str, l: &DeadLetter, handlers: usize)
     };
     let p = format!("{category}:{}", key(k));
     format!(
-        "Replay dead letter {} of {p}:dlq, {what}, to the tail of {p}? It runs after the events already in the partition, and {who}.",
-        text(&l.dlq_id)
+        "Replay dead letter {} of {}, {what}, to the tail of {p}? It runs after the events already in the partition, and {who}.",
+        text(&l.dlq_id),
+        stream(&l.stream)
     )
 }
 
@@ -623,7 +640,7 @@ pub fn replay_outcome(o: &ReplayOutcome) -> String {
     format!(
         "replayed dead letter {} to the tail of {} as entry {} and woke the partition's owners\naudit record {}\n",
         text(&o.dlq_id),
-        cut(&text(&o.stream), KEY_TEXT),
+        stream(&o.stream),
         text(&o.entry_id),
         text(&o.audit_id)
     )
@@ -632,7 +649,7 @@ pub fn replay_outcome(o: &ReplayOutcome) -> String {
 /// `convoy audit`.
 pub fn audit(records: &[AuditRecord]) -> String {
     if records.is_empty() {
-        return "no operator actions recorded in convoy:audit\n".to_owned();
+        return "no operator actions recorded in the audit streams\n".to_owned();
     }
     let mut t = Table::new(&[
         ("TIME", Align::Left),
@@ -685,6 +702,7 @@ mod tests {
     fn status(key: &str, halted: bool) -> PartitionStatus {
         PartitionStatus {
             key: key.to_owned(),
+            shard: 3,
             group: "app::Ledger".to_owned(),
             owner: Some("e0".to_owned()),
             owner_alive: true,

@@ -887,7 +887,12 @@ impl Config {
             }
         }
         let url = &self.broker.url;
-        let schemes = ["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"];
+        let schemes = [
+            "redis://",
+            "rediss://",
+            "redis+cluster://",
+            "rediss+cluster://",
+        ];
         if url != "inline" && !schemes.iter().any(|s| url.starts_with(s)) {
             return Err(format!(
                 "[broker] url = {:?} is not a broker; use \"inline\", a redis:// or rediss:// URL, or redis+cluster://host1:port1,host2:port2/ for a Redis Cluster",
@@ -895,7 +900,14 @@ impl Config {
             ));
         }
         let shards = u64::from(MAX_SHARDS);
-        in_range("[broker]", "shards", u64::from(self.broker.shards), 1, shards, "shards")?;
+        in_range(
+            "[broker]",
+            "shards",
+            u64::from(self.broker.shards),
+            1,
+            shards,
+            "shards",
+        )?;
         for (category, n) in &self.broker.category_shards {
             in_range(
                 "[broker.category_shards]",

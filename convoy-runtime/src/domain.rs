@@ -479,7 +479,7 @@ fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
         }
         None => RedisBroker::from_url(url).map_err(in_config)?,
     };
-    let broker: Arc<dyn Broker> = Arc::new(broker);
+    let broker: Arc<dyn Broker> = Arc::new(broker.shards(&config.broker));
     Ok(broker)
 }
 

@@ -30,8 +30,9 @@ pub(crate) use crate::key::OWN_PREFIX;
 /// spans every category it subscribes to.
 pub(crate) const CORRELATION_SCOPE: &str = "*";
 
-/// The stream operator actions are recorded in (one key, outside every
-/// shard: operators' tools write it on its own).
+/// The stream operator actions outside any shard are recorded in (the
+/// outbox's `retry` and `discard`); actions on a partition are recorded in
+/// its shard's [`audit`] stream, atomically with the action.
 pub const AUDIT_STREAM: &str = "convoy:audit";
 
 /// Approximate cap of each category's wake stream.
@@ -84,7 +85,10 @@ pub fn base_backfill_stream(category: &str, suffix: &str, shards: u32) -> String
 
 /// `{s}{category}:dlq`: dead letters of ordinary handlers.
 pub fn category_dlq(category: &str, shards: u32) -> String {
-    format!("{}{category}:{DLQ_TOKEN}", tag(base_shard(category, shards)))
+    format!(
+        "{}{category}:{DLQ_TOKEN}",
+        tag(base_shard(category, shards))
+    )
 }
 
 /// `{s}convoy:groups:{category}:__base__`: consumer groups reading a
@@ -145,6 +149,15 @@ pub fn unit(shard: u32, group: &str, scope: &str, key: &str) -> String {
     format!("{}convoy:unit:{group}:{scope}:{key}", tag(shard))
 }
 
+/// `{s}convoy:audit`: operator actions on the partitions of shard `s`.
+pub fn audit(shard: u32) -> String {
+    format!("{}convoy:audit", tag(shard))
+}
+
+/// `convoy:categories`: every category an engine registered a handler for
+/// (so operators' tools can find every shard).
+pub const CATEGORIES: &str = "convoy:categories";
+
 /// `convoy:scope:{group}`.
 pub fn scope(group: &str) -> String {
     format!("convoy:scope:{group}")
@@ -173,9 +186,10 @@ pub fn acked(shard: u32, group: &str, category: &str) -> String {
     format!("{}convoy:acked:{group}:{category}", tag(shard))
 }
 
-/// `{s}convoy:pm:{process manager}:{correlation value}`.
-pub fn pm_state(shard: u32, pm: &str, id: &str) -> String {
-    format!("{}convoy:pm:{pm}:{id}", tag(shard))
+/// `convoy:pm:{process manager}:{correlation value}` (in no shard: its
+/// script touches this one key).
+pub fn pm_state(pm: &str, id: &str) -> String {
+    format!("convoy:pm:{pm}:{id}")
 }
 
 /// `{s}convoy:producer:{id}:sent`: the outbox seqs a producer published to
@@ -211,7 +225,10 @@ mod tests {
         // Pinned: a changed hash would move every deployed key's streams.
         assert_eq!(shard_of("c1", 16), shard_of("c1", 16));
         assert_eq!(shard_of("", 16), (0xcbf2_9ce4_8422_2325_u64 % 16) as u32);
-        assert_eq!(shard_of("a", 1_000_000), (0xaf63_dc4c_8601_ec8c_u64 % 1_000_000) as u32);
+        assert_eq!(
+            shard_of("a", 1_000_000),
+            (0xaf63_dc4c_8601_ec8c_u64 % 1_000_000) as u32
+        );
         for k in ["a", "b", "order-17", "ü"] {
             assert!(shard_of(k, 7) < 7);
         }

@@ -39,9 +39,7 @@ pub(crate) fn route(
     let suffix = &lanes.backfill_suffix;
     let stream = match (key, backfill) {
         (Some(k), false) => names::partition_stream(names::shard_of(k, shards), category, k),
-        (Some(k), true) => {
-            names::backfill_stream(names::shard_of(k, shards), category, k, suffix)
-        }
+        (Some(k), true) => names::backfill_stream(names::shard_of(k, shards), category, k, suffix),
         (None, false) => names::base_stream(category, shards),
         (None, true) => names::base_backfill_stream(category, suffix, shards),
     };
@@ -70,20 +68,35 @@ mod tests {
         let r = |key, prio, caps, on| route("order", key, prio, caps, &lanes(on), 16).stream;
         let k = names::tag(names::shard_of("c1", 16));
         let base = names::tag(names::shard_of("order", 16));
-        assert_eq!(r(Some("c1"), Priority::Normal, P, false), format!("{k}order:c1"));
-        assert_eq!(r(Some("c1"), Priority::Low, P, false), format!("{k}order:c1"));
+        assert_eq!(
+            r(Some("c1"), Priority::Normal, P, false),
+            format!("{k}order:c1")
+        );
+        assert_eq!(
+            r(Some("c1"), Priority::Low, P, false),
+            format!("{k}order:c1")
+        );
         assert_eq!(
             r(Some("c1"), Priority::Low, P, true),
             format!("{k}order:c1:backfill")
         );
-        assert_eq!(r(Some("c1"), Priority::Normal, P, true), format!("{k}order:c1"));
-        assert_eq!(r(Some("c1"), Priority::Normal, NONE, true), format!("{base}order"));
+        assert_eq!(
+            r(Some("c1"), Priority::Normal, P, true),
+            format!("{k}order:c1")
+        );
+        assert_eq!(
+            r(Some("c1"), Priority::Normal, NONE, true),
+            format!("{base}order")
+        );
         assert_eq!(
             r(Some("c1"), Priority::Low, NONE, true),
             format!("{base}order:backfill")
         );
         assert_eq!(r(None, Priority::Normal, P, true), format!("{base}order"));
-        assert_eq!(r(None, Priority::Low, P, true), format!("{base}order:backfill"));
+        assert_eq!(
+            r(None, Priority::Low, P, true),
+            format!("{base}order:backfill")
+        );
         assert_eq!(
             route("order", Some("c1"), Priority::Normal, P, &lanes(false), 16)
                 .partition
@@ -91,7 +104,15 @@ mod tests {
             Some("c1")
         );
         assert_eq!(
-            route("order", Some("c1"), Priority::Normal, NONE, &lanes(false), 16).partition,
+            route(
+                "order",
+                Some("c1"),
+                Priority::Normal,
+                NONE,
+                &lanes(false),
+                16
+            )
+            .partition,
             None
         );
     }

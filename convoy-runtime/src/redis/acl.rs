@@ -4,17 +4,19 @@
 //!
 //! ```
 //! let rules = convoy_runtime::redis::acl::rules(&["order", "payment"]);
-//! assert_eq!(&rules[..5], ["resetkeys", "~order", "~order:*", "~payment", "~payment:*"]);
+//! assert_eq!(&rules[..4], ["resetkeys", "~{*}order", "~{*}order:*", "~order:__wake__"]);
 //! // ACL SETUSER app reset on >secret <the rules joined by spaces>
 //! println!("{}", convoy_runtime::redis::acl::setuser("app", "secret", &["order"]));
 //! ```
 //!
 //! Redis checks key patterns for every command a script runs too, so every
 //! key convoy touches is passed to its scripts by name and matches one of
-//! these patterns: `{category}` and `{category}:*` for each category
-//! (streams, lanes, index, wake-ups, dead letters) and `convoy:*` (leases,
-//! liveness, unit state, counters, process-manager state, the audit
-//! stream).
+//! these patterns: `{*}{category}` and `{*}{category}:*` for each category
+//! (streams, lanes, index, dead letters, in every shard `{s}`),
+//! `{category}:__wake__` (its wake-ups), and `{*}convoy:*` and `convoy:*`
+//! (leases, liveness, unit state, counters, the audit streams, shard counts,
+//! process-manager state). Glob characters in a category's name are
+//! escaped; `{` and `}` are not glob characters.
 
 use crate::names;
 
@@ -65,29 +67,45 @@ pub const COMMANDS: &[&str] = &[
     "+srem",
     "+scard",
     "+smembers",
+    "+sscan",
     "+pexpire",
     "+zadd",
     "+zcard",
     "+zrange",
     "+zremrangebyscore",
     "+zscore",
-    // Server and connection.
+    // Server and connection: `INFO` tells a single-node URL that names a
+    // cluster node; the cluster client reads the topology and follows ASK
+    // redirections.
     "+time",
     "+ping",
     "+select",
+    "+info",
+    "+cluster|slots",
+    "+cluster|shards",
+    "+asking",
 ];
 
-/// The glob patterns of every key of `category`: `category` itself (its
-/// events without a key) and `category:*`. Glob metacharacters in the name
-/// are escaped.
-pub fn category_patterns(category: &str) -> [String; 2] {
+/// The glob patterns of every key of `category`: `{*}category` (its
+/// events without a key, in its shard) and `{*}category:*` (in every
+/// shard), and its wake stream `category:__wake__`. Glob metacharacters in
+/// the name are escaped.
+pub fn category_patterns(category: &str) -> [String; 3] {
     let c = glob_escape(category);
-    [format!("~{c}"), format!("~{c}:*")]
+    [
+        format!("~{{*}}{c}"),
+        format!("~{{*}}{c}:*"),
+        format!("~{}", glob_escape(&names::wake_stream(category))),
+    ]
 }
 
-/// The pattern of convoy's own keys (`convoy:*`).
-pub fn own_pattern() -> String {
-    format!("~{}:*", names::OWN_PREFIX)
+/// The patterns of convoy's own keys: `{*}convoy:*` in the shards and
+/// `convoy:*` outside them.
+pub fn own_patterns() -> [String; 2] {
+    [
+        format!("~{{*}}{}:*", names::OWN_PREFIX),
+        format!("~{}:*", names::OWN_PREFIX),
+    ]
 }
 
 /// The ACL rules of a user that runs convoy on `categories` (engines,
@@ -99,7 +117,7 @@ pub fn rules(categories: &[&str]) -> Vec<String> {
     for c in categories {
         out.extend(category_patterns(c));
     }
-    out.push(own_pattern());
+    out.extend(own_patterns());
     out.push("resetchannels".to_owned());
     out.push("-@all".to_owned());
     out.extend(COMMANDS.iter().map(|c| (*c).to_owned()));
@@ -138,24 +156,26 @@ mod tests {
     fn patterns_cover_categories_and_convoy() {
         let r = rules(&["order"]);
         assert_eq!(
-            &r[..6],
+            &r[..8],
             [
                 "resetkeys",
-                "~order",
-                "~order:*",
+                "~{*}order",
+                "~{*}order:*",
+                "~order:__wake__",
+                "~{*}convoy:*",
                 "~convoy:*",
                 "resetchannels",
                 "-@all"
             ]
         );
         assert!(r.contains(&"+evalsha".to_owned()));
-        assert_eq!(category_patterns("a*b")[1], "~a\\*b:*");
+        assert_eq!(category_patterns("a*b")[1], "~{*}a\\*b:*");
     }
 
     #[test]
     fn setuser_is_one_line() {
         let s = setuser("app", "pw", &["order", "payment"]);
-        assert!(s.starts_with("ACL SETUSER app reset on >pw resetkeys ~order ~order:* ~payment ~payment:* ~convoy:* resetchannels -@all +evalsha"), "{s}");
+        assert!(s.starts_with("ACL SETUSER app reset on >pw resetkeys ~{*}order ~{*}order:* ~order:__wake__ ~{*}payment ~{*}payment:* ~payment:__wake__ ~{*}convoy:* ~convoy:* resetchannels -@all +evalsha"), "{s}");
         assert!(!s.contains('\n'));
     }
 }

@@ -2,24 +2,32 @@
 //! one partitioned coordinator and/or one ordinary consumer group per
 //! subscription.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{Client, Connection};
+use super::connection::{Client, Conn, Connection};
+use super::layout;
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
+use super::wake;
 use crate::broker::{Broker, Capabilities, ConsumerPlan, Producer, Publication, PublishError};
+use crate::config::BrokerConfig;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
+use crate::names;
 use crate::process_manager::StateStore;
 
 /// The Redis Streams broker. Cheap to share; connects on first use.
 pub struct RedisBroker {
     redis: Arc<Connection>,
+    shards: Arc<BrokerConfig>,
+    /// Categories whose shard count this process checked against Redis.
+    checked: Arc<Mutex<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for RedisBroker {
@@ -49,6 +57,8 @@ impl RedisBroker {
         let client = Client::open(url, ca_pem, "[broker] url ")?;
         Ok(RedisBroker {
             redis: Arc::new(Connection::new(client, url)),
+            shards: Arc::default(),
+            checked: Arc::default(),
         })
     }
 
@@ -56,6 +66,8 @@ impl RedisBroker {
     pub fn response_timeout(self, timeout: Duration) -> Self {
         RedisBroker {
             redis: Arc::new(self.redis.with_response_timeout(timeout)),
+            shards: self.shards,
+            checked: Arc::default(),
         }
     }
 
@@ -68,6 +80,55 @@ impl RedisBroker {
     pub(crate) fn connection(&self) -> &Arc<Connection> {
         &self.redis
     }
+
+    /// Shards per category (`[broker] shards` and `category_shards`; the
+    /// defaults unless set). Must match every other engine's and
+    /// publisher's: Redis records each category's count, and a publish or
+    /// an engine with another count fails.
+    pub fn shards(mut self, broker: &BrokerConfig) -> Self {
+        self.shards = Arc::new(broker.clone());
+        self
+    }
+
+    /// Checks, once per category and process, that the batch's categories
+    /// have the shard count Redis recorded (recording it if none is).
+    async fn check_shards(&self, conn: &mut Conn, batch: &[Publication]) -> Result<(), Error> {
+        for p in batch {
+            let category = &p.envelope.category;
+            let known = match self.checked.lock() {
+                Ok(g) => g.contains(category),
+                Err(poisoned) => poisoned.into_inner().contains(category),
+            };
+            if known {
+                continue;
+            }
+            layout::check_shards(conn, category, self.shards.shards_of(category)).await?;
+            match self.checked.lock() {
+                Ok(mut g) => g.insert(category.clone()),
+                Err(poisoned) => poisoned.into_inner().insert(category.clone()),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// A batch's records by shard (the tag their stream starts with), each
+/// shard's in the batch's order.
+fn split_by_shard(batch: &[Publication]) -> Result<BTreeMap<u32, Vec<&Publication>>, Error> {
+    let mut by_shard: BTreeMap<u32, Vec<&Publication>> = BTreeMap::new();
+    for p in batch {
+        let Some(shard) = names::shard_in(&p.stream) else {
+            return Err(Error::Config {
+                file: "<code>".into(),
+                message: format!(
+                    "publication to {:?} names no shard; route publications with the outbox processor",
+                    crate::key::Escaped(&p.stream)
+                ),
+            });
+        };
+        by_shard.entry(shard).or_default().push(p);
+    }
+    Ok(by_shard)
 }
 
 impl Broker for RedisBroker {
@@ -107,16 +168,45 @@ impl Broker for RedisBroker {
             if batch.is_empty() {
                 return Ok(());
             }
-            // The script writes the whole batch or nothing.
+            // Each shard's script writes its records or none; a failure
+            // in any shard counts the batch as not published, and the
+            // resent batch's records that did go out are dropped by the
+            // shards' dedup sets.
             let fail = |error: Error| PublishError {
                 published: 0,
                 error,
             };
             let mut conn = self.redis.shared().await.map_err(fail)?;
-            Publish { producer, batch }
-                .run(&mut conn)
-                .await
-                .map_err(fail)?;
+            self.check_shards(&mut conn, batch).await.map_err(fail)?;
+            let by_shard = split_by_shard(batch).map_err(fail)?;
+            let floor = batch[0].seq;
+            let runs = by_shard.iter().map(|(shard, records)| {
+                let mut c = conn.clone();
+                async move {
+                    Publish {
+                        producer,
+                        shard: *shard,
+                        floor,
+                        batch: records,
+                    }
+                    .run(&mut c)
+                    .await
+                }
+            });
+            for r in futures::future::join_all(runs).await {
+                r.map_err(fail)?;
+            }
+            let mut woken = HashSet::new();
+            let keys = batch.iter().filter_map(|p| {
+                let key = p.partition.as_deref()?;
+                woken
+                    .insert((p.envelope.category.as_str(), key))
+                    .then_some((p.envelope.category.as_str(), key))
+            });
+            if let Err(e) = wake::hint(&mut conn, keys, false).await {
+                // Published: owners find the events at their next poll.
+                tracing::warn!(error = %chain(&e), "published, but the wake-ups failed; owners pick the events up at their next poll");
+            }
             Ok(())
         })
     }

@@ -2,35 +2,49 @@
 //! module (operators' scripts and tests read the same names the engine
 //! writes).
 //!
+//! A category is spread over a fixed number of shards (`[broker] shards`,
+//! default 16, or `[broker.category_shards]`); a partition key `k` is in
+//! shard `s = shard_of(k, shards)`, and every key a script touches with a
+//! unit starts with the shard's hash tag `{s}`, so each script stays in one
+//! Redis Cluster hash slot. The tag comes first, so `{` or `}` in a key
+//! value cannot move the key's slot. A category's events without a key are
+//! in the shard of the category's name, `shard_of(category, shards)`.
+//!
 //! | key | type | what |
 //! | --- | --- | --- |
-//! | `{category}` | stream | events of a category that carry no partition key |
-//! | `{category}:{backfill}` | stream | their low-priority lane |
-//! | `{category}:{key}` | stream | one partition: a key's events, in publish order |
-//! | `{category}:{key}:{backfill}` | stream | the key's low-priority lane |
-//! | `{category}:__partitions__` | set | the category's live partition keys (discovery index) |
-//! | `{category}:__wake__` | stream | one entry per partitioned publish (`k` = key), capped; wakes owners |
-//! | `{category}:dlq` | stream | dead letters of ordinary handlers |
-//! | `{category}:{key}:dlq` | stream | heads moved aside by an operator |
-//! | `convoy:groups:{category}` | set | consumer groups (handler names) reading the category's partitions |
-//! | `convoy:groups:{category}:__base__` | set | consumer groups reading `{category}` itself |
-//! | `convoy:lease:{group}:{scope}:{key}` | string | the unit's fence token `{owner}:{generation}`, valid while the owner is alive |
-//! | `convoy:alive:{group}:{owner}` | string, PX | an instance's liveness: one key renewed per heartbeat for all its units |
-//! | `convoy:unit:{group}:{scope}:{key}` | hash | `gen` (durable), `inc`, `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
-//! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |
+//! | `{s}{category}` | stream | events of a category that carry no partition key (`s` = the category's shard) |
+//! | `{s}{category}:{backfill}` | stream | their low-priority lane |
+//! | `{s}{category}:dlq` | stream | dead letters of ordinary handlers |
+//! | `{s}convoy:groups:{category}:__base__` | set | consumer groups reading `{s}{category}` |
+//! | `{s}{category}:{key}` | stream | one partition: a key's events, in publish order |
+//! | `{s}{category}:{key}:{backfill}` | stream | the key's low-priority lane |
+//! | `{s}{category}:{key}:dlq` | stream | heads moved aside by an operator |
+//! | `{s}{category}:__partitions__` | set | the shard's live partition keys of the category (discovery index) |
+//! | `{s}convoy:groups:{category}` | set | consumer groups (handler names) reading the category's partitions (the same in every shard) |
+//! | `{s}convoy:lease:{group}:{scope}:{key}` | string | the unit's fence token `{owner}:{generation}`, valid while the owner is alive |
+//! | `{s}convoy:unit:{group}:{scope}:{key}` | hash | `gen` (durable), `inc`, `head`/`attempts`/`last_error`, `halted`/`halt_*`, `active` |
+//! | `{s}convoy:alive:{group}:{owner}` | string, PX | an instance's liveness in a shard where it owns units: one key per shard, renewed per heartbeat |
+//! | `{s}convoy:published:{category}` | counter | partitioned events published to the shard, and dead letters replayed (`convoy_lag` = the sum over shards of this − acked) |
+//! | `{s}convoy:acked:{group}:{category}` | counter | partitioned events of the shard a group finished: acknowledged, or skipped or dead-lettered by an operator |
+//! | `{s}convoy:producer:{id}:sent` | sorted set, PX | the outbox seqs a producer published to the shard that it may still send again (drops re-sent records; about one batch) |
+//! | `{s}convoy:producer:{id}:epoch` | string, PX | the fencing epoch of the producer's newest publisher, as the shard saw it (refuses a replaced relay) |
+//! | `{s}convoy:audit` | stream | operator actions on the shard's partitions (see [`admin`](super::admin)) |
+//! | `{category}:__wake__` | stream | one entry per partitioned publish or release (`k` = key), capped; wakes owners (a hint, written after the publish) |
+//! | `convoy:shards:{category}` | string | the category's shard count, recorded by the first engine or publisher; fixed |
+//! | `convoy:categories` | set | categories engines registered handlers for (operators' tools find every shard from it) |
+//! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `{s}convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
-//! | `convoy:published:{category}` | counter | partitioned events published, and dead letters replayed (`convoy_lag` = this − acked) |
-//! | `convoy:acked:{group}:{category}` | counter | partitioned events a group finished: acknowledged, or skipped or dead-lettered by an operator |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended`, `applied` |
-//! | `convoy:producer:{id}:sent` | sorted set, PX | the outbox seqs a producer published that it may still send again (drops re-sent records; about one batch) |
-//! | `convoy:producer:{id}:epoch` | string, PX | the fencing epoch of the producer's newest publisher (refuses a replaced relay) |
-//! | `convoy:audit` | stream | operator actions (see [`admin`](super::admin)) |
+//! | `convoy:audit` | stream | operator actions outside any shard (the outbox's `retry` and `discard`) |
 //!
 //! A unit's scope is its handler's category, or `*` for a sequential
-//! process manager (its units are correlation values).
+//! process manager (its units are correlation values). The categories of
+//! one process manager must have the same shard count: a correlation
+//! value's streams in each are then in one shard, and so in one hash slot.
 
 pub use crate::names::{
-    AUDIT_STREAM, acked, alive, backfill_stream, base_backfill_stream, base_groups, category_dlq,
-    groups, instances, lease, partition_dlq, partition_index, partition_stream, pm_state,
-    producer_epoch, producer_sent, published, scope, unit, wake_stream,
+    AUDIT_STREAM, CATEGORIES, DEFAULT_SHARDS, MAX_SHARDS, acked, alive, audit, backfill_stream,
+    base_backfill_stream, base_groups, base_shard, base_stream, category_dlq, groups, instances,
+    lease, partition_dlq, partition_index, partition_stream, pm_state, producer_epoch,
+    producer_sent, published, scope, shard_in, shard_of, shards, tag, unit, wake_stream,
 };

@@ -49,9 +49,9 @@
 pub mod acl;
 pub mod admin;
 mod broker;
-pub(crate) mod connection;
-mod layout;
+mod connection;
 pub mod keys;
+mod layout;
 mod partitioned;
 mod plain;
 mod reply;

@@ -40,11 +40,22 @@ impl PlainConsumer {
     fn streams(&self) -> Vec<String> {
         let c = self.sub().category;
         let lanes = &self.plan.config.server.priority_lanes;
-        let mut v = vec![c.to_owned()];
+        let shards = self.shards();
+        let mut v = vec![names::base_stream(c, shards)];
         if lanes.enabled {
-            v.push(names::base_backfill_stream(c, &lanes.backfill_suffix));
+            v.push(names::base_backfill_stream(
+                c,
+                &lanes.backfill_suffix,
+                shards,
+            ));
         }
         v
+    }
+
+    /// The category's shard count (its base streams are in the category's
+    /// own shard).
+    fn shards(&self) -> u32 {
+        self.plan.config.broker.shards_of(self.sub().category)
     }
 
     pub(crate) async fn run(self, shutdown: CancellationToken) {
@@ -160,8 +171,9 @@ impl PlainConsumer {
 
     async fn ensure_groups(&self, conn: &mut Conn, streams: &[String]) -> Result<(), Error> {
         let group = self.sub().name;
+        super::layout::check_shards(conn, self.sub().category, self.shards()).await?;
         let _: i64 = redis::cmd("SADD")
-            .arg(names::base_groups(self.sub().category))
+            .arg(names::base_groups(self.sub().category, self.shards()))
             .arg(group)
             .query_async(conn)
             .await
@@ -279,6 +291,7 @@ impl PlainConsumer {
         PlainAck {
             stream,
             category: self.sub().category,
+            shards: self.shards(),
             group: self.sub().name,
             ids: &[id],
         }
@@ -292,6 +305,7 @@ impl PlainConsumer {
         let dlq_id = DeadLetter {
             stream,
             category: self.sub().category,
+            shards: self.shards(),
             group: self.sub().name,
             entry,
             error,

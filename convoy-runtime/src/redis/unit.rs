@@ -115,12 +115,6 @@ impl Unit {
         let l = self.lane(at);
         if at.backfill { &l.backfill } else { &l.primary }
     }
-
-    /// The wake stream a release of this unit writes to (its first
-    /// category's).
-    pub(crate) fn wake(&self) -> &str {
-        self.lanes.first().map(|l| l.wake.as_str()).unwrap_or("")
-    }
 }
 
 #[cfg(test)]
@@ -131,14 +125,30 @@ mod tests {
     fn every_name_of_a_unit_is_in_its_key_s_shard() {
         let u = Unit::new("g", "order", "k{x}", ["order"], "slow", true, 16);
         let tag = names::tag(names::shard_of("k{x}", 16));
-        for n in [&u.lease, &u.state, &u.lanes[0].primary, &u.lanes[0].backfill, &u.lanes[0].index, &u.lanes[0].groups, &u.lanes[0].acked] {
+        for n in [
+            &u.lease,
+            &u.state,
+            &u.lanes[0].primary,
+            &u.lanes[0].backfill,
+            &u.lanes[0].index,
+            &u.lanes[0].groups,
+            &u.lanes[0].acked,
+        ] {
             assert!(n.starts_with(&tag), "{n}");
         }
     }
 
     #[test]
     fn names_derive_from_handler_scope_and_key() {
-        let u = Unit::new("app::Pm", "*", "o-1", ["order", "payment"], "slow", false, 1);
+        let u = Unit::new(
+            "app::Pm",
+            "*",
+            "o-1",
+            ["order", "payment"],
+            "slow",
+            false,
+            1,
+        );
         assert_eq!(u.shard, 0);
         assert_eq!(u.lease, "{0}convoy:lease:app::Pm:*:o-1");
         assert_eq!(u.state, "{0}convoy:unit:app::Pm:*:o-1");
@@ -151,6 +161,5 @@ mod tests {
             backfill: false,
         };
         assert_eq!(u.stream(at), "{0}order:o-1");
-        assert_eq!(u.wake(), "order:__wake__");
     }
 }

@@ -1,7 +1,13 @@
-//! Wake-ups: the publisher appends `k = {key}` to `{category}:__wake__` in
-//! the same script as the event, and each engine follows that stream with a
-//! blocking read on a dedicated connection. Idle partitions therefore cost
-//! nothing, however many there are, and new events are picked up at once.
+//! Wake-ups: right after its publish script, the publisher appends
+//! `k = {key}` to `{category}:__wake__`, and each engine follows that
+//! stream with a blocking read on a dedicated connection. Idle partitions
+//! therefore cost nothing, however many there are, and new events are
+//! picked up at once.
+//!
+//! A wake-up is a hint, written on its own (the wake stream is in no shard,
+//! so a script on a unit cannot write it on a cluster): a lost one delays a
+//! pick-up until the owner's next poll or the next heartbeat's discovery,
+//! and loses nothing.
 
 use std::sync::Arc;
 
@@ -9,11 +15,45 @@ use redis::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{BLOCK, Connection};
+use super::connection::{BLOCK, Conn, Connection, query_by_slot};
 use super::reply::{first_stream_entries, text};
 use crate::backoff::Backoff;
-use crate::error::chain;
+use crate::error::{Error, chain};
 use crate::names;
+
+/// Writes one wake-up per `(category, key)` (with `released`: the key's
+/// lease was just released), after the change it announces is written.
+pub(crate) async fn hint<'a>(
+    conn: &mut Conn,
+    keys: impl IntoIterator<Item = (&'a str, &'a str)>,
+    released: bool,
+) -> Result<(), Error> {
+    let cmds: Vec<(String, redis::Cmd)> = keys
+        .into_iter()
+        .map(|(category, key)| {
+            let stream = names::wake_stream(category);
+            let mut c = redis::cmd("XADD");
+            c.arg(&stream)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(names::WAKE_MAXLEN)
+                .arg("*")
+                .arg("k")
+                .arg(key);
+            if released {
+                c.arg("r").arg("1");
+            }
+            (stream, c)
+        })
+        .collect();
+    if cmds.is_empty() {
+        return Ok(());
+    }
+    query_by_slot(conn, cmds)
+        .await
+        .map(drop)
+        .map_err(|e| Error::redis("failed to write wake-ups", e))
+}
 
 /// A wake-up: a key with new events, or a key whose lease was just released.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,6 @@
-//! The audit stream: who did what.
+//! The audit streams: who did what. An action on a partition is recorded in
+//! its shard's `{s}convoy:audit` (in the action's script), an outbox action
+//! in [`AUDIT_STREAM`]; [`Admin::audit`] merges them.
 
 use std::collections::BTreeMap;
 
@@ -7,45 +9,109 @@ use serde::Serialize;
 
 use super::{Admin, AdminError};
 use crate::error::Error;
-use crate::names::AUDIT_STREAM;
-use crate::redis::reply::entries;
+use crate::names::{self, AUDIT_STREAM};
+use crate::redis::connection::query_by_slot;
+use crate::redis::reply::{entries, int};
 
 /// One audit record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditRecord {
-    /// Its id in [`AUDIT_STREAM`].
+    /// Its id in its stream.
     pub id: String,
+    /// The audit stream it is in: a shard's `{s}convoy:audit`, or
+    /// [`AUDIT_STREAM`].
+    pub stream: String,
     /// Every field (`op`, `category`, `key`, `group`, `entry`, `operator`,
     /// `time`, `forced`, ...).
     pub fields: BTreeMap<String, String>,
 }
 
+impl AuditRecord {
+    /// When the action was done (its `time` field, else its id's time), and
+    /// its id's sequence: the order of records across streams.
+    fn order(&self) -> (u64, u64, u64) {
+        let (ms, seq) = self.id.split_once('-').unwrap_or((&self.id, "0"));
+        let (ms, seq) = (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0));
+        let time = self
+            .fields
+            .get("time")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(ms);
+        (time, ms, seq)
+    }
+}
+
 impl Admin {
-    /// The latest `count` audit records, oldest first.
+    /// The latest `count` audit records of every audit stream, oldest
+    /// first (ordered by their `time`). The shards' streams read are those
+    /// of the largest shard count recorded for a category an engine
+    /// registered (`convoy:categories`), and at least the default's.
     pub async fn audit(&self, count: usize) -> Result<Vec<AuditRecord>, AdminError> {
+        let shards = self.most_shards().await?;
+        let cmds = std::iter::once(AUDIT_STREAM.to_owned())
+            .chain((0..shards).map(names::audit))
+            .map(|stream| {
+                let mut cmd = redis::cmd("XREVRANGE");
+                cmd.arg(&stream).arg("+").arg("-").arg("COUNT").arg(count);
+                (stream, cmd)
+            })
+            .collect::<Vec<_>>();
+        let streams: Vec<String> = cmds.iter().map(|(s, _)| s.clone()).collect();
         let mut c = self.conn.clone();
-        let v: Value = redis::cmd("XREVRANGE")
-            .arg(AUDIT_STREAM)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(count)
-            .query_async(&mut c)
+        let replies = query_by_slot(&mut c, cmds)
             .await
-            .map_err(|e| Error::redis("failed to read the audit stream", e))?;
-        let mut out: Vec<AuditRecord> = entries(&v)
-            .into_iter()
-            .map(|e| AuditRecord {
-                id: e.id,
-                fields: e
-                    .fields
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
-                    .collect(),
+            .map_err(|e| Error::redis("failed to read the audit streams", e))?;
+        let mut out: Vec<AuditRecord> = streams
+            .iter()
+            .zip(&replies)
+            .flat_map(|(stream, v)| {
+                entries(v).into_iter().map(move |e| AuditRecord {
+                    id: e.id,
+                    stream: stream.clone(),
+                    fields: e
+                        .fields
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                        .collect(),
+                })
             })
             .collect();
+        out.sort_by_key(|r| std::cmp::Reverse(r.order()));
+        out.truncate(count);
         out.reverse();
         Ok(out)
+    }
+
+    /// The largest shard count recorded for a category in
+    /// `convoy:categories`, and at least the default.
+    async fn most_shards(&self) -> Result<u32, AdminError> {
+        let mut c = self.conn.clone();
+        let categories: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(names::CATEGORIES)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read the registered categories", e))?;
+        if categories.is_empty() {
+            return Ok(names::DEFAULT_SHARDS);
+        }
+        let cmds = categories
+            .iter()
+            .map(|category| {
+                let key = names::shards(category);
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
+        let counts: Vec<Value> = query_by_slot(&mut c, cmds)
+            .await
+            .map_err(|e| Error::redis("failed to read the categories' shard counts", e))?;
+        Ok(counts
+            .iter()
+            .filter_map(int)
+            .filter_map(|n| u32::try_from(n).ok())
+            .fold(names::DEFAULT_SHARDS, u32::max)
+            .min(names::MAX_SHARDS))
     }
 }

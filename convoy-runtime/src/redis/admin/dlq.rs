@@ -45,34 +45,30 @@ pub struct ReplayOutcome {
     pub entry_id: String,
     /// The partition stream.
     pub stream: String,
-    /// The audit record's id.
+    /// The audit record's id (in the shard's `{s}convoy:audit`).
     pub audit_id: String,
 }
 
 impl Admin {
-    /// Dead letters of a category: `{category}:{key}:dlq` (moved by an
-    /// operator) with a key, else `{category}:dlq` (ordinary handlers'),
-    /// oldest first.
+    /// Dead letters of a category: `{s}{category}:{key}:dlq` (moved by an
+    /// operator) with a key, else `{s}{category}:dlq` (ordinary
+    /// handlers'), oldest first (see [`Admin::dlq_stream`]).
     pub async fn dlq(
         &self,
         category: &str,
         key: Option<&str>,
     ) -> Result<Vec<DeadLetter>, AdminError> {
-        super::check_category(category)?;
-        let stream = match key {
-            Some(k) => names::partition_dlq(category, k),
-            None => names::category_dlq(category),
-        };
+        let stream = self.dlq_stream(category, key).await?;
         let found = self.range(&stream, "-", "+", None).await?;
         Ok(found.iter().map(|e| dead_letter(&stream, e)).collect())
     }
 
-    /// Puts a dead letter of `{category}:{key}:dlq` back at the tail of
+    /// Puts a dead letter of `{s}{category}:{key}:dlq` back at the tail of
     /// the partition's primary lane (the original envelope, message id
     /// included, without the `dlq_*` fields, as a new entry after
-    /// everything already there), records the key in the index, wakes the
-    /// owners and deletes the dead letter, in one script. Every handler of
-    /// the category receives the event again.
+    /// everything already there), records the key in the index and deletes
+    /// the dead letter, in one script; then wakes the owners. Every handler
+    /// of the category receives the event again.
     pub async fn replay(
         &self,
         category: &str,
@@ -81,10 +77,12 @@ impl Admin {
         operator: &str,
     ) -> Result<ReplayOutcome, AdminError> {
         super::check_category(category)?;
+        let shard = names::shard_of(key, self.shards(category).await?);
         let mut c = self.conn.clone();
         let replayed = Replay {
             category,
             key,
+            shard,
             dlq_id,
             operator,
             now_ms: now_ms(),
@@ -92,7 +90,7 @@ impl Admin {
         .run(&mut c)
         .await
         .map_err(|e| AdminError::from_script("replay", e))?;
-        let stream = names::partition_dlq(category, key);
+        let stream = names::partition_dlq(shard, category, key);
         let not = |problem: String| AdminError::NotReplayable {
             category: category.to_owned(),
             key: key.to_owned(),
@@ -104,7 +102,7 @@ impl Admin {
             Replayed::Done { entry_id, audit_id } => Ok(ReplayOutcome {
                 dlq_id: dlq_id.to_owned(),
                 entry_id,
-                stream: names::partition_stream(category, key),
+                stream: names::partition_stream(shard, category, key),
                 audit_id,
             }),
             Replayed::Missing => Err(AdminError::NoSuchDeadLetter {

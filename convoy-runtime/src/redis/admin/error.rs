@@ -131,7 +131,8 @@ pub enum AdminError {
 
     /// No consumer group is registered for the category.
     #[error(
-        "no handler is registered for category {category} (the set convoy:groups:{category} is empty); start an engine with a sequential_by handler on it, or check the category name"
+        "no handler is registered for category {category} (the set {} is empty); start an engine with a sequential_by handler on it, or check the category name",
+        crate::names::groups(0, category)
     )]
     NoHandlers {
         /// The category.
@@ -195,7 +196,10 @@ pub enum AdminError {
     },
 
     /// The action was done, but its audit record could not be written.
-    #[error("{done}, but its audit record could not be written to convoy:audit")]
+    #[error(
+        "{done}, but its audit record could not be written to {}",
+        crate::names::AUDIT_STREAM
+    )]
     NotAudited {
         /// What was done.
         done: String,

@@ -14,7 +14,7 @@ use crate::redis::scripts::head_action::{HeadActed, HeadAction};
 pub enum HeadOp {
     /// Acknowledge the head without running it.
     Skip,
-    /// Copy the head to `{category}:{key}:dlq`, then acknowledge it.
+    /// Copy the head to `{s}{category}:{key}:dlq`, then acknowledge it.
     DeadLetter,
 }
 
@@ -87,9 +87,9 @@ pub struct HeadOutcome {
     /// Whether the entry was deleted from the stream (only when the
     /// category has a single group; otherwise other groups still read it).
     pub deleted: bool,
-    /// The dead letter's id in `{category}:{key}:dlq`.
+    /// The dead letter's id in `{s}{category}:{key}:dlq`.
     pub dlq_id: Option<String>,
-    /// The audit record's id.
+    /// The audit record's id (in the shard's `{s}convoy:audit`).
     pub audit_id: String,
 }
 
@@ -110,7 +110,7 @@ impl Admin {
         self.act_on_head(HeadOp::Skip, &req).await
     }
 
-    /// Moves the unit's head to `{category}:{key}:dlq` (with `dlq_group`,
+    /// Moves the unit's head to `{s}{category}:{key}:dlq` (with `dlq_group`,
     /// `dlq_source`, `dlq_entry`, `dlq_error`, `dlq_time`, `dlq_operator`)
     /// and acknowledges it, so the partition resumes with its next event.
     /// The same checks as [`Admin::skip`].
@@ -143,7 +143,8 @@ impl Admin {
         } = *req;
         super::check_category(category)?;
         let scope = self.scope(group, category).await?;
-        let unit = self.unit(group, &scope, category, key);
+        let shards = self.shards(category).await?;
+        let unit = self.unit(group, &scope, category, key, shards);
         let mut c = self.conn.clone();
         let acted = HeadAction {
             unit: &unit,
@@ -156,7 +157,7 @@ impl Admin {
         .run(&mut c)
         .await
         .map_err(|e| AdminError::from_script(op.as_str(), e))?;
-        let primary = || names::partition_stream(category, key);
+        let primary = || names::partition_stream(unit.shard, category, key);
         let (category, key, group) = (category.to_owned(), key.to_owned(), group.to_owned());
         match acted {
             HeadActed::Done {
@@ -177,7 +178,7 @@ impl Admin {
                     Lane::Primary
                 },
                 stream: if backfill {
-                    names::backfill_stream(&category, &key, &self.backfill_suffix)
+                    names::backfill_stream(unit.shard, &category, &key, &self.backfill_suffix)
                 } else {
                     primary()
                 },

@@ -53,9 +53,11 @@ impl Admin {
     ) -> Result<Inspection, AdminError> {
         super::check_category(category)?;
         let scope = self.scope(group, category).await?;
-        let unit = self.unit(group, &scope, category, key);
-        let primary = names::partition_stream(category, key);
-        let backfill = names::backfill_stream(category, key, &self.backfill_suffix);
+        let shards = self.shards(category).await?;
+        let unit = self.unit(group, &scope, category, key, shards);
+        let primary = names::partition_stream(unit.shard, category, key);
+        let backfill = names::backfill_stream(unit.shard, category, key, &self.backfill_suffix);
+        // Every key of the unit is in the key's shard: one hash slot.
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for s in [&primary, &backfill] {
@@ -79,7 +81,7 @@ impl Admin {
         let lens = [ok_int(&get(0)).max(0) as u64, ok_int(&get(3)).max(0) as u64];
         let infos = [group_infos(&get(1)), group_infos(&get(4))];
         let pendings = [first_pending(&get(2)), first_pending(&get(5))];
-        let unit = string_map(&get(7));
+        let state = string_map(&get(7));
         let (pending_p, lag_p) = lane_counts(&infos[0], group, lens[0]);
         let (pending_b, lag_b) = lane_counts(&infos[1], group, lens[1]);
         let undelivered = match (lag_p, lag_b) {
@@ -88,14 +90,15 @@ impl Admin {
         };
         let mut rows = [status(
             key,
+            unit.shard,
             group,
             &get(6),
-            &unit,
+            &state,
             (lens[0], lens[1]),
             pending_p + pending_b,
             undelivered,
         )];
-        self.liveness(category, &mut rows, &[unit.get("inc").cloned()])
+        self.liveness(category, &mut rows, &[state.get("inc").cloned()])
             .await?;
         let [status] = rows;
         let lanes = [(Lane::Primary, &primary), (Lane::Backfill, &backfill)];

@@ -1,6 +1,7 @@
 //! Operating partitions by hand: list them, inspect a halted head, skip it
 //! or move it to the key's dead letter stream, list and replay dead
-//! letters; retry or discard an abandoned outbox record. The `convoy` command line is a thin layer over [`Admin`].
+//! letters; retry or discard an abandoned outbox record. The `convoy`
+//! command line is a thin layer over [`Admin`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), convoy_runtime::redis::admin::AdminError> {
@@ -43,11 +44,23 @@
 //! owner takes the unit at a newer generation and reclaims what is pending,
 //! in order.
 //!
-//! Every action appends an audit record to [`AUDIT_STREAM`] (`op`,
-//! `category`, `key`, `group`, `entry`, `operator`, `time`, `forced`,
-//! `stream`, `fenced`, and `dlq_entry` for dead-letter and replay; an
-//! outbox action adds `outbox`, `message_id`, `type`, `reason` and
-//! `attempts`, with the record's id as `entry`).
+//! Every action appends an audit record (`op`, `category`, `key`, `group`,
+//! `entry`, `operator`, `time`, `forced`, `stream`, `fenced`, and
+//! `dlq_entry` for dead-letter and replay; an outbox action adds `outbox`,
+//! `message_id`, `type`, `reason` and `attempts`, with the record's id as
+//! `entry`): an action on a partition to its shard's audit stream
+//! `{s}convoy:audit`, in the same script as the action; an outbox action
+//! to [`AUDIT_STREAM`]. [`Admin::audit`] reads them all.
+//!
+//! # Shards
+//!
+//! Every key of a partition starts with its shard's hash tag `{s}`, `s`
+//! being `shard_of(key, S)` for the category's shard count `S` (see
+//! [`keys`](super::keys)). The tools use the count an engine or publisher
+//! recorded in Redis (`convoy:shards:{category}`), never a configured one,
+//! and the default when none is recorded. Every command on one unit stays
+//! in its key's shard; commands over many keys (the partitions report) are
+//! sent as one pipeline per hash slot on a Redis Cluster.
 //!
 //! # The head
 //!
@@ -56,7 +69,6 @@
 //! pending, the first entry after the group's last-delivered id (primary,
 //! then backfill). A halted unit's head is pending and equals the unit's
 //! `halt_entry`.
-
 //!
 //! # Layout
 //!
@@ -89,15 +101,18 @@ pub use status::PartitionStatus;
 /// The stream operator actions are recorded in.
 pub use crate::names::AUDIT_STREAM;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
+use redis::cluster_routing::Slot;
 use serde::Serialize;
 
 use super::broker::RedisBroker;
-use super::connection::{Client, Conn, Connection};
-use super::reply::{Entry, entries};
+use super::connection::{Client, Conn, Connection, query_by_slot};
+use super::layout::recorded_shards;
+use super::reply::{Entry, entries, text};
 use super::unit::Unit;
 use crate::error::Error;
 use crate::names;
@@ -106,9 +121,9 @@ use crate::names;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Lane {
-    /// `{category}:{key}`.
+    /// `{s}{category}:{key}`.
     Primary,
-    /// `{category}:{key}:{backfill}`.
+    /// `{s}{category}:{key}:{backfill}`.
     Backfill,
 }
 
@@ -183,23 +198,59 @@ impl Admin {
         self
     }
 
-    /// The unit `key` of `group` in `category`, named under `scope`.
-    fn unit(&self, group: &str, scope: &str, category: &str, key: &str) -> Unit {
-        Unit::new(group, scope, key, [category], &self.backfill_suffix, true)
+    /// The unit `key` of `group` in `category` (of `shards` shards), named
+    /// under `scope`.
+    fn unit(&self, group: &str, scope: &str, category: &str, key: &str, shards: u32) -> Unit {
+        Unit::new(
+            group,
+            scope,
+            key,
+            [category],
+            &self.backfill_suffix,
+            true,
+            shards,
+        )
+    }
+
+    /// The shard count Redis recorded for `category`, or the default
+    /// ([`DEFAULT_SHARDS`](super::keys)) when none is recorded yet.
+    async fn shards(&self, category: &str) -> Result<u32, AdminError> {
+        let mut c = self.conn.clone();
+        Ok(recorded_shards(&mut c, category)
+            .await?
+            .unwrap_or(names::DEFAULT_SHARDS))
     }
 
     /// The consumer groups (handlers) registered for a category's
-    /// partitions, sorted.
+    /// partitions, sorted (every shard holds a copy of the set: shard 0's
+    /// is read).
     pub async fn groups(&self, category: &str) -> Result<Vec<String>, AdminError> {
         check_category(category)?;
         let mut c = self.conn.clone();
         let mut groups: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(names::groups(category))
+            .arg(names::groups(0, category))
             .query_async(&mut c)
             .await
             .map_err(|e| Error::redis("failed to read the registered handlers", e))?;
         groups.sort();
         Ok(groups)
+    }
+
+    /// The name of a dead letter stream: the key's `{s}{category}:{key}:dlq`
+    /// (heads an operator moved aside) with a key, else the category's
+    /// `{s}{category}:dlq` (ordinary handlers'), in the shard the
+    /// category's recorded shard count puts it.
+    pub async fn dlq_stream(
+        &self,
+        category: &str,
+        key: Option<&str>,
+    ) -> Result<String, AdminError> {
+        check_category(category)?;
+        let shards = self.shards(category).await?;
+        Ok(match key {
+            Some(k) => names::partition_dlq(names::shard_of(k, shards), category, k),
+            None => names::category_dlq(category, shards),
+        })
     }
 
     /// Picks the consumer group an operation on `key` is meant for.
@@ -245,10 +296,13 @@ impl Admin {
                 let mut halted = Vec::new();
                 if let Some(key) = key {
                     let scopes = self.scopes(&registered, category).await?;
+                    let shards = self.shards(category).await?;
+                    // Every group's unit of the key is in the key's shard:
+                    // one hash slot.
                     let mut pipe = redis::pipe();
                     for (g, scope) in registered.iter().zip(&scopes) {
                         pipe.cmd("HGET")
-                            .arg(self.unit(g, scope, category, key).state)
+                            .arg(self.unit(g, scope, category, key, shards).state)
                             .arg("halted");
                     }
                     let mut c = self.conn.clone();
@@ -282,18 +336,23 @@ impl Admin {
         if groups.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for g in groups {
-            pipe.cmd("GET").arg(names::scope(g));
-        }
+        // Each group's scope key is in a slot of its own on a cluster.
+        let cmds = groups
+            .iter()
+            .map(|g| {
+                let key = names::scope(g);
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
         let mut c = self.conn.clone();
-        let found: Vec<Option<String>> = pipe
-            .query_async(&mut c)
+        let found = query_by_slot(&mut c, cmds)
             .await
             .map_err(|e| Error::redis("failed to read unit scopes", e))?;
         Ok(found
-            .into_iter()
-            .map(|s| s.unwrap_or_else(|| category.to_owned()))
+            .iter()
+            .map(|s| text(s).unwrap_or_else(|| category.to_owned()))
             .collect())
     }
 
@@ -322,6 +381,44 @@ impl Admin {
             .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
         Ok(entries(&v))
     }
+}
+
+/// Runs `cmds` (each with the key it routes by) like
+/// [`query_by_slot`], one pipeline per hash slot on a cluster, but with each
+/// command's error in its place ([`Value::ServerError`]) rather than failing
+/// them all: for reads of keys that may be missing or hold another type
+/// (`XINFO GROUPS` of a stream not created yet).
+async fn read_by_slot(
+    conn: &Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+) -> redis::RedisResult<Vec<Value>> {
+    let n = cmds.len();
+    let mut slots: HashMap<Option<Slot>, (redis::Pipeline, Vec<usize>)> = HashMap::new();
+    for (i, (key, cmd)) in cmds.into_iter().enumerate() {
+        let slot = conn.is_cluster().then(|| Slot::for_key(key.as_bytes()));
+        let (pipe, at) = slots.entry(slot).or_insert_with(|| {
+            let mut p = redis::pipe();
+            p.ignore_errors();
+            (p, Vec::new())
+        });
+        pipe.add_command(cmd);
+        at.push(i);
+    }
+    let runs = slots.into_values().map(|(pipe, at)| {
+        let mut c = conn.clone();
+        async move {
+            let replies: Vec<Value> = pipe.query_async(&mut c).await?;
+            Ok::<_, redis::RedisError>((at, replies))
+        }
+    });
+    let mut out = vec![Value::Nil; n];
+    for r in futures::future::join_all(runs).await {
+        let (at, replies) = r?;
+        for (i, v) in at.into_iter().zip(replies) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
 }
 
 /// Refuses a name that cannot be a category (see

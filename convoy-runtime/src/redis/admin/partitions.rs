@@ -6,17 +6,22 @@ use redis::Value;
 use serde::Serialize;
 
 use super::status::{PartitionStatus, group_infos, lane_counts, ok_int, status, string_map};
-use super::{Admin, AdminError};
+use super::{Admin, AdminError, read_by_slot};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::query_by_slot;
+use crate::redis::reply::text;
 
 /// Keys per pipeline when listing partitions.
 const CHUNK: usize = 200;
 
+/// Members asked for per `SSCAN` of a shard's partition index.
+const SCAN_COUNT: usize = 1000;
+
 /// Sums over one category's units.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Totals {
-    /// Live partition keys (the index).
+    /// Live partition keys (the index, over every shard).
     pub partitions: usize,
     /// Units listed (keys × groups).
     pub units: usize,
@@ -53,25 +58,23 @@ pub struct CategoryReport {
 }
 
 impl Admin {
-    /// Every live partition of `category` (the index) for every registered
-    /// group: lease, lengths, pending, lag, halt; and totals. A few
-    /// pipelined round trips, whatever the number of partitions.
+    /// Every live partition of `category` (the index of every shard) for
+    /// every registered group: lease, lengths, pending, lag, halt; and
+    /// totals. The index is read with `SSCAN`, every shard at once, and the
+    /// status in pipelines of a few hundred keys (one per hash slot on a
+    /// cluster): a few round trips per thousand partitions.
     pub async fn partitions(&self, category: &str) -> Result<CategoryReport, AdminError> {
         super::check_category(category)?;
-        let mut c = self.conn.clone();
-        let (mut keys_, mut groups): (Vec<String>, Vec<String>) = redis::pipe()
-            .cmd("SMEMBERS")
-            .arg(names::partition_index(category))
-            .cmd("SMEMBERS")
-            .arg(names::groups(category))
-            .query_async(&mut c)
-            .await
-            .map_err(|e| Error::redis("failed to read the partition index", e))?;
-        keys_.sort();
-        groups.sort();
+        let shards = self.shards(category).await?;
+        let groups = self.groups(category).await?;
+        let keys_ = self.partition_keys(category, shards).await?;
+        let scopes = self.scopes(&groups, category).await?;
         let mut rows = Vec::with_capacity(keys_.len() * groups.len());
         for chunk in keys_.chunks(CHUNK) {
-            rows.extend(self.status_rows(category, chunk, &groups).await?);
+            rows.extend(
+                self.status_rows(category, shards, chunk, &groups, &scopes)
+                    .await?,
+            );
         }
         let mut totals = Totals {
             partitions: keys_.len(),
@@ -101,40 +104,92 @@ impl Admin {
         })
     }
 
-    /// One pipeline: per key both lanes' length and group info, per unit
-    /// the lease and the state hash.
+    /// The live partition keys of `category` over its `shards` shards,
+    /// sorted: `SSCAN` of each shard's index, one page of every shard per
+    /// round trip (never `SMEMBERS`: an index can hold millions of keys).
+    async fn partition_keys(&self, category: &str, shards: u32) -> Result<Vec<String>, AdminError> {
+        let mut c = self.conn.clone();
+        let mut keys_ = Vec::new();
+        // (index, cursor) of every shard not scanned to the end yet.
+        let mut scans: Vec<(String, String)> = (0..shards)
+            .map(|s| (names::partition_index(s, category), "0".to_owned()))
+            .collect();
+        while !scans.is_empty() {
+            let cmds = scans
+                .iter()
+                .map(|(index, cursor)| {
+                    let mut cmd = redis::cmd("SSCAN");
+                    cmd.arg(index).arg(cursor).arg("COUNT").arg(SCAN_COUNT);
+                    (index.clone(), cmd)
+                })
+                .collect();
+            let pages = query_by_slot(&mut c, cmds)
+                .await
+                .map_err(|e| Error::redis("failed to read the partition index", e))?;
+            let mut more = Vec::new();
+            for ((index, _), page) in scans.into_iter().zip(pages) {
+                let (cursor, members) =
+                    scan_page(&page).ok_or_else(|| AdminError::UnexpectedReply {
+                        what: format!("SSCAN {index}"),
+                        reply: format!("{page:?}"),
+                    })?;
+                keys_.extend(members);
+                if cursor != "0" {
+                    more.push((index, cursor));
+                }
+            }
+            scans = more;
+        }
+        // SSCAN may return a member more than once.
+        keys_.sort();
+        keys_.dedup();
+        Ok(keys_)
+    }
+
+    /// Per key both lanes' length and group info, per unit the lease and
+    /// the state hash: one pipeline (per hash slot on a cluster).
     async fn status_rows(
         &self,
         category: &str,
+        shards: u32,
         keys_: &[String],
         groups: &[String],
+        scopes: &[String],
     ) -> Result<Vec<PartitionStatus>, AdminError> {
-        let scopes = self.scopes(groups, category).await?;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
+        let mut cmds = Vec::with_capacity(keys_.len() * (4 + 2 * groups.len()));
+        let mut shard_of = Vec::with_capacity(keys_.len());
         for k in keys_ {
-            let primary = names::partition_stream(category, k);
-            let backfill = names::backfill_stream(category, k, &self.backfill_suffix);
-            pipe.cmd("XLEN").arg(&primary);
-            pipe.cmd("XLEN").arg(&backfill);
-            pipe.cmd("XINFO").arg("GROUPS").arg(&primary);
-            pipe.cmd("XINFO").arg("GROUPS").arg(&backfill);
-            for (g, scope) in groups.iter().zip(&scopes) {
-                let unit = self.unit(g, scope, category, k);
-                pipe.cmd("GET").arg(&unit.lease);
-                pipe.cmd("HGETALL").arg(&unit.state);
+            let shard = names::shard_of(k, shards);
+            shard_of.push(shard);
+            let primary = names::partition_stream(shard, category, k);
+            let backfill = names::backfill_stream(shard, category, k, &self.backfill_suffix);
+            // Every key of the partition is in its shard: they all route by
+            // the primary stream's name.
+            let mut add = |name: &str, args: &[&str]| {
+                let mut cmd = redis::cmd(name);
+                for a in args {
+                    cmd.arg(*a);
+                }
+                cmds.push((primary.clone(), cmd));
+            };
+            add("XLEN", &[&primary]);
+            add("XLEN", &[&backfill]);
+            add("XINFO", &["GROUPS", &primary]);
+            add("XINFO", &["GROUPS", &backfill]);
+            for (g, scope) in groups.iter().zip(scopes) {
+                let unit = self.unit(g, scope, category, k, shards);
+                add("GET", &[&unit.lease]);
+                add("HGETALL", &[&unit.state]);
             }
         }
-        let mut c = self.conn.clone();
-        let values: Vec<Value> = pipe
-            .query_async(&mut c)
+        let values = read_by_slot(&self.conn, cmds)
             .await
             .map_err(|e| Error::redis("failed to read partition status", e))?;
         let mut it = values.into_iter();
         let mut next = || it.next().unwrap_or(Value::Nil);
         let mut rows = Vec::new();
         let mut incarnations = Vec::new();
-        for k in keys_ {
+        for (k, shard) in keys_.iter().zip(shard_of) {
             let len_p = ok_int(&next()).max(0) as u64;
             let len_b = ok_int(&next()).max(0) as u64;
             let info_p = group_infos(&next());
@@ -151,6 +206,7 @@ impl Admin {
                 incarnations.push(unit.get("inc").cloned());
                 rows.push(status(
                     k,
+                    shard,
                     g,
                     &lease,
                     &unit,
@@ -163,4 +219,15 @@ impl Admin {
         self.liveness(category, &mut rows, &incarnations).await?;
         Ok(rows)
     }
+}
+
+/// An `SSCAN` reply: the next cursor and the page's members.
+fn scan_page(v: &Value) -> Option<(String, Vec<String>)> {
+    let Value::Array(parts) = v else {
+        return None;
+    };
+    let [cursor, Value::Array(members)] = parts.as_slice() else {
+        return None;
+    };
+    Some((text(cursor)?, members.iter().filter_map(text).collect()))
 }

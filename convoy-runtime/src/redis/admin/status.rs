@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Admin, AdminError};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::query_by_slot;
 use crate::redis::reply::{int, text};
 
 /// One unit: a partition key as one handler (consumer group) sees it.
@@ -17,13 +18,16 @@ use crate::redis::reply::{int, text};
 pub struct PartitionStatus {
     /// The partition key.
     pub key: String,
+    /// The key's shard: every Redis key of the unit starts with `{shard}`.
+    pub shard: u32,
     /// The consumer group (handler name).
     pub group: String,
     /// The instance holding the lease, if any.
     pub owner: Option<String>,
-    /// Whether that instance is alive (its liveness key
-    /// `convoy:alive:{group}:{owner}` exists); a lease of a dead owner is
-    /// free for the taking.
+    /// Whether that instance is alive in the key's shard (its liveness key
+    /// there, `{shard}convoy:alive:{group}:{owner}`, exists and holds the
+    /// incarnation the unit was taken in): the lease scripts check that
+    /// key, and a lease of a dead owner is free for the taking.
     pub owner_alive: bool,
     /// The generation of the held lease (from its token `{owner}:{gen}`).
     pub generation: Option<u64>,
@@ -72,8 +76,9 @@ pub struct PartitionStatus {
 
 impl Admin {
     /// Fills in whether each unit's owner is alive and how long its
-    /// liveness lasts (one pipeline over the distinct owners). An owner is
-    /// alive for a unit while its liveness key holds the incarnation the
+    /// liveness lasts: the owner's liveness key in the unit's shard (one
+    /// pipeline per hash slot over the distinct shards and owners). An
+    /// owner is alive for a unit while that key holds the incarnation the
     /// unit was taken in (`incarnations`, one per row; `None`: not known).
     pub(super) async fn liveness(
         &self,
@@ -81,32 +86,42 @@ impl Admin {
         rows: &mut [PartitionStatus],
         incarnations: &[Option<String>],
     ) -> Result<(), AdminError> {
-        let mut owners: Vec<(String, String)> = rows
+        let mut owners: Vec<(u32, String, String)> = rows
             .iter()
-            .filter_map(|r| Some((r.group.clone(), r.owner.clone()?)))
+            .filter_map(|r| Some((r.shard, r.group.clone(), r.owner.clone()?)))
             .collect();
         owners.sort();
         owners.dedup();
         if owners.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        for (g, o) in &owners {
-            pipe.cmd("PTTL").arg(names::alive(g, o));
-            pipe.cmd("GET").arg(names::alive(g, o));
+        let mut cmds = Vec::with_capacity(2 * owners.len());
+        for (s, g, o) in &owners {
+            let alive = names::alive(*s, g, o);
+            for name in ["PTTL", "GET"] {
+                let mut cmd = redis::cmd(name);
+                cmd.arg(&alive);
+                cmds.push((alive.clone(), cmd));
+            }
         }
         let mut c = self.conn.clone();
-        let replies: Vec<(i64, Option<String>)> = pipe.query_async(&mut c).await.map_err(|e| {
+        let replies = query_by_slot(&mut c, cmds).await.map_err(|e| {
             Error::redis(
                 format!("failed to read the liveness of {category}'s owners"),
                 e,
             )
         })?;
-        let left: BTreeMap<(String, String), (i64, Option<String>)> =
-            owners.into_iter().zip(replies).collect();
+        let left: BTreeMap<(u32, String, String), (i64, Option<String>)> = owners
+            .into_iter()
+            .zip(replies.chunks(2))
+            .map(|(owner, r)| {
+                let ttl = r.first().and_then(int).unwrap_or(-2);
+                (owner, (ttl, r.get(1).and_then(text)))
+            })
+            .collect();
         for (r, inc) in rows.iter_mut().zip(incarnations) {
             let Some(owner) = &r.owner else { continue };
-            let Some((ttl, live)) = left.get(&(r.group.clone(), owner.clone())) else {
+            let Some((ttl, live)) = left.get(&(r.shard, r.group.clone(), owner.clone())) else {
                 continue;
             };
             if inc.is_some() && live != inc {
@@ -114,12 +129,12 @@ impl Admin {
                 continue;
             }
             // -2: no such key (the owner is gone); -1: no expiry (alive).
-            match Some(ttl) {
-                Some(ms) if *ms >= 0 => {
+            match *ttl {
+                ms if ms >= 0 => {
                     r.owner_alive = true;
-                    r.lease_ms_left = Some(*ms as u64);
+                    r.lease_ms_left = Some(ms as u64);
                 }
-                Some(-1) => r.owner_alive = true,
+                -1 => r.owner_alive = true,
                 _ => {}
             }
         }
@@ -199,6 +214,7 @@ fn non_empty(m: &BTreeMap<String, String>, k: &str) -> Option<String> {
 
 pub(super) fn status(
     key: &str,
+    shard: u32,
     group: &str,
     lease: &Value,
     unit: &BTreeMap<String, String>,
@@ -216,6 +232,7 @@ pub(super) fn status(
     let lag = undelivered.map(|u| u + pending);
     PartitionStatus {
         key: key.to_owned(),
+        shard,
         group: group.to_owned(),
         owner,
         owner_alive: false,

@@ -1,18 +1,17 @@
 -- Operator action on a partition's head for one consumer group, atomic
 -- against the owner (every owner operation is a script too): skip it, or
--- move it to the key's dead letter stream (ARGV[9] = 'skip' or
+-- move it to the key's dead letter stream (ARGV[8] = 'skip' or
 -- 'dead_letter'). A dead letter carries the head's fields plus `dlq_group`,
 -- `dlq_source`, `dlq_entry`, `dlq_error`, `dlq_time` and `dlq_operator`.
 --
 -- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
 -- KEYS[4] backfill stream, KEYS[5] the category's set of registered groups,
--- KEYS[6] the audit stream, KEYS[7] the key's dead letter stream,
--- KEYS[8] the category's wake stream, KEYS[9] the group's acknowledged
--- count for the category (`convoy_lag` is published - acknowledged)
+-- KEYS[6] the shard's audit stream, KEYS[7] the key's dead letter stream,
+-- KEYS[8] the group's acknowledged count for the category in the shard
+-- (`convoy_lag` is published - acknowledged); all in the key's shard
 -- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
--- ARGV[7] the head the operator confirmed ('' for whatever it is),
--- ARGV[8] wake stream approximate max length
+-- ARGV[7] the head the operator confirmed ('' for whatever it is)
 --
 -- The head is the group's first pending entry (primary lane, then
 -- backfill), or, when nothing is pending, the first entry after the group's
@@ -28,9 +27,10 @@
 -- Both acknowledge a pending head (or moves the group past an
 -- undelivered one) and count it as acknowledged, so `convoy_lag` drops
 -- with the partition's lag, deletes it when this is the category's only group,
--- clears the halt and the head's failure count, appends an audit record,
--- and writes a wake-up for the key: a halted owner waits for one, then sees
--- the halt cleared and resumes with the next event.
+-- clears the halt and the head's failure count and appends an audit record;
+-- the caller then writes a wake-up for the key: a halted owner waits for
+-- one (or its next poll), then sees the halt cleared and resumes with the
+-- next event.
 --
 -- Returns {status, ...}:
 --   {'empty'}                          nothing to act on
@@ -49,7 +49,7 @@
 local unit, lease = KEYS[1], KEYS[2]
 local streams = {KEYS[3], KEYS[4]}
 local group = ARGV[1]
-local op = ARGV[9]
+local op = ARGV[8]
 
 local function fields(flat)
   local f = {}
@@ -105,7 +105,6 @@ end
 if redis.call('HGET', unit, 'halt_reason') == 'not a stream' then
   redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
     'halt_entry', 'head', 'attempts')
-  redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
   local audit = redis.call('XADD', KEYS[6], '*', 'op', op, 'category', ARGV[5],
     'key', ARGV[6], 'group', group, 'entry', '', 'operator', ARGV[3],
     'time', ARGV[4], 'forced', ARGV[2], 'stream', streams[1], 'fenced', '')
@@ -198,7 +197,7 @@ elseif has_group then
 else
   redis.call('XGROUP', 'CREATE', stream, group, head)
 end
-redis.call('INCRBY', KEYS[9], done)
+redis.call('INCRBY', KEYS[8], done)
 local deleted = 0
 if redis.call('SCARD', KEYS[5]) <= 1 then
   deleted = redis.call('XDEL', stream, head)
@@ -206,7 +205,6 @@ end
 redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
   'halt_entry', 'head', 'attempts')
 redis.call('HSET', unit, 'active', ARGV[4])
-redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[8], '*', 'k', ARGV[6])
 
 local record = {'op', op, 'category', ARGV[5], 'key', ARGV[6], 'group', group,
   'entry', head, 'operator', ARGV[3], 'time', ARGV[4], 'forced', forced,

@@ -1,13 +1,16 @@
--- Publishes a batch of outbox records, in order, in one atomic script.
+-- Publishes the records of a batch that belong to one shard, in order, in
+-- one atomic script. Every key is in the shard (one hash slot); the caller
+-- splits a batch by shard and writes the wake-ups after, as hints.
 --
--- KEYS[1]          the producer's published set: a sorted set of the seqs
---                  it published that may still be sent again
--- KEYS[2]          the producer's epoch (the newest publisher's fencing token)
--- KEYS[4i-1..4i+2] record i: its stream, its category's partition index,
---                  its category's wake stream, its category's count of
---                  partitioned publishes (for lag)
+-- KEYS[1]          the producer's published set in the shard: a sorted set
+--                  of the seqs it published that may still be sent again
+-- KEYS[2]          the producer's epoch as the shard saw it (the newest
+--                  publisher's fencing token)
+-- KEYS[3i..3i+2]   record i: its stream, its category's partition index in
+--                  the shard, its category's count of partitioned publishes
+--                  in the shard (for lag)
 -- ARGV[1]          producer keys TTL (ms)
--- ARGV[2]          wake stream approximate max length
+-- ARGV[2]          the whole batch's first seq (see below)
 -- ARGV[3]          the publisher's epoch
 -- then per record: seq, partition key ('' when unpartitioned), field count,
 --                  fields and values
@@ -19,11 +22,16 @@
 -- below the batch's first was settled in the outbox and can never be sent
 -- again: those members are dropped from the set, which therefore holds
 -- about one batch. A record whose seq is in the set was published before
--- (a re-sent batch after a lost reply or a crash) and is skipped.
+-- (a re-sent batch after a lost reply or a crash) and is skipped. A record
+-- always goes to the same shard, so the shard's set is the one that knows.
 --
 -- A publisher whose epoch is below the stored one was replaced (a stalled
 -- relay whose leadership passed to another replica) and is refused, so it
--- can never publish a row after its successor published later rows.
+-- can never publish a row after its successor published later rows. The
+-- epoch is kept per shard: a successor raises it in every shard it writes
+-- to, and a shard it has not written to yet holds no row of the successor
+-- that a stale batch could overtake (what the stale batch writes there, the
+-- successor's resend drops as published).
 -- Returns {1, the number of records written} or {-1, the stored epoch}.
 local ttl = ARGV[1]
 local epoch = tonumber(ARGV[3])
@@ -34,32 +42,27 @@ end
 if epoch > stored then
   redis.call('SET', KEYS[2], epoch, 'PX', ttl)
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
 local a = 4
 local written = 0
 local i = 0
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
 local max = tonumber(top[2] or '-1')
-local first = true
 local sent = {}
--- Index entries, wake-ups and counts once per distinct key (or category)
--- of the batch: the script is atomic, so doing them at the end is the same
--- as doing them with each record.
-local woken = {}
-local wakes = {}
+-- Index entries and counts once per distinct key (or category) of the
+-- batch: the script is atomic, so doing them at the end is the same as
+-- doing them with each record.
+local indexed = {}
+local adds = {}
 local counts = {}
 while a <= #ARGV do
   local seq = tonumber(ARGV[a])
   local key = ARGV[a + 1]
   local n = tonumber(ARGV[a + 2])
-  if first then
-    first = false
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[a])
-  end
-  local stream = KEYS[4 * i + 3]
-  local index = KEYS[4 * i + 4]
-  local wake = KEYS[4 * i + 5]
-  local published = KEYS[4 * i + 6]
+  local stream = KEYS[3 * i + 3]
+  local index = KEYS[3 * i + 4]
+  local published = KEYS[3 * i + 5]
   i = i + 1
   if seq > max or not redis.call('ZSCORE', KEYS[1], ARGV[a]) then
     local fields = {}
@@ -68,10 +71,10 @@ while a <= #ARGV do
     end
     redis.call('XADD', stream, '*', unpack(fields))
     if key ~= '' then
-      local id = wake .. '\0' .. key
-      if not woken[id] then
-        woken[id] = true
-        wakes[#wakes + 1] = {index, wake, key}
+      local id = index .. '\0' .. key
+      if not indexed[id] then
+        indexed[id] = true
+        adds[#adds + 1] = {index, key}
       end
       counts[published] = (counts[published] or 0) + 1
     end
@@ -81,9 +84,8 @@ while a <= #ARGV do
   end
   a = a + 3 + n
 end
-for _, w in ipairs(wakes) do
-  redis.call('SADD', w[1], w[3])
-  redis.call('XADD', w[2], 'MAXLEN', '~', ARGV[2], '*', 'k', w[3])
+for _, w in ipairs(adds) do
+  redis.call('SADD', w[1], w[2])
 end
 for k, c in pairs(counts) do
   redis.call('INCRBY', k, c)

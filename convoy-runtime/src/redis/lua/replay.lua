@@ -4,17 +4,16 @@
 -- receives it again.
 --
 -- KEYS[1] the key's dead letter stream, KEYS[2] the partition stream,
--- KEYS[3] the category's partition index, KEYS[4] the category's wake
--- stream, KEYS[5] the audit stream, KEYS[6] the category's published
--- count (`convoy_lag` is published - acknowledged: the replayed entry is
--- one more to handle)
+-- KEYS[3] the category's partition index in the shard, KEYS[4] the shard's
+-- audit stream, KEYS[5] the category's published count in the shard
+-- (`convoy_lag` is published - acknowledged: the replayed entry is one
+-- more to handle); all in the key's shard
 -- ARGV[1] dead letter id, ARGV[2] partition key, ARGV[3] operator,
--- ARGV[4] now (ms), ARGV[5] category, ARGV[6] wake stream approximate max
--- length
+-- ARGV[4] now (ms), ARGV[5] category
 --
 -- The copy leaves out the `dlq_*` fields. The key is put back into the
--- index and a wake-up is written, as a publish does, so a reaped partition
--- is discovered again and an idle owner wakes.
+-- index, as a publish does, so a reaped partition is discovered again; the
+-- caller then writes a wake-up so an idle owner wakes.
 --
 -- Returns {'missing'} when there is no such dead letter, {'empty'} when it
 -- holds no envelope fields, {'wrong_key', key} when its envelope names
@@ -44,11 +43,10 @@ if #copy == 0 then
   return {'empty'}
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(copy))
-redis.call('INCRBY', KEYS[6], 1)
+redis.call('INCRBY', KEYS[5], 1)
 redis.call('SADD', KEYS[3], ARGV[2])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'k', ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[1])
-local audit = redis.call('XADD', KEYS[5], '*', 'op', 'replay', 'category',
+local audit = redis.call('XADD', KEYS[4], '*', 'op', 'replay', 'category',
   ARGV[5], 'key', ARGV[2], 'group', group, 'entry', id, 'operator', ARGV[3],
   'time', ARGV[4], 'forced', '0', 'stream', KEYS[2], 'dlq_entry', ARGV[1])
 return {'ok', id, audit, group}

@@ -3,6 +3,7 @@
 //! while each still waits for its own acknowledgement before its next event
 //! (so a crash re-runs at most the event in flight, with `max_unacked = 1`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -51,12 +52,13 @@ impl AckRequest {
     }
 }
 
-/// Sends the queued acknowledgements, as many per call as are waiting,
-/// until every sender is gone.
+/// Sends the queued acknowledgements, as many per call as are waiting (one
+/// call per shard, at once: a script touches one shard), until every sender
+/// is gone. `alive` is the owner's liveness key of each shard.
 pub(crate) async fn run(
     redis: Arc<Connection>,
     group: &'static str,
-    alive: String,
+    alive: Arc<[String]>,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -67,29 +69,50 @@ pub(crate) async fn run(
                 Err(_) => break,
             }
         }
-        let items: Vec<AckItem<'_>> = batch.iter().map(AckRequest::item).collect();
-        let ack = Ack {
-            group,
-            alive: &alive,
-            now_ms: now_ms(),
-            items: &items,
-        };
-        let result = match redis.shared().await {
-            Ok(mut c) => ack.run(&mut c).await,
-            Err(e) => Err(e),
-        };
-        drop(items);
-        match result {
-            Ok(answers) => {
-                for (r, answer) in batch.into_iter().zip(answers) {
-                    let _ = r.reply.send(Ok(answer));
-                }
-            }
+        let conn = match redis.shared().await {
+            Ok(c) => c,
             Err(e) => {
-                let e = Arc::new(e);
-                for r in batch {
-                    let _ = r.reply.send(Err(e.clone()));
+                answer(batch, Err(e));
+                continue;
+            }
+        };
+        let mut by_shard: BTreeMap<u32, Vec<AckRequest>> = BTreeMap::new();
+        for r in batch {
+            by_shard.entry(r.unit.shard).or_default().push(r);
+        }
+        let calls = by_shard.into_iter().map(|(shard, batch)| {
+            let mut conn = conn.clone();
+            let alive = alive.clone();
+            async move {
+                let items: Vec<AckItem<'_>> = batch.iter().map(AckRequest::item).collect();
+                let result = Ack {
+                    group,
+                    alive: alive.get(shard as usize).map_or("", String::as_str),
+                    now_ms: now_ms(),
+                    items: &items,
                 }
+                .run(&mut conn)
+                .await;
+                drop(items);
+                answer(batch, result);
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+}
+
+/// Hands each request its outcome.
+fn answer(batch: Vec<AckRequest>, result: Result<Vec<Acked>, Error>) {
+    match result {
+        Ok(answers) => {
+            for (r, answer) in batch.into_iter().zip(answers) {
+                let _ = r.reply.send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for r in batch {
+                let _ = r.reply.send(Err(e.clone()));
             }
         }
     }

@@ -7,7 +7,7 @@
 mod acks;
 mod worker;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +17,8 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::Connection;
+use super::connection::{Conn, Connection, query_by_slot};
+use super::layout;
 use super::reply::{int, text};
 use super::scripts::acquire::{self, Acquire, Acquired};
 use super::scripts::release::{Held, Release, Released};
@@ -47,8 +48,11 @@ pub(crate) struct Shared {
     pub(crate) owner: String,
     pub(crate) permits: Semaphore,
     pub(crate) exits: mpsc::UnboundedSender<WorkerExit>,
-    /// This instance's liveness key for the group.
-    pub(crate) alive: String,
+    /// The shard count of the subscription's categories (one count: a
+    /// process manager's categories must have the same).
+    pub(crate) shards: u32,
+    /// This instance's liveness key for the group, per shard (by index).
+    pub(crate) alive: Arc<[String]>,
     /// The value the liveness key holds: new every time this instance
     /// registers (at start and after its liveness lapsed), so leases taken
     /// in an earlier incarnation are dead for everyone even though the
@@ -76,6 +80,11 @@ impl Shared {
             Ok(mut g) => *g = inc,
             Err(poisoned) => *poisoned.into_inner() = inc,
         }
+    }
+
+    /// This instance's liveness key in `shard`.
+    pub(crate) fn alive(&self, shard: u32) -> &str {
+        self.alive.get(shard as usize).map_or("", String::as_str)
     }
 
     pub(crate) fn sub(&self) -> &Subscription {
@@ -106,6 +115,7 @@ impl Shared {
             self.categories().iter().copied(),
             &lanes.backfill_suffix,
             lanes.enabled,
+            self.shards,
         )
     }
 
@@ -162,16 +172,45 @@ pub(crate) struct Coordinator {
     /// released (if still this owner's) at the next heartbeat, so no lease
     /// of a live instance is left without a worker.
     orphans: HashSet<String>,
+    /// The shards this instance declared itself alive in (in the current
+    /// incarnation): where it owns or tries to take units. Renewed every
+    /// heartbeat, one key per shard.
+    registered: BTreeSet<u32>,
+    /// Where discovery reads the partition indexes next: a position (a
+    /// category and a shard) and its SSCAN cursor (bounded work per
+    /// heartbeat, however many partitions).
+    scan: (u32, u64),
+    /// Whether to run a full discovery: something may have freed units
+    /// (start, another instance came or went, a reconnect). Cleared by a
+    /// whole pass over the indexes that took nothing.
+    rescan: bool,
+    /// Units taken since the current pass over the indexes began.
+    pass_taken: usize,
+    /// Full discovery goes on at least until then (leases of an instance
+    /// that just went lapse with its liveness, maybe a little later).
+    rescan_until: Option<Instant>,
+    /// The live instances the last heartbeat saw.
+    instances: Vec<String>,
     live: usize,
     partitions: usize,
     warned: bool,
 }
 
+/// The most index entries one heartbeat's discovery reads.
+const SCAN_BUDGET: usize = 16_384;
+
+/// How many index entries one SSCAN call asks for.
+const SCAN_COUNT: usize = 1_024;
+
 impl Coordinator {
     pub(crate) fn new(redis: Arc<Connection>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
         let owner = plan.instance_id.clone();
         let (tx, rx) = mpsc::unbounded_channel();
-        let alive = names::alive(plan.subscriptions[index].name, &owner);
+        let sub = &plan.subscriptions[index];
+        let shards = plan.config.broker.shards_of(sub.category);
+        let alive: Arc<[String]> = (0..shards)
+            .map(|s| names::alive(s, sub.name, &owner))
+            .collect();
         // Handlers of one subscription running at once on this instance.
         let in_flight = plan.config.concurrency(plan.subscriptions[index].name);
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
@@ -183,6 +222,7 @@ impl Coordinator {
                 owner,
                 permits: Semaphore::new(in_flight),
                 exits: tx,
+                shards,
                 alive,
                 incarnation: Mutex::new(Arc::from("")),
                 deadline: AtomicU64::new(0),
@@ -193,6 +233,12 @@ impl Coordinator {
             units: HashMap::new(),
             elsewhere: HashMap::new(),
             orphans: HashSet::new(),
+            registered: BTreeSet::new(),
+            scan: (0, 0),
+            rescan: true,
+            pass_taken: 0,
+            rescan_until: None,
+            instances: Vec::new(),
             live: 1,
             partitions: 0,
             warned: false,
@@ -220,23 +266,39 @@ impl Coordinator {
             tokio::spawn(acks::run(s.redis.clone(), s.group(), s.alive.clone(), rx));
         }
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
-        let listener = tokio::spawn(wake::follow(
-            s.redis.clone(),
-            s.categories().iter().map(|c| (*c).to_owned()).collect(),
-            wake_tx,
-            shutdown.child_token(),
-        ));
+        // One follower per category: their wake streams are in different
+        // hash slots, which one blocking read cannot span on a cluster.
+        let listeners: Vec<JoinHandle<()>> = s
+            .categories()
+            .iter()
+            .map(|c| {
+                tokio::spawn(wake::follow(
+                    s.redis.clone(),
+                    vec![(*c).to_owned()],
+                    wake_tx.clone(),
+                    shutdown.child_token(),
+                ))
+            })
+            .collect();
+        drop(wake_tx);
         let heartbeat = s.plan.config.server.partitioning.heartbeat_interval();
         let mut tick = tokio::time::interval(heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tick.tick() => self.cycle(&shutdown).await,
+                _ = tick.tick() => {
+                    if self.cycle(&shutdown).await {
+                        // Discovery has more to take: go on at once.
+                        tick.reset_after(Duration::from_millis(5));
+                    }
+                }
                 Some(exit) = self.exits.recv() => self.on_exit(exit),
                 msg = wake_rx.recv() => match msg {
                     Some(Some(keys)) => self.on_wake(keys, &shutdown).await,
                     Some(None) => {
+                        // Wake-ups may have been missed.
+                        self.rescan_for(s.ttl());
                         for u in self.units.values() {
                             u.wake.notify_one();
                         }
@@ -252,7 +314,9 @@ impl Coordinator {
         for (_, u) in self.units.drain() {
             let _ = u.task.await;
         }
-        let _ = listener.await;
+        for l in listeners {
+            let _ = l.await;
+        }
         tracing::info!(handler = group, category, "partitioned consumer stopped");
     }
 
@@ -269,40 +333,96 @@ impl Coordinator {
         }
     }
 
-    /// Registers the group for the category and declares this instance
-    /// alive, in a new incarnation.
-    async fn register(&self) -> Result<(), Error> {
-        let s = &self.shared;
+    /// Registers the group for its categories (in every shard, and the
+    /// categories' shard counts) and starts a new incarnation: this
+    /// instance declares itself alive shard by shard, where it takes units
+    /// ([`Coordinator::declare_alive`]).
+    async fn register(&mut self) -> Result<(), Error> {
+        let s = self.shared.clone();
         let mut conn = s.redis.shared().await?;
-        let sent = mono_ms();
-        let inc: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&s.alive)
-            .arg(&*inc)
-            .arg("PX")
-            .arg(s.ttl().as_millis() as u64)
-            .ignore();
         for c in s.categories() {
-            pipe.cmd("SADD")
-                .arg(names::groups(c))
-                .arg(s.group())
-                .ignore();
+            let configured = s.plan.config.broker.shards_of(c);
+            if configured != s.shards {
+                return Err(Error::Config {
+                    file: s.plan.config.origin().to_owned(),
+                    message: format!(
+                        "{} reads categories {:?} with different shard counts ({c} has {configured}, {} has {}); the streams of one correlation value must share a hash slot: give them one count in [broker.category_shards]",
+                        s.group(),
+                        s.categories(),
+                        s.category(),
+                        s.shards
+                    ),
+                });
+            }
+            layout::check_shards(&mut conn, c, configured).await?;
+        }
+        let mut cmds = Vec::new();
+        for c in s.categories() {
+            for shard in 0..s.shards {
+                let set = names::groups(shard, c);
+                let mut cmd = redis::cmd("SADD");
+                cmd.arg(&set).arg(s.group());
+                cmds.push((set, cmd));
+            }
+            let mut cmd = redis::cmd("SADD");
+            cmd.arg(names::CATEGORIES).arg(*c);
+            cmds.push((names::CATEGORIES.to_owned(), cmd));
         }
         if s.sub().scope == CORRELATION_SCOPE {
             // Tells operators' tools how this group names its units.
-            pipe.cmd("SET")
-                .arg(names::scope(s.group()))
-                .arg(CORRELATION_SCOPE)
-                .ignore();
+            let key = names::scope(s.group());
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&key).arg(CORRELATION_SCOPE);
+            cmds.push((key, cmd));
         }
-        let _: () = pipe
-            .query_async(&mut conn)
+        query_by_slot(&mut conn, cmds)
             .await
             .map_err(|e| Error::redis("failed to register the consumer group", e))?;
-        s.set_incarnation(inc);
+        let sent = mono_ms();
+        s.set_incarnation(Arc::from(uuid::Uuid::new_v4().simple().to_string()));
+        // The shards of the last incarnation get the new one at once, so
+        // the leases taken before are dead for everyone now.
+        let previous = std::mem::take(&mut self.registered);
+        self.declare_alive(&mut conn, &previous).await?;
         s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Declares this instance alive, in its current incarnation, in the
+    /// `shards` it has not declared itself alive in yet (before it takes
+    /// units there).
+    async fn declare_alive(
+        &mut self,
+        conn: &mut Conn,
+        shards: &BTreeSet<u32>,
+    ) -> Result<(), Error> {
+        let s = self.shared.clone();
+        let new: Vec<u32> = shards.difference(&self.registered).copied().collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let inc = s.incarnation();
+        let ttl = s.ttl().as_millis() as u64;
+        let cmds = new
+            .iter()
+            .map(|shard| {
+                let key = s.alive(*shard).to_owned();
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&key).arg(&*inc).arg("PX").arg(ttl);
+                (key, cmd)
+            })
+            .collect();
+        query_by_slot(conn, cmds)
+            .await
+            .map_err(|e| Error::redis("failed to declare this instance alive", e))?;
+        self.registered.extend(new);
+        Ok(())
+    }
+
+    /// Runs full discovery for at least `how_long`.
+    fn rescan_for(&mut self, how_long: Duration) {
+        self.rescan = true;
+        self.rescan_until = Some(Instant::now() + how_long);
     }
 
     fn prune(&mut self) {
@@ -345,53 +465,78 @@ impl Coordinator {
 
     /// One heartbeat: renew liveness, count live instances, discover,
     /// rebalance.
-    async fn cycle(&mut self, shutdown: &CancellationToken) {
+    /// Returns whether to run again soon (not at the next tick): discovery
+    /// is taking units and has more to find.
+    async fn cycle(&mut self, shutdown: &CancellationToken) -> bool {
         self.prune();
         let s = self.shared.clone();
-        let (renewed, members) = match self.heartbeat().await {
-            Ok(m) => m,
+        let renewed = match self.heartbeat().await {
+            Ok(r) => r,
             Err(e) => {
                 tracing::warn!(handler = s.group(), error = %chain(&e), "heartbeat failed; workers stop at the local lease deadline unless a later one succeeds");
-                return;
+                return false;
             }
         };
         if !renewed {
             self.lapsed().await;
-            return;
+            return false;
         }
         self.release_orphans().await;
         let ttl = s.ttl();
         self.elsewhere.retain(|_, at| at.elapsed() < ttl);
-        self.partitions = members.len();
+        let partitions = self.partitions;
         let threshold = s.warning_threshold();
-        let over = members.len() as u64 > threshold;
+        let over = partitions as u64 > threshold;
         if !over {
             self.warned = false;
         }
         if over && !self.warned {
             tracing::warn!(
                 handler = s.group(),
-                partitions = members.len(),
+                partitions,
                 threshold,
                 "the category has more live partitions than partition_warning_threshold; per-key streams are meant for a bounded set of keys"
             );
             self.warned = true;
         }
-        let target = fair_share(members.len(), self.live);
+        let target = fair_share(partitions, self.live);
         let owned = self.owned();
+        let mut again = false;
         if owned < target {
-            let mut candidates: Vec<String> = members
-                .into_iter()
-                .filter(|k| !self.units.contains_key(k) && !self.elsewhere.contains_key(k))
-                .collect();
-            shuffle(&mut candidates, &s.owner);
-            // Try a sample bounded by the deficit: in a steady state the
-            // deficit is at most one unit (rounding), so this stays cheap
-            // however many partitions there are; after a crash, free units
-            // are everywhere and a sample finds them.
+            // A full discovery after a change that may have freed units
+            // (start, another instance came or went, a reconnect); else a
+            // slow crawl of the indexes, a bounded step per heartbeat (the
+            // deficit may be only rounding, with every unit held).
             let deficit = target - owned;
-            candidates.truncate((deficit * 2).max(64));
-            self.acquire(candidates, deficit, shutdown).await;
+            let (want, budget, steps) = if self.rescan {
+                (
+                    deficit.saturating_mul(2).clamp(64, SCAN_BUDGET),
+                    SCAN_BUDGET,
+                    4,
+                )
+            } else {
+                (deficit.saturating_mul(2).clamp(16, 256), SCAN_COUNT, 0)
+            };
+            match self.discover(want, budget, steps).await {
+                Ok((mut candidates, wrapped)) => {
+                    shuffle(&mut candidates, &s.owner);
+                    self.acquire(candidates, deficit, shutdown).await;
+                    let took = self.owned().saturating_sub(owned);
+                    self.pass_taken += took;
+                    if wrapped {
+                        if self.pass_taken == 0
+                            && self.rescan_until.is_none_or(|t| Instant::now() >= t)
+                        {
+                            self.rescan = false;
+                        }
+                        self.pass_taken = 0;
+                    }
+                    again = self.rescan && self.owned() < target;
+                }
+                Err(e) => {
+                    tracing::warn!(handler = s.group(), error = %chain(&e), "discovery failed; retrying at the next heartbeat");
+                }
+            }
         } else if owned > target {
             let mut surplus = owned - target;
             // Idle units first; a unit moves only after its worker finished
@@ -410,93 +555,176 @@ impl Coordinator {
             tracing::debug!(handler = s.group(), owned, target, "released surplus units");
         }
         crate::metrics::owned(s.group(), self.owned());
+        again
     }
 
-    /// Renews this instance's liveness (which keeps every lease it holds),
-    /// registers it as live, counts live instances and reads the partition
-    /// index: one round trip whatever the number of partitions. Returns
-    /// whether the liveness key was still there to renew.
-    async fn heartbeat(&mut self) -> Result<(bool, Vec<String>), Error> {
+    /// Renews this instance's liveness in every shard it declared itself
+    /// alive in (which keeps every lease it holds), registers it as live,
+    /// counts live instances and the partitions (one `SCARD` per shard),
+    /// and reads the lag counters: a fixed number of commands whatever the
+    /// number of partitions. Returns whether every liveness key was still
+    /// there to renew.
+    async fn heartbeat(&mut self) -> Result<bool, Error> {
         let s = self.shared.clone();
         let mut conn = s.redis.shared().await?;
         let now = now_ms();
         let sent = mono_ms();
+        let ttl = s.ttl().as_millis() as u64;
         let set = names::instances(s.group());
-        let categories = s.categories();
-        let mut pipe = redis::pipe();
         let inc = s.incarnation();
-        pipe.cmd("SET")
-            .arg(&s.alive)
-            .arg(&*inc)
-            .arg("XX")
-            .arg("PX")
-            .arg(s.ttl().as_millis() as u64)
-            .arg("GET")
-            .cmd("ZADD")
-            .arg(&set)
-            .arg(now + s.ttl().as_millis() as u64)
-            .arg(&s.owner)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&set)
-            .arg("-inf")
-            .arg(now)
-            .ignore()
-            .cmd("ZCARD")
-            .arg(&set);
-        for c in categories {
-            pipe.cmd("SMEMBERS")
-                .arg(names::partition_index(c))
-                .cmd("GET")
-                .arg(names::published(c))
-                .cmd("GET")
-                .arg(names::acked(s.group(), c));
+        let mut cmds: Vec<(String, redis::Cmd)> = Vec::new();
+        for shard in &self.registered {
+            let key = s.alive(*shard).to_owned();
+            let mut c = redis::cmd("SET");
+            c.arg(&key)
+                .arg(&*inc)
+                .arg("XX")
+                .arg("PX")
+                .arg(ttl)
+                .arg("GET");
+            cmds.push((key, c));
         }
-        let replies: Vec<Value> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| Error::redis("heartbeat failed", e))?;
-        // The liveness key held this incarnation: renewed. Missing: lapsed.
-        // Another value: another process renews it under the same instance
-        // id (and this call just overwrote it).
-        let held = replies.first().and_then(text);
-        let renewed = held.as_deref() == Some(&*inc);
-        if let Some(other) = held.as_deref().filter(|h| *h != &*inc) {
-            tracing::error!(handler = s.group(), owner = %s.owner, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
-        } else if held.is_none() && mono_ms() < s.deadline.load(Ordering::SeqCst) {
-            // The key should still be there: its TTL had not run out.
-            crate::metrics::state_lost(s.group());
-            tracing::error!(handler = s.group(), owner = %s.owner, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
-        }
-        let live = replies.get(1).and_then(int).unwrap_or(1);
-        self.live = live.max(1) as usize;
-        // A unit is a key (a correlation value, for a process manager
-        // spanning categories) present in any subscribed category's index.
-        let threshold = s.warning_threshold();
-        let mut members: Vec<String> = Vec::new();
-        let mut seen = HashSet::new();
-        for (i, c) in categories.iter().enumerate() {
-            let base = 2 + i * 3;
-            let keys_here: Vec<String> = match replies.get(base) {
-                Some(Value::Array(items)) | Some(Value::Set(items)) => {
-                    items.iter().filter_map(text).collect()
-                }
-                _ => Vec::new(),
-            };
-            crate::metrics::partitions(c, keys_here.len(), keys_here.len() as u64 > threshold);
-            let published = replies.get(base + 1).and_then(int).unwrap_or(0);
-            let acked = replies.get(base + 2).and_then(int).unwrap_or(0);
-            crate::metrics::lag(s.group(), c, published - acked);
-            for k in keys_here {
-                if seen.insert(k.clone()) {
-                    members.push(k);
+        let mut c = redis::cmd("ZADD");
+        c.arg(&set).arg(now + ttl).arg(&s.owner);
+        cmds.push((set.clone(), c));
+        let mut c = redis::cmd("ZREMRANGEBYSCORE");
+        c.arg(&set).arg("-inf").arg(now);
+        cmds.push((set.clone(), c));
+        let mut c = redis::cmd("ZRANGE");
+        c.arg(&set).arg(0).arg(-1);
+        cmds.push((set.clone(), c));
+        let categories = s.categories();
+        for cat in categories {
+            for shard in 0..s.shards {
+                for (key, op) in [
+                    (names::partition_index(shard, cat), "SCARD"),
+                    (names::published(shard, cat), "GET"),
+                    (names::acked(shard, s.group(), cat), "GET"),
+                ] {
+                    let mut c = redis::cmd(op);
+                    c.arg(&key);
+                    cmds.push((key, c));
                 }
             }
         }
+        let replies = query_by_slot(&mut conn, cmds)
+            .await
+            .map_err(|e| Error::redis("heartbeat failed", e))?;
+        // Each liveness key held this incarnation: renewed. Missing:
+        // lapsed. Another value: another process renews it under the same
+        // instance id (and this call just overwrote it).
+        let n = self.registered.len();
+        let mut renewed = true;
+        for held in replies.iter().take(n).map(text) {
+            match held.as_deref() {
+                Some(h) if h == &*inc => {}
+                Some(other) => {
+                    renewed = false;
+                    tracing::error!(handler = s.group(), owner = %s.owner, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
+                }
+                None => {
+                    renewed = false;
+                    if mono_ms() < s.deadline.load(Ordering::SeqCst) {
+                        // The key should still be there: its TTL had not
+                        // run out.
+                        crate::metrics::state_lost(s.group());
+                        tracing::error!(handler = s.group(), owner = %s.owner, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
+                    }
+                }
+            }
+        }
+        let mut instances: Vec<String> = match replies.get(n + 2) {
+            Some(Value::Array(items)) => items.iter().filter_map(text).collect(),
+            _ => Vec::new(),
+        };
+        instances.sort();
+        if instances != self.instances {
+            // Another instance came (units may move to it) or went (its
+            // units are free once its liveness lapsed, about now).
+            self.rescan_for(s.ttl());
+            self.instances = instances;
+        }
+        self.live = self.instances.len().max(1);
+        // A unit is a key (a correlation value, for a process manager
+        // spanning categories) present in any subscribed category's index;
+        // for a process manager, the count is the largest category's (a
+        // value is usually in each).
+        let threshold = s.warning_threshold();
+        let mut partitions = 0usize;
+        let mut at = n + 3;
+        for cat in categories {
+            let (mut count, mut published, mut acked) = (0u64, 0i64, 0i64);
+            for _ in 0..s.shards {
+                count += replies.get(at).and_then(int).unwrap_or(0).max(0) as u64;
+                published += replies.get(at + 1).and_then(int).unwrap_or(0);
+                acked += replies.get(at + 2).and_then(int).unwrap_or(0);
+                at += 3;
+            }
+            crate::metrics::partitions(cat, count as usize, count > threshold);
+            crate::metrics::lag(s.group(), cat, published - acked);
+            partitions = partitions.max(count as usize);
+        }
+        self.partitions = partitions;
         if renewed {
             s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
         }
-        Ok((renewed, members))
+        Ok(renewed)
+    }
+
+    /// Up to `want` partition keys from the indexes that this instance
+    /// neither owns nor knows to be held elsewhere, read with SSCAN from
+    /// where the last call stopped (shard by shard, round and round): at
+    /// most `budget` index entries, and one SSCAN call per shard and
+    /// category times `rounds` (at least one call). Also returns whether
+    /// the read came round to the first shard again (a pass ended).
+    async fn discover(
+        &mut self,
+        want: usize,
+        budget: usize,
+        rounds: u32,
+    ) -> Result<(Vec<String>, bool), Error> {
+        let s = self.shared.clone();
+        let mut conn = s.redis.shared().await?;
+        let categories = s.categories();
+        let positions = s.shards.saturating_mul(categories.len() as u32).max(1);
+        let max_calls = positions.saturating_mul(rounds).max(1);
+        let mut found = Vec::new();
+        let mut seen = HashSet::new();
+        let mut read = 0usize;
+        let mut calls = 0u32;
+        let mut wrapped = false;
+        while found.len() < want && read < budget && calls < max_calls {
+            calls += 1;
+            let (position, cursor) = self.scan;
+            let category = categories[(position / s.shards) as usize % categories.len()];
+            let index = names::partition_index(position % s.shards, category);
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(&index)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::redis("failed to read the partition index", e))?;
+            read += keys.len();
+            for k in keys {
+                if !self.units.contains_key(&k)
+                    && !self.elsewhere.contains_key(&k)
+                    && seen.insert(k.clone())
+                {
+                    found.push(k);
+                }
+            }
+            self.scan = if next != 0 {
+                (position, next)
+            } else if position + 1 >= positions {
+                wrapped = true;
+                (0, 0)
+            } else {
+                (position + 1, 0)
+            };
+        }
+        Ok((found, wrapped))
     }
 
     /// The liveness key expired before it was renewed (this instance was
@@ -516,6 +744,7 @@ impl Coordinator {
             let _ = u.task.await;
         }
         crate::metrics::owned(s.group(), 0);
+        self.rescan_for(s.ttl());
         if let Err(e) = self.register().await {
             tracing::warn!(handler = s.group(), error = %chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
         }
@@ -559,13 +788,18 @@ impl Coordinator {
     }
 
     /// Tries to take up to `max` of `candidates`; starts a worker for each
-    /// unit taken.
+    /// unit taken. One script call per shard (a script touches one shard),
+    /// after declaring this instance alive in the shards it had not.
     async fn acquire(&mut self, candidates: Vec<String>, max: usize, shutdown: &CancellationToken) {
         if candidates.is_empty() || max == 0 {
             return;
         }
         let s = self.shared.clone();
-        let units: Vec<Unit> = candidates.iter().map(|k| s.unit(k)).collect();
+        let mut by_shard: BTreeMap<u32, Vec<Unit>> = BTreeMap::new();
+        for k in &candidates {
+            let u = s.unit(k);
+            by_shard.entry(u.shard).or_default().push(u);
+        }
         let mut conn = match s.redis.shared().await {
             Ok(c) => c,
             Err(e) => {
@@ -573,8 +807,14 @@ impl Coordinator {
                 return;
             }
         };
+        let shards: BTreeSet<u32> = by_shard.keys().copied().collect();
+        if let Err(e) = self.declare_alive(&mut conn, &shards).await {
+            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
+            return;
+        }
         // Who holds them: nothing is taken by this read.
-        let holders = match acquire::holders(&mut conn, &units, &s.owner).await {
+        let all: Vec<&Unit> = by_shard.values().flatten().collect();
+        let holders = match acquire::holders(&mut conn, &all, &s.owner).await {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
@@ -582,60 +822,71 @@ impl Coordinator {
             }
         };
         let incarnation = s.incarnation();
-        let taken = Acquire {
-            group: s.group(),
-            owner: &s.owner,
-            incarnation: &incarnation,
-            alive: &s.alive,
-            max,
-            units: &units,
-            holders: &holders,
-        }
-        .run(&mut conn)
-        .await;
-        let results = match taken {
-            Ok(Acquired::Units(results)) => results,
-            Ok(Acquired::NotAlive) => {
-                // This instance's liveness lapsed: the next heartbeat finds
-                // that out and starts over in a new incarnation.
-                tracing::warn!(
-                    handler = s.group(),
-                    "not taking leases: this instance's liveness lapsed"
-                );
-                return;
+        let mut left = max;
+        let mut at = 0;
+        for (shard, units) in by_shard {
+            let seen = &holders[at..at + units.len()];
+            at += units.len();
+            if left == 0 {
+                break;
             }
-            Err(e) => {
-                // The call may have run: any of the candidates may now be
-                // leased to this instance with no worker behind it.
-                tracing::warn!(handler = s.group(), error = %chain(&e), "taking leases failed; releasing what it may have taken at the next heartbeat");
-                self.orphans.extend(
-                    candidates
-                        .into_iter()
-                        .filter(|k| !self.units.contains_key(k)),
-                );
-                return;
+            let taken = Acquire {
+                group: s.group(),
+                owner: &s.owner,
+                incarnation: &incarnation,
+                alive: s.alive(shard),
+                max: left,
+                units: &units,
+                holders: seen,
             }
-        };
-        for (unit, result) in units.into_iter().zip(results) {
-            let Some(taken) = result else {
-                self.elsewhere.insert(unit.key, Instant::now());
-                continue;
+            .run(&mut conn)
+            .await;
+            let results = match taken {
+                Ok(Acquired::Units(results)) => results,
+                Ok(Acquired::NotAlive) => {
+                    // This instance's liveness lapsed: the next heartbeat
+                    // finds that out and starts over in a new incarnation.
+                    tracing::warn!(
+                        handler = s.group(),
+                        "not taking leases: this instance's liveness lapsed"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    // The call may have run: any of the shard's candidates
+                    // may now be leased to this instance with no worker.
+                    tracing::warn!(handler = s.group(), error = %chain(&e), "taking leases failed; releasing what it may have taken at the next heartbeat");
+                    self.orphans.extend(
+                        units
+                            .into_iter()
+                            .map(|u| u.key)
+                            .filter(|k| !self.units.contains_key(k)),
+                    );
+                    continue;
+                }
             };
-            let key = unit.key.clone();
-            tracing::info!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
-            crate::metrics::acquired(s.group(), 1);
-            let handle = worker::spawn(
-                s.clone(),
-                unit,
-                Fence {
-                    owner: s.owner.clone(),
-                    generation: taken.generation,
-                },
-                taken.halted,
-                taken.head,
-                shutdown.child_token(),
-            );
-            self.units.insert(key, handle);
+            for (unit, result) in units.into_iter().zip(results) {
+                let Some(taken) = result else {
+                    self.elsewhere.insert(unit.key, Instant::now());
+                    continue;
+                };
+                left = left.saturating_sub(1);
+                let key = unit.key.clone();
+                tracing::info!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
+                crate::metrics::acquired(s.group(), 1);
+                let handle = worker::spawn(
+                    s.clone(),
+                    unit,
+                    Fence {
+                        owner: s.owner.clone(),
+                        generation: taken.generation,
+                    },
+                    taken.halted,
+                    taken.head,
+                    shutdown.child_token(),
+                );
+                self.units.insert(key, handle);
+            }
         }
     }
 }

@@ -174,7 +174,7 @@ impl Worker {
         Caller {
             unit: &self.unit,
             token: &self.token,
-            alive: &self.s.alive,
+            alive: self.s.alive(self.unit.shard),
             incarnation: &self.inc,
         }
     }

@@ -13,6 +13,7 @@ use redis::aio::ConnectionLike;
 use super::{Refusal, SCRIPTS, Status, call};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::{Conn, query_by_slot};
 use crate::redis::reply::{int, text};
 use crate::redis::unit::Unit;
 
@@ -25,22 +26,26 @@ pub(crate) fn token_owner(token: &str) -> Option<&str> {
 /// Who holds each unit's lease, other than `me`: the first step of taking
 /// leases. Nothing is changed, so a failure means nothing was taken.
 pub(crate) async fn holders(
-    conn: &mut (impl ConnectionLike + Send),
-    units: &[Unit],
+    conn: &mut Conn,
+    units: &[&Unit],
     me: &str,
 ) -> Result<Vec<Option<String>>, Error> {
-    let mut pipe = redis::pipe();
-    for u in units {
-        pipe.cmd("GET").arg(&u.lease);
-    }
-    let tokens: Vec<Option<String>> = pipe
-        .query_async(conn)
+    let cmds = units
+        .iter()
+        .map(|u| {
+            let mut c = redis::cmd("GET");
+            c.arg(&u.lease);
+            (u.lease.clone(), c)
+        })
+        .collect();
+    let tokens = query_by_slot(conn, cmds)
         .await
         .map_err(|e| Error::redis("failed to read the leases to take", e))?;
     Ok(tokens
-        .into_iter()
+        .iter()
         .map(|t| {
-            t.as_deref()
+            text(t)
+                .as_deref()
                 .and_then(token_owner)
                 .filter(|owner| *owner != me)
                 .map(str::to_owned)
@@ -57,11 +62,11 @@ pub(crate) struct Acquire<'a> {
     pub(crate) owner: &'a str,
     /// Its current incarnation.
     pub(crate) incarnation: &'a str,
-    /// Its liveness key.
+    /// Its liveness key in the units' shard.
     pub(crate) alive: &'a str,
     /// The most units to take.
     pub(crate) max: usize,
-    /// The units to try.
+    /// The units to try, all in one shard.
     pub(crate) units: &'a [Unit],
     /// The owner seen holding each unit's lease (from [`holders`]).
     pub(crate) holders: &'a [Option<String>],
@@ -104,7 +109,7 @@ impl Acquire<'_> {
             // in (the script then ignores it): every key is named.
             let alive = holder
                 .as_deref()
-                .map(|h| names::alive(self.group, h))
+                .map(|h| names::alive(u.shard, self.group, h))
                 .unwrap_or_else(|| self.alive.to_owned());
             inv.key(&u.lease).key(&u.state).key(alive);
         }

@@ -14,6 +14,8 @@ pub(crate) struct DeadLetter<'a> {
     pub(crate) stream: &'a str,
     /// The category (names its dead letter stream).
     pub(crate) category: &'a str,
+    /// The category's shard count.
+    pub(crate) shards: u32,
     pub(crate) group: &'a str,
     pub(crate) entry: &'a Entry,
     /// The handler's last error, rendered.
@@ -30,7 +32,7 @@ impl DeadLetter<'_> {
     ) -> Result<String, Error> {
         let mut inv = SCRIPTS.dead_letter.prepare_invoke();
         inv.key(self.stream)
-            .key(names::category_dlq(self.category))
+            .key(names::category_dlq(self.category, self.shards))
             .arg(self.group)
             .arg(&self.entry.id)
             .arg(self.error)

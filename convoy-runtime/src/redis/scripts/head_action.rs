@@ -1,12 +1,12 @@
 //! `head_action.lua`: an operator's skip or dead-letter of a unit's head,
 //! atomic against the owner.
 
-use redis::aio::ConnectionLike;
-
 use super::{SCRIPTS, Status, call};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::Conn;
 use crate::redis::unit::Unit;
+use crate::redis::wake;
 
 /// Skips (`op = "skip"`) or dead-letters (`op = "dead_letter"`) the head
 /// of the unit's single category for its group.
@@ -59,10 +59,7 @@ pub(crate) enum HeadActed {
 }
 
 impl HeadAction<'_> {
-    pub(crate) async fn run(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<HeadActed, Error> {
+    pub(crate) async fn run(&self, conn: &mut Conn) -> Result<HeadActed, Error> {
         let u = self.unit;
         let Some(lane) = u.lanes.first() else {
             return Err(Error::UnexpectedReply {
@@ -76,9 +73,8 @@ impl HeadAction<'_> {
             .key(&lane.primary)
             .key(&lane.backfill_always)
             .key(&lane.groups)
-            .key(names::AUDIT_STREAM)
-            .key(names::partition_dlq(&lane.category, &u.key))
-            .key(&lane.wake)
+            .key(names::audit(u.shard))
+            .key(names::partition_dlq(u.shard, &lane.category, &u.key))
             .key(&lane.acked);
         inv.arg(&u.group)
             .arg(if self.force { "1" } else { "0" })
@@ -87,13 +83,20 @@ impl HeadAction<'_> {
             .arg(&lane.category)
             .arg(&u.key)
             .arg(self.expect_entry.unwrap_or(""))
-            .arg(names::WAKE_MAXLEN)
             .arg(self.op);
         let doing = format!("{} script failed", self.op);
         let reply = call("head_action", &inv, conn, &doing).await?;
         let Status::Word(status) = &reply.status else {
             return Err(reply.unexpected());
         };
+        if matches!(status.as_str(), "ok" | "unhalted") {
+            // A halted owner waits for a wake-up (or its next poll).
+            if let Err(e) =
+                wake::hint(conn, [(lane.category.as_str(), u.key.as_str())], false).await
+            {
+                tracing::debug!(error = %crate::error::chain(&e), "the head action is done, but the wake-up failed; the owner sees it at its next poll");
+            }
+        }
         let at = |i| reply.text(i);
         Ok(match status.as_str() {
             "ok" => {

@@ -13,6 +13,8 @@ pub(crate) struct PlainAck<'a> {
     pub(crate) stream: &'a str,
     /// The category (names its set of registered groups).
     pub(crate) category: &'a str,
+    /// The category's shard count.
+    pub(crate) shards: u32,
     pub(crate) group: &'a str,
     pub(crate) ids: &'a [&'a str],
 }
@@ -22,7 +24,7 @@ impl PlainAck<'_> {
     pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
         let mut inv = SCRIPTS.plain_ack.prepare_invoke();
         inv.key(self.stream)
-            .key(names::base_groups(self.category))
+            .key(names::base_groups(self.category, self.shards))
             .arg(self.group)
             .arg(self.ids);
         let reply = call("plain_ack", &inv, conn, "ack failed").await?;

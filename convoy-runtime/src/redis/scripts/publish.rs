@@ -1,5 +1,6 @@
-//! `publish.lua`: a batch of outbox records, in order, in one atomic
-//! script (each record's stream entry, index entry and wake-up together).
+//! `publish.lua`: the records of a batch in one shard, in order, in one
+//! atomic script (each record's stream entry, index entry and count
+//! together).
 
 use redis::aio::ConnectionLike;
 
@@ -12,14 +13,19 @@ use crate::names;
 /// publish (7 days).
 const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
-/// Publishes `batch` for `producer`.
+/// Publishes the records of a batch that are in `shard`, for `producer`.
 #[derive(Debug)]
 pub(crate) struct Publish<'a> {
     /// Who publishes: its published set drops re-sent records, its epoch
     /// refuses a replaced publisher.
     pub(crate) producer: &'a Producer,
-    /// The routed records, starting at the producer's oldest pending one.
-    pub(crate) batch: &'a [Publication],
+    /// The shard every record's stream is in.
+    pub(crate) shard: u32,
+    /// The whole batch's first seq: the producer's oldest pending record
+    /// (every seq below it is settled).
+    pub(crate) floor: u64,
+    /// The shard's routed records, in the batch's order.
+    pub(crate) batch: &'a [&'a Publication],
 }
 
 impl Publish<'_> {
@@ -27,17 +33,17 @@ impl Publish<'_> {
     /// before).
     pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
         let mut inv = SCRIPTS.publish.prepare_invoke();
-        inv.key(names::producer_sent(&self.producer.name))
-            .key(names::producer_epoch(&self.producer.name))
+        let shard = self.shard;
+        inv.key(names::producer_sent(shard, &self.producer.name))
+            .key(names::producer_epoch(shard, &self.producer.name))
             .arg(PRODUCER_TTL_MS)
-            .arg(names::WAKE_MAXLEN)
+            .arg(self.floor)
             .arg(self.producer.epoch);
         for p in self.batch {
             let category = &p.envelope.category;
             inv.key(&p.stream)
-                .key(names::partition_index(category))
-                .key(names::wake_stream(category))
-                .key(names::published(category));
+                .key(names::partition_index(shard, category))
+                .key(names::published(shard, category));
             let fields = p.envelope.to_fields();
             inv.arg(p.seq)
                 .arg(p.partition.as_deref().unwrap_or(""))

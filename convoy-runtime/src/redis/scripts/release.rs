@@ -1,12 +1,11 @@
-//! `release.lua`: releases a lease still held by the caller, and wakes the
+//! `release.lua`: releases a lease still held by the caller; then wakes the
 //! other instances so one with room takes the unit at once.
-
-use redis::aio::ConnectionLike;
 
 use super::{SCRIPTS, Status, call};
 use crate::error::Error;
-use crate::names;
+use crate::redis::connection::Conn;
 use crate::redis::unit::Unit;
+use crate::redis::wake;
 
 /// Which lease counts as the caller's.
 #[derive(Debug, Clone, Copy)]
@@ -35,24 +34,24 @@ pub(crate) enum Released {
 }
 
 impl Release<'_> {
-    pub(crate) async fn run(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<Released, Error> {
+    pub(crate) async fn run(&self, conn: &mut Conn) -> Result<Released, Error> {
         let (held, mode) = match self.held {
             Held::Token(token) => (token.to_owned(), ""),
             Held::Owner(owner) => (format!("{owner}:"), "prefix"),
         };
         let mut inv = SCRIPTS.release.prepare_invoke();
-        inv.key(&self.unit.lease)
-            .key(self.unit.wake())
-            .arg(held)
-            .arg(&self.unit.key)
-            .arg(names::WAKE_MAXLEN)
-            .arg(mode);
+        inv.key(&self.unit.lease).arg(held).arg(mode);
         let reply = call("release", &inv, conn, "lease release failed").await?;
         match reply.status {
-            Status::Done => Ok(Released::Released),
+            Status::Done => {
+                let category = self.unit.lanes.first().map_or("", |l| l.category.as_str());
+                if let Err(e) = wake::hint(conn, [(category, self.unit.key.as_str())], true).await {
+                    // Released: the others find the unit free at their
+                    // next heartbeat.
+                    tracing::debug!(error = %crate::error::chain(&e), "released, but the wake-up failed");
+                }
+                Ok(Released::Released)
+            }
             Status::NotDone => Ok(Released::NotHeld),
             _ => Err(reply.unexpected()),
         }

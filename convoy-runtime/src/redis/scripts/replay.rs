@@ -1,18 +1,20 @@
 //! `replay.lua`: an operator's replay of a dead letter at the tail of its
 //! partition.
 
-use redis::aio::ConnectionLike;
-
 use super::{SCRIPTS, Status, call};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::Conn;
+use crate::redis::wake;
 
-/// Puts dead letter `dlq_id` of `{category}:{key}:dlq` back at the tail of
-/// `{category}:{key}`.
+/// Puts dead letter `dlq_id` of `{s}{category}:{key}:dlq` back at the tail
+/// of `{s}{category}:{key}`, in the key's shard `s`.
 #[derive(Debug)]
 pub(crate) struct Replay<'a> {
     pub(crate) category: &'a str,
     pub(crate) key: &'a str,
+    /// The key's shard.
+    pub(crate) shard: u32,
     pub(crate) dlq_id: &'a str,
     pub(crate) operator: &'a str,
     /// Now, in ms since the Unix epoch.
@@ -33,32 +35,33 @@ pub(crate) enum Replayed {
 }
 
 impl Replay<'_> {
-    pub(crate) async fn run(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<Replayed, Error> {
+    pub(crate) async fn run(&self, conn: &mut Conn) -> Result<Replayed, Error> {
+        let s = self.shard;
         let mut inv = SCRIPTS.replay.prepare_invoke();
-        inv.key(names::partition_dlq(self.category, self.key))
-            .key(names::partition_stream(self.category, self.key))
-            .key(names::partition_index(self.category))
-            .key(names::wake_stream(self.category))
-            .key(names::AUDIT_STREAM)
-            .key(names::published(self.category))
+        inv.key(names::partition_dlq(s, self.category, self.key))
+            .key(names::partition_stream(s, self.category, self.key))
+            .key(names::partition_index(s, self.category))
+            .key(names::audit(s))
+            .key(names::published(s, self.category))
             .arg(self.dlq_id)
             .arg(self.key)
             .arg(self.operator)
             .arg(self.now_ms)
-            .arg(self.category)
-            .arg(names::WAKE_MAXLEN);
+            .arg(self.category);
         let reply = call("replay", &inv, conn, "replay script failed").await?;
         let Status::Word(status) = &reply.status else {
             return Err(reply.unexpected());
         };
         Ok(match status.as_str() {
-            "ok" => Replayed::Done {
-                entry_id: reply.text(0),
-                audit_id: reply.text(1),
-            },
+            "ok" => {
+                if let Err(e) = wake::hint(conn, [(self.category, self.key)], false).await {
+                    tracing::debug!(error = %crate::error::chain(&e), "replayed, but the wake-up failed; the owner finds the entry at its next poll");
+                }
+                Replayed::Done {
+                    entry_id: reply.text(0),
+                    audit_id: reply.text(1),
+                }
+            }
             "missing" => Replayed::Missing,
             "empty" => Replayed::Empty,
             "wrong_key" => Replayed::WrongKey { key: reply.text(0) },

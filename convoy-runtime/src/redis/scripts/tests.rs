@@ -2,8 +2,8 @@
 //! another owner takes a unit at a newer generation, or the owner's
 //! liveness lapsed, every operation of the old token is refused.
 
+use crate::redis::connection::Conn;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::ack::{Ack, AckItem, Acked};
 use super::acquire::{self, Acquire, Acquired};
@@ -16,14 +16,14 @@ use super::{Caller, Refusal};
 use crate::redis::unit::{At, Unit};
 use crate::testing::RedisServer;
 
-const LEASE: &str = "convoy:lease:g:cat:k";
-const STREAM: &str = "cat:k";
-const ALIVE_A: &str = "convoy:alive:g:a";
-const ALIVE_B: &str = "convoy:alive:g:b";
+const LEASE: &str = "{0}convoy:lease:g:cat:k";
+const STREAM: &str = "{0}cat:k";
+const ALIVE_A: &str = "{0}convoy:alive:g:a";
+const ALIVE_B: &str = "{0}convoy:alive:g:b";
 
-/// The unit `k` of group `g` in category `cat`, lanes off.
+/// The unit `k` of group `g` in category `cat` (of one shard), lanes off.
 fn unit() -> Unit {
-    Unit::new("g", "cat", "k", ["cat"], "backfill", false)
+    Unit::new("g", "cat", "k", ["cat"], "backfill", false, 1)
 }
 
 const PRIMARY: At = At {
@@ -31,7 +31,7 @@ const PRIMARY: At = At {
     backfill: false,
 };
 
-async fn cmd(c: &mut MultiplexedConnection, args: &[&str]) -> Value {
+async fn cmd(c: &mut Conn, args: &[&str]) -> Value {
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {
         cmd.arg(*a);
@@ -41,10 +41,12 @@ async fn cmd(c: &mut MultiplexedConnection, args: &[&str]) -> Value {
 
 /// Takes the unit for `owner` in incarnation `inc`: its token, or `None`
 /// when the unit is held or the owner is not alive.
-async fn acquire(c: &mut MultiplexedConnection, owner: &str, inc: &str) -> Option<String> {
+async fn acquire(c: &mut Conn, owner: &str, inc: &str) -> Option<String> {
     let units = [unit()];
-    let holders = acquire::holders(c, &units, owner).await.expect("holders");
-    let alive = format!("convoy:alive:g:{owner}");
+    let holders = acquire::holders(c, &units.iter().collect::<Vec<_>>(), owner)
+        .await
+        .expect("holders");
+    let alive = format!("{{0}}convoy:alive:g:{owner}");
     let acquired = Acquire {
         group: "g",
         owner,
@@ -81,7 +83,7 @@ fn by<'a>(u: &'a Unit, token: &'a str, alive: &'a str, inc: &'a str) -> Caller<'
     }
 }
 
-async fn read(c: &mut MultiplexedConnection, token: &str, alive: &str, inc: &str) -> ReadReply {
+async fn read(c: &mut Conn, token: &str, alive: &str, inc: &str) -> ReadReply {
     Read {
         by: by(&unit(), token, alive, inc),
         which: Which::New,
@@ -102,7 +104,7 @@ fn refusal(r: &ReadReply) -> Option<Refusal> {
 }
 
 async fn ack(
-    c: &mut MultiplexedConnection,
+    c: &mut Conn,
     token: &str,
     alive: &str,
     inc: &str,
@@ -131,7 +133,7 @@ async fn ack(
     .expect("ack")
 }
 
-async fn release(c: &mut MultiplexedConnection, token: &str) -> Released {
+async fn release(c: &mut Conn, token: &str) -> Released {
     Release {
         unit: &unit(),
         held: Held::Token(token),
@@ -144,7 +146,7 @@ async fn release(c: &mut MultiplexedConnection, token: &str) -> Released {
 #[tokio::test]
 async fn a_stale_token_is_refused_everywhere() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server.connection().await.expect("connection");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
     cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
     cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
     cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
@@ -260,7 +262,7 @@ async fn a_stale_token_is_refused_everywhere() {
 #[tokio::test]
 async fn a_lease_of_an_earlier_incarnation_is_free() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server.connection().await.expect("connection");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
     cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
     cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
     let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
@@ -274,12 +276,12 @@ async fn a_lease_of_an_earlier_incarnation_is_free() {
 }
 
 /// Owner `c` tries to take the unit, having seen `holders`.
-async fn c_takes(c: &mut MultiplexedConnection, holders: &[Option<String>]) -> Acquired {
+async fn c_takes(c: &mut Conn, holders: &[Option<String>]) -> Acquired {
     Acquire {
         group: "g",
         owner: "c",
         incarnation: "c1",
-        alive: "convoy:alive:g:c",
+        alive: "{0}convoy:alive:g:c",
         max: 1,
         units: &[unit()],
         holders,
@@ -292,14 +294,14 @@ async fn c_takes(c: &mut MultiplexedConnection, holders: &[Option<String>]) -> A
 #[tokio::test]
 async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server.connection().await.expect("connection");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
     cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
     cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
-    cmd(&mut c, &["SET", "convoy:alive:g:c", "c1"]).await;
+    cmd(&mut c, &["SET", "{0}convoy:alive:g:c", "c1"]).await;
     // c saw the unit free (so it passes no holder's liveness key), but a
     // took it meanwhile: held.
     let units = [unit()];
-    let seen_free = acquire::holders(&mut c, &units, "c")
+    let seen_free = acquire::holders(&mut c, &units.iter().collect::<Vec<_>>(), "c")
         .await
         .expect("holders");
     assert_eq!(seen_free, vec![None]);
@@ -310,7 +312,7 @@ async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
     );
     // a's liveness lapses, b saw a holding it: b takes it over. c, which
     // still thinks a holds it, finds another holder: held.
-    let seen_a = acquire::holders(&mut c, &units, "c")
+    let seen_a = acquire::holders(&mut c, &units.iter().collect::<Vec<_>>(), "c")
         .await
         .expect("holders");
     assert_eq!(seen_a, vec![Some("a".to_owned())]);
@@ -324,7 +326,7 @@ async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
 #[tokio::test]
 async fn generations_never_repeat_when_the_unit_state_is_lost() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server.connection().await.expect("connection");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
     cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
     let first = acquire(&mut c, "a", "a1").await.expect("taken");
     cmd(&mut c, &["DEL", LEASE]).await;
@@ -344,9 +346,9 @@ async fn generations_never_repeat_when_the_unit_state_is_lost() {
 #[tokio::test]
 async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server.connection().await.expect("connection");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
     cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
-    cmd(&mut c, &["SADD", "convoy:groups:cat", "g"]).await;
+    cmd(&mut c, &["SADD", "{0}convoy:groups:cat", "g"]).await;
     let token = acquire(&mut c, "a", "a1").await.expect("taken");
     let u = unit();
     let fail = |known: u32| Fail {
@@ -408,14 +410,14 @@ fn publication(seq: u64, key: &str) -> crate::broker::Publication {
     };
     crate::broker::Publication {
         seq,
-        stream: format!("cat:{key}"),
+        stream: format!("{{0}}cat:{key}"),
         partition: Some(key.into()),
         envelope,
     }
 }
 
 async fn publish(
-    c: &mut MultiplexedConnection,
+    c: &mut Conn,
     epoch: u64,
     batch: &[crate::broker::Publication],
 ) -> Result<u64, crate::error::Error> {
@@ -423,15 +425,18 @@ async fn publish(
         name: "pg/x".into(),
         epoch,
     };
+    let batch: Vec<&crate::broker::Publication> = batch.iter().collect();
     super::publish::Publish {
         producer: &producer,
-        batch,
+        shard: 0,
+        floor: batch.first().map_or(0, |p| p.seq),
+        batch: &batch,
     }
     .run(c)
     .await
 }
 
-async fn xlen(c: &mut MultiplexedConnection, stream: &str) -> i64 {
+async fn xlen(c: &mut Conn, stream: &str) -> i64 {
     match cmd(c, &["XLEN", stream]).await {
         Value::Int(n) => n,
         other => panic!("XLEN: {other:?}"),
@@ -441,12 +446,14 @@ async fn xlen(c: &mut MultiplexedConnection, stream: &str) -> i64 {
 #[tokio::test]
 async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_publisher() {
     let server = RedisServer::start().expect("redis-server");
-    let mut c = server
-        .client()
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut c = Conn::Node(
+        server
+            .client()
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect"),
+    );
     // Row 5 of key a commits first; row 3 of key b (inserted earlier,
     // committed later) comes next: not above a high-water mark of 5, but
     // new, so it is written.
@@ -466,8 +473,8 @@ async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_pub
         publication(6, "a"),
     ];
     assert_eq!(publish(&mut c, 1, &resent).await.expect("re-send"), 1);
-    assert_eq!(xlen(&mut c, "cat:a").await, 2);
-    assert_eq!(xlen(&mut c, "cat:b").await, 1);
+    assert_eq!(xlen(&mut c, "{0}cat:a").await, 2);
+    assert_eq!(xlen(&mut c, "{0}cat:b").await, 1);
     // A newer publisher (epoch 2) took over; the replaced one is refused
     // and writes nothing, even a new row.
     assert_eq!(
@@ -488,9 +495,9 @@ async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_pub
         ),
         "{err:?}"
     );
-    assert_eq!(xlen(&mut c, "cat:a").await, 3);
+    assert_eq!(xlen(&mut c, "{0}cat:a").await, 3);
     // Seqs below a batch's first were settled: the set forgets them, so
     // it holds about one batch.
-    let members = cmd(&mut c, &["ZCARD", "convoy:producer:pg/x:sent"]).await;
+    let members = cmd(&mut c, &["ZCARD", "{0}convoy:producer:pg/x:sent"]).await;
     assert_eq!(members, Value::Int(1), "only row 7 is kept");
 }
