@@ -1,0 +1,343 @@
+//! convoy on a real Redis Cluster (3 masters, replicas where a test fails
+//! one over), formed by the testing kit from `redis-server` processes on
+//! free ports. What handlers saw is recorded in a separate single-node
+//! Redis that no fault touches, and compared with what was published.
+//!
+//! The engine processes are this test binary re-executed with the
+//! `child_engine` test selected and `CONVOY_CLUSTER_CHILD` set.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use convoy_runtime::redis::keys;
+use convoy_runtime::testing::{
+    ChildEngine, Recorder, RedisCluster, RedisServer, check_order, current_test_command,
+};
+use convoy_runtime::{Config, Priority};
+use redis::AsyncCommands;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Runs an engine on the cluster until SIGTERM when started as a child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_engine() {
+    let Ok(url) = std::env::var("CONVOY_CLUSTER_CHILD") else {
+        return;
+    };
+    let record = std::env::var("CONVOY_RECORD").expect("CONVOY_RECORD");
+    let instance = std::env::var("CONVOY_INSTANCE").expect("CONVOY_INSTANCE");
+    let ns = std::env::var("CONVOY_NS").expect("CONVOY_NS");
+    let work: u64 = std::env::var("CONVOY_WORK_MS")
+        .expect("work")
+        .parse()
+        .expect("ms");
+    let rec = Recorder::new(&record, ns.clone())
+        .expect("recorder")
+        .marker_ttl(Duration::from_millis(1000));
+    let mine = Recorder::new(&record, format!("{ns}-{instance}")).expect("recorder");
+    let mut handler = Recording::new(rec, &instance, Duration::from_millis(work));
+    handler.per_instance = Some(mine);
+    domain(cluster_config(&url), &instance, handler)
+        .engine()
+        .run_until(convoy_runtime::shutdown_signal())
+        .await
+        .expect("engine");
+}
+
+/// The tests' fast timings, on the cluster.
+fn cluster_config(url: &str) -> Config {
+    test_config(url)
+}
+
+fn spawn_engine(url: &str, record: &str, ns: &str, instance: &str, work_ms: u64) -> ChildEngine {
+    let mut cmd: Command = current_test_command("child_engine").expect("command");
+    cmd.env("CONVOY_CLUSTER_CHILD", url)
+        .env("CONVOY_RECORD", record)
+        .env("CONVOY_INSTANCE", instance)
+        .env("CONVOY_NS", ns)
+        .env("CONVOY_WORK_MS", work_ms.to_string());
+    ChildEngine::spawn(&mut cmd).expect("spawn engine")
+}
+
+async fn cluster_conn(cluster: &RedisCluster) -> ClusterConnection {
+    ClusterClient::new(cluster.node_urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
+
+fn shard(key: &str) -> u32 {
+    keys::shard_of(key, keys::DEFAULT_SHARDS)
+}
+
+async fn lease_token(c: &mut ClusterConnection, key: &str) -> Option<String> {
+    let group = recording_group("redis+cluster://127.0.0.1:1/");
+    c.get(keys::lease(shard(key), group, "ledger", key))
+        .await
+        .ok()?
+}
+
+/// How many keys each master holds.
+fn keys_per_master(cluster: &RedisCluster) -> Vec<u64> {
+    let masters = cluster.current_masters().expect("masters");
+    masters
+        .iter()
+        .map(|i| {
+            cluster
+                .cli(*i, &["DBSIZE"])
+                .expect("dbsize")
+                .trim()
+                .parse()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_master() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "three").expect("recorder");
+    let events = interleaved(24, 12);
+    publish(
+        &publisher(cluster_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
+    let engines: Vec<ChildEngine> = ["a", "b", "c"]
+        .iter()
+        .map(|i| spawn_engine(&url, &record.url(), "three", i, 3))
+        .collect();
+    let expected = published(&events);
+    wait_until(WAIT, "every event handled", || all_seen(&rec, &expected)).await;
+    let seen = rec.seen_all().await.expect("seen");
+    let report = check_order(&expected, &seen, 0).expect("order, nothing lost, no re-run");
+    assert_eq!(report.total_reruns, 0, "{report:?}");
+    assert_eq!(
+        rec.violations().await.expect("violations"),
+        Vec::<String>::new(),
+        "two events of one key ran at once"
+    );
+    // Every master holds some of the category's keys: one category is not
+    // pinned to one node.
+    let per_master = keys_per_master(&cluster);
+    assert!(per_master.iter().all(|n| *n > 0), "{per_master:?}");
+    // More than one engine did the work.
+    let mut instances = BTreeSet::new();
+    for key in expected.keys() {
+        for w in rec.windows_of(key).await.expect("windows") {
+            instances.insert(w.instance);
+        }
+    }
+    assert!(instances.len() >= 2, "{instances:?}");
+    drop(engines);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "crash").expect("recorder");
+    let events = interleaved(6, 40);
+    publish(
+        &publisher(cluster_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
+    let mut a = spawn_engine(&url, &record.url(), "crash", "a", 20);
+    let mut b = spawn_engine(&url, &record.url(), "crash", "b", 20);
+    wait_until(WAIT, "a and b are mid-stream", || async {
+        seen_count(&rec).await >= 40
+    })
+    .await;
+    let mut c = cluster_conn(&cluster).await;
+    let mut stalled = BTreeMap::new();
+    for k in 0..6 {
+        let key = format!("c{k}");
+        if let Some(t) = lease_token(&mut c, &key).await
+            && t.starts_with("b:")
+        {
+            stalled.insert(key, t.replace(':', "@"));
+        }
+    }
+    a.kill9().expect("kill -9");
+    b.stop().expect("SIGSTOP");
+    let stopped_at_us = {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        t.as_micros() as u64
+    };
+    let d = spawn_engine(&url, &record.url(), "crash", "d", 20);
+    let expected = published(&events);
+    wait_until(WAIT, "d handles everything", || all_seen(&rec, &expected)).await;
+    b.cont().expect("SIGCONT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = rec.seen_all().await.expect("seen");
+    // At-least-once: the event each key had in flight may run again.
+    check_order(&expected, &seen, 6).expect("order and nothing lost");
+    assert_eq!(
+        rec.violations().await.expect("violations"),
+        Vec::<String>::new()
+    );
+    // The stalled owner started nothing of its keys after it was stopped
+    // (at the generation it held then).
+    let b_seen = Recorder::new(&record.url(), "crash-b").expect("recorder");
+    for (key, label) in &stalled {
+        for w in b_seen
+            .windows_of(key)
+            .await
+            .expect("windows")
+            .iter()
+            .filter(|w| &w.instance == label)
+        {
+            assert!(
+                w.start_us < stopped_at_us + 50_000,
+                "stalled owner {label} started {} after it was stopped",
+                w.event
+            );
+        }
+    }
+    // Every key changed hands: no lease is still a's, or b's stale one (b
+    // may own keys again after it resumed, at newer generations).
+    for k in 0..6 {
+        let key = format!("c{k}");
+        let token = lease_token(&mut c, &key).await.unwrap_or_default();
+        assert!(!token.starts_with("a:"), "{key}: {token}");
+        assert_ne!(stalled.get(&key), Some(&token.replace(':', "@")), "{key}");
+    }
+    drop((a, b, d));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() {
+    let cluster = RedisCluster::start(3, 1).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "failover").expect("recorder");
+    let engines: Vec<ChildEngine> = ["a", "b"]
+        .iter()
+        .map(|i| spawn_engine(&url, &record.url(), "failover", i, 2))
+        .collect();
+    let p = publisher(cluster_config(&url), "p");
+    let events = interleaved(16, 30);
+    let (first, rest) = events.split_at(events.len() / 2);
+    publish(&p, first, Priority::Normal).await;
+    wait_until(WAIT, "engines are mid-stream", || async {
+        seen_count(&rec).await >= 60
+    })
+    .await;
+    // Promote a replica of a master while engines read and ack.
+    let masters = cluster.current_masters().expect("masters");
+    let replica = (0..cluster.nodes().len())
+        .find(|i| !masters.contains(i))
+        .expect("a replica");
+    cluster.failover(replica).expect("CLUSTER FAILOVER");
+    // Publishing goes on across the failover (the client follows MOVED).
+    publish(&p, rest, Priority::Normal).await;
+    let expected = published(&events);
+    wait_until(WAIT, "every event handled", || all_seen(&rec, &expected)).await;
+    let seen = rec.seen_all().await.expect("seen");
+    check_order(&expected, &seen, 16).expect("order and nothing lost");
+    assert_eq!(
+        rec.violations().await.expect("violations"),
+        Vec::<String>::new()
+    );
+    assert!(
+        cluster
+            .current_masters()
+            .expect("masters")
+            .contains(&replica)
+    );
+    drop(engines);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let node = cluster.node_urls()[0].clone();
+    let rec = Recorder::new(&node, "x").expect("recorder");
+    let _ = rec;
+    let p = publisher(cluster_config(&node), "p");
+    let mut uow = p.unit_of_work();
+    uow.raise(Posted::new("c1", 0)).expect("raise");
+    uow.commit().await.expect("commit");
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        p.instance_id(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let e = processor
+        .drain()
+        .await
+        .expect_err("a single-node URL on a cluster node")
+        .to_string();
+    assert!(e.contains("node of a Redis Cluster"), "{e}");
+    assert!(e.contains("redis+cluster://"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "gens").expect("recorder");
+    let p = publisher(cluster_config(&url), "p");
+    publish(&p, &interleaved(1, 3), Priority::Normal).await;
+    let engine = domain(
+        cluster_config(&url),
+        "a",
+        Recording::new(rec.clone(), "a", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    let expected = published(&interleaved(1, 3));
+    wait_until(WAIT, "handled", || all_seen(&rec, &expected)).await;
+    let mut c = cluster_conn(&cluster).await;
+    let first = lease_token(&mut c, "c0").await.expect("leased");
+    engine.shutdown().await.expect("shutdown");
+    // The unit's state (its durable generation) is lost, as after a
+    // failover to a replica that had not received it.
+    let group = recording_group(&url);
+    let _: i64 = c
+        .del(keys::unit(shard("c0"), group, "ledger", "c0"))
+        .await
+        .expect("del");
+    let engine = domain(
+        cluster_config(&url),
+        "a",
+        Recording::new(rec.clone(), "a", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    publish(&p, &[Posted::new("c0", 3)], Priority::Normal).await;
+    let mut all = interleaved(1, 3);
+    all.push(Posted::new("c0", 3));
+    let all = published(&all);
+    wait_until(WAIT, "handled again", || all_seen(&rec, &all)).await;
+    let second = lease_token(&mut c, "c0").await.expect("leased again");
+    let generation = |t: &str| -> u64 {
+        t.rsplit(':')
+            .next()
+            .and_then(|g| g.parse().ok())
+            .expect("generation")
+    };
+    assert!(
+        generation(&second) > generation(&first),
+        "{first} then {second}"
+    );
+    engine.shutdown().await.expect("shutdown");
+}
