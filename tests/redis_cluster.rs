@@ -341,3 +341,45 @@ async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
     );
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_it() {
+    let cluster = RedisCluster::start(3, 1).expect("cluster");
+    let mut config = cluster_config(&cluster.url());
+    config.broker.wait_replicas = 1;
+    config.broker.wait_timeout_ms = 2000;
+    let p = publisher(config, "p");
+    publish(&p, &interleaved(8, 2), Priority::Normal).await;
+    assert_eq!(p.outbox().stats().await.expect("stats").pending, 0);
+    // No replica at all: the publish fails, and the events stay pending.
+    let single = RedisServer::start().expect("redis");
+    let mut config = test_config(&single.url());
+    config.broker.wait_replicas = 1;
+    config.broker.wait_timeout_ms = 50;
+    let p = publisher(config, "q");
+    let mut uow = p.unit_of_work();
+    uow.raise(Posted::new("c1", 0)).expect("raise");
+    uow.commit().await.expect("commit");
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        p.instance_id(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    );
+    let e = processor
+        .drain()
+        .await
+        .expect_err("no replica acknowledges");
+    assert!(
+        matches!(
+            e,
+            convoy_runtime::Error::NotReplicated {
+                wanted: 1,
+                acked: 0
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(p.outbox().stats().await.expect("stats").pending, 1);
+}

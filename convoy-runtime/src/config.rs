@@ -262,6 +262,16 @@ pub struct BrokerConfig {
     /// (`[broker.category_shards] order = 64`). The categories of one
     /// process manager must have the same count.
     pub category_shards: BTreeMap<String, u32>,
+    /// Replicas that must acknowledge a published batch (Redis `WAIT`)
+    /// before its events leave the outbox; default 0 (Redis's asynchronous
+    /// replication: a master that crashes right after a publish can lose
+    /// it). With 1 or more, an event the outbox marked published survives
+    /// a master crash with a failover to a replica that acknowledged it.
+    /// Costs one more round trip per batch and shard.
+    pub wait_replicas: u32,
+    /// How long a publish waits for `wait_replicas` (ms, default 1000);
+    /// fewer replicas in time fails the publish, which is retried.
+    pub wait_timeout_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -271,6 +281,8 @@ impl Default for BrokerConfig {
             tls_ca_file: None,
             shards: DEFAULT_SHARDS,
             category_shards: BTreeMap::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 1000,
         }
     }
 }
@@ -292,6 +304,8 @@ impl std::fmt::Debug for BrokerConfig {
             .field("tls_ca_file", &self.tls_ca_file)
             .field("shards", &self.shards)
             .field("category_shards", &self.category_shards)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout_ms", &self.wait_timeout_ms)
             .finish()
     }
 }
@@ -907,6 +921,22 @@ impl Config {
             1,
             shards,
             "shards",
+        )?;
+        in_range(
+            "[broker]",
+            "wait_replicas",
+            u64::from(self.broker.wait_replicas),
+            0,
+            16,
+            "replicas",
+        )?;
+        in_range(
+            "[broker]",
+            "wait_timeout_ms",
+            self.broker.wait_timeout_ms,
+            1,
+            60_000,
+            "ms (1 ms to 60 s)",
         )?;
         for (category, n) in &self.broker.category_shards {
             in_range(

@@ -222,6 +222,20 @@ pub enum Error {
         newer: u64,
     },
 
+    /// `[broker] wait_replicas` is set and fewer replicas acknowledged a
+    /// published batch in time: the batch stays in the outbox and is
+    /// published again (its copies already written are dropped as
+    /// re-sent), so an event leaves the outbox only once replicated.
+    #[error(
+        "published events reached {acked} of the {wanted} replicas [broker] wait_replicas asks for within wait_timeout_ms; they stay in the outbox and are sent again; check the replicas (INFO replication) or lower wait_replicas"
+    )]
+    NotReplicated {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that acknowledged.
+        acked: u32,
+    },
+
     /// The engine stopped because the shutdown signal fired.
     #[error("the engine is shutting down")]
     Shutdown,

@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redis::Value;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{Client, Conn, Connection};
@@ -112,6 +115,41 @@ impl RedisBroker {
     }
 }
 
+/// Waits until `replicas` replicas of the master holding `key` have every
+/// write this connection made to it (`WAIT`, sent to that master).
+async fn replicated(
+    conn: &mut Conn,
+    key: &str,
+    replicas: u32,
+    timeout_ms: u64,
+) -> Result<(), Error> {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas).arg(timeout_ms);
+    let acked: Value = match conn {
+        Conn::Cluster(c) => {
+            let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+            c.route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .await
+        }
+        other => cmd.query_async(other).await,
+    }
+    .map_err(|e| Error::redis("WAIT for replicas failed", e))?;
+    let acked = match acked {
+        Value::Int(n) => n.max(0) as u32,
+        _ => 0,
+    };
+    if acked < replicas {
+        return Err(Error::NotReplicated {
+            wanted: replicas,
+            acked,
+        });
+    }
+    Ok(())
+}
+
 /// A batch's records by shard (the tag their stream starts with), each
 /// shard's in the batch's order.
 fn split_by_shard(batch: &[Publication]) -> Result<BTreeMap<u32, Vec<&Publication>>, Error> {
@@ -182,6 +220,7 @@ impl Broker for RedisBroker {
             let floor = batch[0].seq;
             let runs = by_shard.iter().map(|(shard, records)| {
                 let mut c = conn.clone();
+                let wait = (self.shards.wait_replicas, self.shards.wait_timeout_ms);
                 async move {
                     Publish {
                         producer,
@@ -190,7 +229,12 @@ impl Broker for RedisBroker {
                         batch: records,
                     }
                     .run(&mut c)
-                    .await
+                    .await?;
+                    if wait.0 > 0 {
+                        let at = names::producer_sent(*shard, &producer.name);
+                        replicated(&mut c, &at, wait.0, wait.1).await?;
+                    }
+                    Ok::<(), Error>(())
                 }
             });
             for r in futures::future::join_all(runs).await {

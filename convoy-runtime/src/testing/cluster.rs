@@ -74,7 +74,31 @@ impl RedisCluster {
         }
         let cluster = RedisCluster { nodes, masters };
         cluster.wait_ok(FORM_TIMEOUT)?;
+        cluster.wait_replicas_synced(FORM_TIMEOUT)?;
         Ok(cluster)
+    }
+
+    /// Waits until every replica's link to its master is up (its first
+    /// full sync done), so a `WAIT` or a failover right after start works.
+    pub fn wait_replicas_synced(&self, timeout: Duration) -> Result<(), TestingError> {
+        let start = Instant::now();
+        for i in 0..self.nodes.len() {
+            loop {
+                let info = self.cli(i, &["INFO", "replication"])?;
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                if start.elapsed() > timeout {
+                    return Err(TestingError::Cluster {
+                        reason: format!(
+                            "replica {i} did not sync with its master within {timeout:?}"
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     /// Every node (masters first, as created; roles change on failover).
