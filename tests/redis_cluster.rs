@@ -383,3 +383,148 @@ async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_i
     );
     assert_eq!(p.outbox().stats().await.expect("stats").pending, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "halt").expect("recorder");
+    let mut events = interleaved(3, 6);
+    for e in &mut events {
+        if e.client_id == "c1" && (e.seq == 2 || e.seq == 4) {
+            e.poison = true;
+        }
+    }
+    let engine = domain(
+        cluster_config(&url),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    publish(
+        &publisher(cluster_config(&url), "p"),
+        &events,
+        Priority::Normal,
+    )
+    .await;
+    let admin = convoy_runtime::redis::admin::Admin::connect(&url)
+        .await
+        .expect("admin on the cluster");
+    let group = recording_group(&url);
+    let halted = || async {
+        admin.partitions("ledger").await.is_ok_and(|r| {
+            r.partitions
+                .iter()
+                .any(|p| p.key == "c1" && p.group == group && p.halted)
+        })
+    };
+    wait_until(WAIT, "c1 halts on its poison event", halted).await;
+    let report = admin.partitions("ledger").await.expect("partitions");
+    let keys: BTreeSet<&str> = report.partitions.iter().map(|p| p.key.as_str()).collect();
+    assert!(keys.contains("c1"), "{keys:?}");
+    // Skip the first poison event: c1 goes on, to the second, and halts.
+    let skipped = admin
+        .skip("ledger", "c1", group, false, "test")
+        .await
+        .expect("skip");
+    assert!(skipped.was_pending);
+    wait_until(WAIT, "c1 halts again", || async {
+        rec.seen("c1").await.is_ok_and(|s| s.len() == 3) && halted().await
+    })
+    .await;
+    // Dead-letter the second, then replay it: it runs at c1's tail (and
+    // halts again, as poison).
+    admin
+        .dead_letter("ledger", "c1", group, false, "test")
+        .await
+        .expect("dead-letter");
+    let expected_c1: Vec<String> = [0, 1, 3, 5].iter().map(|s| format!("c1#{s}")).collect();
+    wait_until(WAIT, "c1 finishes past the dead letter", || async {
+        rec.seen("c1").await.is_ok_and(|s| s == expected_c1)
+    })
+    .await;
+    let dlq = admin.dlq("ledger", Some("c1")).await.expect("dlq");
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    admin
+        .replay("ledger", "c1", &dlq[0].dlq_id, "test")
+        .await
+        .expect("replay");
+    wait_until(WAIT, "the replayed event halts c1 again", halted).await;
+    let audit = admin.audit(10).await.expect("audit");
+    let ops: Vec<&str> = audit
+        .iter()
+        .filter_map(|a| a.fields.get("op").map(String::as_str))
+        .collect();
+    for op in ["skip", "dead_letter", "replay"] {
+        assert!(ops.contains(&op), "{ops:?}");
+    }
+    // The other keys were never held up.
+    for k in ["c0", "c2"] {
+        assert_eq!(rec.seen(k).await.expect("seen").len(), 6, "{k}");
+    }
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_and_reaping_work_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "lanes").expect("recorder");
+    let mut config = cluster_config(&url);
+    config.server.priority_lanes.enabled = true;
+    config.server.partitioning.reap_idle_ms = 300;
+    let p = publisher(config.clone(), "p");
+    let low: Vec<Posted> = (0..5).map(|s| Posted::new("c0", s)).collect();
+    let high: Vec<Posted> = (5..10).map(|s| Posted::new("c0", s)).collect();
+    publish(&p, &low, Priority::Low).await;
+    publish(&p, &high, Priority::Normal).await;
+    let mut c = cluster_conn(&cluster).await;
+    let backfill: usize = c
+        .xlen(keys::backfill_stream(shard("c0"), "ledger", "c0", "backfill"))
+        .await
+        .expect("xlen");
+    assert_eq!(backfill, 5, "low-priority events went to the backfill lane");
+    let engine = domain(
+        config,
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    wait_until(WAIT, "all handled", || async {
+        seen_count(&rec).await >= 10
+    })
+    .await;
+    let expected: Vec<String> = (5..10).chain(0..5).map(|s| format!("c0#{s}")).collect();
+    assert_eq!(
+        rec.seen("c0").await.expect("seen"),
+        expected,
+        "primary lane first, then backfill, each in order"
+    );
+    // Drained and idle: retired, index entry and streams together.
+    wait_until(WAIT, "c0 retired", || {
+        let mut c = c.clone();
+        async move {
+            let member: bool = c
+                .sismember(keys::partition_index(shard("c0"), "ledger"), "c0")
+                .await
+                .unwrap_or(true);
+            let exists: bool = c
+                .exists(keys::partition_stream(shard("c0"), "ledger", "c0"))
+                .await
+                .unwrap_or(true);
+            !member && !exists
+        }
+    })
+    .await;
+    // A publish after the reap re-creates the partition and is consumed.
+    publish(&p, &[Posted::new("c0", 10)], Priority::Normal).await;
+    wait_until(WAIT, "the new event handled", || async {
+        rec.seen("c0").await.is_ok_and(|s| s.len() == 11)
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+}
