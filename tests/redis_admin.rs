@@ -1,7 +1,9 @@
 //! The operators' tools (`convoy_runtime::redis::admin`) against a real
-//! `redis-server`, with the owner's state written by hand: skip,
+//! `redis-server`, with the owner's state written by hand in the key's
+//! shard (as an engine would, for the shard count recorded in Redis): skip,
 //! dead-letter and replay check the fence and write the audit stream;
-//! undelivered heads and several groups; an unreachable Redis.
+//! undelivered heads and several groups; partitions over every shard; an
+//! unreachable Redis.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +17,52 @@ use redis::AsyncCommands;
 type StreamEntry = (String, Vec<(String, Vec<u8>)>);
 
 const G: &str = "app::Ledger";
+
+/// The shard count recorded for `cat` (not the default: the tools must use
+/// the recorded one).
+const SHARDS: u32 = 5;
+
+/// The shard of `cat`'s key `k`.
+fn shard() -> u32 {
+    keys::shard_of("k", SHARDS)
+}
+
+/// `cat`'s partition stream of `k`.
+fn stream() -> String {
+    keys::partition_stream(shard(), "cat", "k")
+}
+
+/// `group`'s unit state hash of `k`.
+fn unit(group: &str) -> String {
+    keys::unit(shard(), group, "cat", "k")
+}
+
+/// `G`'s lease of `k`.
+fn lease_key() -> String {
+    keys::lease(shard(), G, "cat", "k")
+}
+
+/// Records `shards` as `category`'s shard count and registers `groups`
+/// in every shard's group set, as an engine does.
+async fn register(
+    c: &mut redis::aio::MultiplexedConnection,
+    category: &str,
+    shards: u32,
+    groups: &[&str],
+) {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(keys::shards(category))
+        .arg(shards)
+        .ignore();
+    for s in 0..shards {
+        pipe.cmd("SADD")
+            .arg(keys::groups(s, category))
+            .arg(groups)
+            .ignore();
+    }
+    let _: () = pipe.query_async(c).await.expect("register");
+}
 
 fn envelope(seq: u32) -> Envelope {
     Envelope {
@@ -38,26 +86,23 @@ async fn publish(c: &mut redis::aio::MultiplexedConnection, stream: &str, seq: u
     cmd.query_async(c).await.expect("xadd")
 }
 
-/// Three entries of `cat:k`, all delivered to `owner:1` of group G,
+/// Three entries of `{s}cat:k`, all delivered to `owner:1` of group G,
 /// which holds the lease at generation 1.
 async fn running(server: &RedisServer) -> (redis::aio::MultiplexedConnection, Vec<String>) {
     let mut c = server.connection().await.expect("conn");
+    register(&mut c, "cat", SHARDS, &[G]).await;
     let mut ids = Vec::new();
     for seq in 0..3 {
-        ids.push(publish(&mut c, "cat:k", seq).await);
+        ids.push(publish(&mut c, &stream(), seq).await);
     }
     let _: () = redis::pipe()
         .cmd("SADD")
-        .arg("convoy:groups:cat")
-        .arg(G)
-        .ignore()
-        .cmd("SADD")
-        .arg("cat:__partitions__")
+        .arg(keys::partition_index(shard(), "cat"))
         .arg("k")
         .ignore()
         .cmd("XGROUP")
         .arg("CREATE")
-        .arg("cat:k")
+        .arg(stream())
         .arg(G)
         .arg("0")
         .ignore()
@@ -68,21 +113,21 @@ async fn running(server: &RedisServer) -> (redis::aio::MultiplexedConnection, Ve
         .arg("COUNT")
         .arg(10)
         .arg("STREAMS")
-        .arg("cat:k")
+        .arg(stream())
         .arg(">")
         .ignore()
         .cmd("SET")
-        .arg(keys::lease(G, "cat", "k"))
+        .arg(lease_key())
         .arg("owner:1")
         .ignore()
         .cmd("SET")
-        .arg(keys::alive(G, "owner"))
+        .arg(keys::alive(shard(), G, "owner"))
         .arg(1)
         .arg("PX")
         .arg(60_000)
         .ignore()
         .cmd("HSET")
-        .arg(keys::unit(G, "cat", "k"))
+        .arg(unit(G))
         .arg("gen")
         .arg(1)
         .ignore()
@@ -95,7 +140,7 @@ async fn running(server: &RedisServer) -> (redis::aio::MultiplexedConnection, Ve
 async fn halt_on(c: &mut redis::aio::MultiplexedConnection, entry: &str) {
     let _: () = c
         .hset_multiple(
-            keys::unit(G, "cat", "k"),
+            unit(G),
             &[
                 ("halted", "1"),
                 ("halt_reason", "max_retries exceeded"),
@@ -138,6 +183,7 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     let report = admin.partitions("cat").await.expect("partitions");
     assert_eq!(report.groups, vec![G.to_owned()]);
     let p = &report.partitions[0];
+    assert_eq!((p.key.as_str(), p.shard), ("k", shard()));
     assert_eq!(p.owner.as_deref(), Some("owner"));
     assert!(p.owner_alive);
     assert_eq!(p.generation, Some(1));
@@ -156,8 +202,11 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(report.totals.owned, 1);
 
     let i = admin.inspect("cat", "k", G).await.expect("inspect");
+    assert_eq!(i.status.shard, shard());
+    assert!(i.status.owner_alive);
     let head = i.head.expect("head");
     assert_eq!(head.entry_id, ids[0]);
+    assert_eq!(head.stream, stream());
     assert!(head.pending);
     assert_eq!(head.delivery_count, 1);
     assert_eq!(head.consumer.as_deref(), Some("owner:1"));
@@ -186,16 +235,19 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     };
     let out = admin.act_on_head(HeadOp::Skip, &req).await.expect("skip");
     assert_eq!(out.entry_id, ids[0]);
+    assert_eq!(out.stream, stream());
     assert!(!out.forced && out.was_pending && out.deleted);
     assert_eq!(out.fenced, None);
-    let unit: BTreeMap<String, String> = c.hgetall(keys::unit(G, "cat", "k")).await.expect("unit");
+    let state: BTreeMap<String, String> = c.hgetall(unit(G)).await.expect("unit");
     for gone in ["halted", "halt_entry", "halt_error", "head", "attempts"] {
-        assert!(!unit.contains_key(gone), "{gone} in {unit:?}");
+        assert!(!state.contains_key(gone), "{gone} in {state:?}");
     }
-    assert_eq!(unit["gen"], "1", "no fencing when halted");
-    let len: u64 = c.xlen("cat:k").await.expect("xlen");
+    assert_eq!(state["gen"], "1", "no fencing when halted");
+    let len: u64 = c.xlen(stream()).await.expect("xlen");
     assert_eq!(len, 2);
-    let lease: Option<String> = c.get(keys::lease(G, "cat", "k")).await.expect("get");
+    let acked: u64 = c.get(keys::acked(shard(), G, "cat")).await.expect("acked");
+    assert_eq!(acked, 1, "counted in the key's shard");
+    let lease: Option<String> = c.get(lease_key()).await.expect("get");
     assert_eq!(
         lease.as_deref(),
         Some("owner:1"),
@@ -215,9 +267,9 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(out.entry_id, ids[1]);
     assert!(out.forced);
     assert_eq!(out.fenced.as_deref(), Some("owner:1"));
-    let lease: Option<String> = c.get(keys::lease(G, "cat", "k")).await.expect("get");
+    let lease: Option<String> = c.get(lease_key()).await.expect("get");
     assert_eq!(lease, None);
-    let generation: String = c.hget(keys::unit(G, "cat", "k"), "gen").await.expect("gen");
+    let generation: String = c.hget(unit(G), "gen").await.expect("gen");
     assert_eq!(generation, "2");
 
     // Dead-letter the last one (no lease now: nothing to fence).
@@ -231,11 +283,14 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     let letters = admin.dlq("cat", Some("k")).await.expect("dlq");
     assert_eq!(letters.len(), 1);
     let l = &letters[0];
+    let dlq = keys::partition_dlq(shard(), "cat", "k");
+    assert_eq!(l.stream, dlq);
+    assert_eq!(admin.dlq_stream("cat", Some("k")).await.expect("name"), dlq);
     assert_eq!(l.dlq_id, dlq_id);
     assert_eq!(l.group.as_deref(), Some(G));
     assert_eq!(l.entry.as_deref(), Some(ids[2].as_str()));
     assert_eq!(l.operator.as_deref(), Some("alice"));
-    assert_eq!(l.source.as_deref(), Some("cat:k"));
+    assert_eq!(l.source.as_deref(), Some(stream().as_str()));
     assert_eq!(l.envelope.as_ref().expect("envelope"), &envelope(2));
     let e = admin
         .skip("cat", "k", G, true, "op")
@@ -244,13 +299,24 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert!(matches!(e, AdminError::NothingToDo { .. }), "{e}");
 
     // Replay: back at the tail, index and wake-up written, letter gone.
-    let _: () = c.srem("cat:__partitions__", "k").await.expect("srem");
+    let index = keys::partition_index(shard(), "cat");
+    let _: () = c.srem(&index, "k").await.expect("srem");
+    let published: Option<u64> = c
+        .get(keys::published(shard(), "cat"))
+        .await
+        .expect("published");
     let r = admin
         .replay("cat", "k", &dlq_id, "bob")
         .await
         .expect("replay");
+    assert_eq!(r.stream, stream());
+    let after: u64 = c
+        .get(keys::published(shard(), "cat"))
+        .await
+        .expect("published");
+    assert_eq!(after, published.unwrap_or(0) + 1, "one more to handle");
     let tail: Vec<StreamEntry> = redis::cmd("XRANGE")
-        .arg("cat:k")
+        .arg(stream())
         .arg("-")
         .arg("+")
         .query_async(&mut c)
@@ -260,16 +326,13 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(tail[0].0, r.entry_id);
     let fields = tail[0].1.iter().map(|(k, v)| (k.as_str(), v.as_slice()));
     assert_eq!(
-        Envelope::from_fields("cat:k", &tail[0].0, fields).expect("envelope"),
+        Envelope::from_fields(&stream(), &tail[0].0, fields).expect("envelope"),
         envelope(2)
     );
     assert!(tail[0].1.iter().all(|(k, _)| !k.starts_with("dlq_")));
-    let member: bool = c
-        .sismember("cat:__partitions__", "k")
-        .await
-        .expect("sismember");
+    let member: bool = c.sismember(&index, "k").await.expect("sismember");
     assert!(member);
-    let wake: u64 = c.xlen("cat:__wake__").await.expect("xlen");
+    let wake: u64 = c.xlen(keys::wake_stream("cat")).await.expect("xlen");
     assert_eq!(wake, 4, "every action wakes the key's owner");
     assert!(admin.dlq("cat", Some("k")).await.expect("dlq").is_empty());
     let e = admin
@@ -298,6 +361,10 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
             ("replay", "bob", "0"),
         ]
     );
+    assert!(
+        audit.iter().all(|a| a.stream == keys::audit(shard())),
+        "in the key's shard: {audit:?}"
+    );
     assert_eq!(audit[0].fields["entry"], ids[0]);
     assert_eq!(audit[1].fields["fenced"], "owner:1");
     assert_eq!(audit[2].fields["dlq_entry"], dlq_id);
@@ -308,12 +375,9 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
 async fn undelivered_heads_and_several_groups() {
     let server = RedisServer::start().expect("redis-server");
     let mut c = server.connection().await.expect("conn");
-    let a = publish(&mut c, "cat:k", 0).await;
-    let b = publish(&mut c, "cat:k", 1).await;
-    let _: () = c
-        .sadd("convoy:groups:cat", &["app::A", "app::B"])
-        .await
-        .expect("sadd");
+    register(&mut c, "cat", SHARDS, &["app::A", "app::B"]).await;
+    let a = publish(&mut c, &stream(), 0).await;
+    let b = publish(&mut c, &stream(), 1).await;
     let admin = Admin::connect(&server.url()).await.expect("admin");
 
     // Nothing delivered yet: the head is the first entry.
@@ -333,7 +397,7 @@ async fn undelivered_heads_and_several_groups() {
     assert_eq!(out.entry_id, a);
     assert!(!out.was_pending);
     assert!(!out.deleted, "another group still reads it");
-    let len: u64 = c.xlen("cat:k").await.expect("xlen");
+    let len: u64 = c.xlen(stream()).await.expect("xlen");
     assert_eq!(len, 2);
     let i = admin.inspect("cat", "k", "app::A").await.expect("inspect");
     assert_eq!(i.head.expect("head").entry_id, b, "A moved past the first");
@@ -347,10 +411,7 @@ async fn undelivered_heads_and_several_groups() {
         .expect_err("two groups");
     assert!(matches!(e, AdminError::AmbiguousHandler { .. }), "{e}");
     assert!(e.to_string().contains("app::A, app::B"), "{e}");
-    let _: () = c
-        .hset(keys::unit("app::B", "cat", "k"), "halted", "1")
-        .await
-        .expect("hset");
+    let _: () = c.hset(unit("app::B"), "halted", "1").await.expect("hset");
     assert_eq!(
         admin
             .resolve_group("cat", Some("k"), None)
@@ -375,6 +436,106 @@ async fn undelivered_heads_and_several_groups() {
         .await
         .expect_err("none");
     assert!(matches!(e, AdminError::NoHandlers { .. }), "{e}");
+    assert!(
+        e.to_string().contains(&keys::groups(0, "other")),
+        "names the set read: {e}"
+    );
+}
+
+/// A key of `category` (of `shards` shards) in shard `at` or above.
+fn key_in_shard_from(category: &str, shards: u32, at: u32) -> String {
+    (0..)
+        .map(|i| format!("{category}-{i}"))
+        .find(|k| keys::shard_of(k, shards) >= at)
+        .expect("some key is there")
+}
+
+#[tokio::test]
+async fn partitions_and_audit_cover_every_shard() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = server.connection().await.expect("conn");
+    // Keys in the index without a stream yet, about 2400 a shard: more
+    // than one SSCAN page of each; and keys with entries in a few shards.
+    register(&mut c, "cat", SHARDS, &[G]).await;
+    let many: Vec<String> = (0..12_000).map(|i| format!("idle-{i}")).collect();
+    let mut pipe = redis::pipe();
+    for k in &many {
+        pipe.cmd("SADD")
+            .arg(keys::partition_index(keys::shard_of(k, SHARDS), "cat"))
+            .arg(k)
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut c).await.expect("index");
+    let busy = ["a", "b", "c", "d", "e", "f"];
+    for (n, k) in busy.iter().enumerate() {
+        let s = keys::shard_of(k, SHARDS);
+        for seq in 0..=n as u32 {
+            publish(&mut c, &keys::partition_stream(s, "cat", k), seq).await;
+        }
+        let _: () = c
+            .sadd(keys::partition_index(s, "cat"), *k)
+            .await
+            .expect("sadd");
+    }
+    let shards: std::collections::BTreeSet<u32> =
+        busy.iter().map(|k| keys::shard_of(k, SHARDS)).collect();
+    assert!(shards.len() > 2, "the keys are spread: {shards:?}");
+
+    let admin = Admin::connect(&server.url()).await.expect("admin");
+    let report = admin.partitions("cat").await.expect("partitions");
+    assert_eq!(report.totals.partitions, many.len() + busy.len());
+    assert_eq!(report.partitions.len(), many.len() + busy.len());
+    let keys_: Vec<&str> = report.partitions.iter().map(|p| p.key.as_str()).collect();
+    assert!(keys_.windows(2).all(|w| w[0] < w[1]), "sorted, once each");
+    for p in &report.partitions {
+        assert_eq!(p.shard, keys::shard_of(&p.key, SHARDS), "{p:?}");
+    }
+    for (n, k) in busy.iter().enumerate() {
+        let p = report
+            .partitions
+            .iter()
+            .find(|p| p.key == *k)
+            .expect("listed");
+        assert_eq!(
+            (p.length, p.lag),
+            (n as u64 + 1, Some(n as u64 + 1)),
+            "{p:?}"
+        );
+    }
+    assert_eq!(report.totals.length, 21);
+    assert_eq!(report.totals.lag, 21);
+
+    // A category of more shards than the default, registered as an
+    // engine does: an action on a key in a shard past the default's is in
+    // the audit too.
+    let wide = 20;
+    register(&mut c, "wide", wide, &[G]).await;
+    let _: () = c.sadd(keys::CATEGORIES, "wide").await.expect("sadd");
+    let far = key_in_shard_from("wide", wide, keys::DEFAULT_SHARDS);
+    let s = keys::shard_of(&far, wide);
+    let id = publish(&mut c, &keys::partition_stream(s, "wide", &far), 0).await;
+    admin
+        .skip("wide", &far, G, true, "op")
+        .await
+        .expect("forced skip");
+    admin
+        .skip("cat", "a", G, true, "op")
+        .await
+        .expect("forced skip");
+    let audit = admin.audit(10).await.expect("audit");
+    let seen: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|a| (a.fields["key"].as_str(), a.stream.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (far.as_str(), keys::audit(s).as_str()),
+            ("a", keys::audit(keys::shard_of("a", SHARDS)).as_str())
+        ]
+    );
+    assert_eq!(audit[0].fields["entry"], id);
+    assert_eq!(admin.audit(1).await.expect("audit").len(), 1);
 }
 
 #[tokio::test]

@@ -67,12 +67,14 @@ pub fn acl(user: &str, categories: &[&str]) -> String {
     let line = convoy_runtime::redis::acl::setuser(user, "PASSWORD", categories);
     format!(
         "# The least-privilege Redis user for convoy on {} (engines, publishers and the\n\
-         # convoy command line): the categories' keys and convoy's own (convoy:*), no\n\
-         # channels, only the commands convoy runs. Replace PASSWORD, then run it with\n\
-         # redis-cli as an administrator, and put the user in the URL:\n\
-         # redis://{user}:PASSWORD@host:6379/ (on Redis 7.2 and later, add\n\
-         # +client|setinfo to keep ACL LOG quiet). A category added to the domain\n\
-         # needs the rule again.\n\
+         # convoy command line): the categories' keys in every shard ({{s}}...), their\n\
+         # wake streams and convoy's own ({{s}}convoy:*, convoy:*), no channels, only\n\
+         # the commands convoy runs. Replace PASSWORD, then run it with redis-cli as\n\
+         # an administrator (on a Redis Cluster: on every node), and put the user in\n\
+         # the URL: redis://{user}:PASSWORD@host:6379/, or\n\
+         # redis+cluster://{user}:PASSWORD@host1:port1,host2:port2/ (on Redis 7.2 and\n\
+         # later, add +client|setinfo to keep ACL LOG quiet). A category added to the\n\
+         # domain needs the rule again.\n\
          {line}\n",
         categories.join(", ")
     )
@@ -901,6 +903,7 @@ mod tests {
         let text = inspection("ledger", &i);
         for want in [
             "partition    ledger:c1\n",
+            "shard        3\n",
             "owner        e0, generation 12, lease 1.9s left\n",
             "state        HALTED since 2025-11-29 13:51:27.123 UTC: max_retries exceeded\n",
             "attempts     3\n",
@@ -914,6 +917,16 @@ mod tests {
         assert!(summary.starts_with(
             "partition ledger:c1 for handler app::Ledger is halted (max_retries exceeded: poison event c1#3)\n"
         ));
+        let question = head_question(
+            HeadOp::DeadLetter,
+            "ledger",
+            &i,
+            i.head.as_ref().expect("head"),
+        );
+        assert!(
+            question.contains("of ledger:c1 to {3}ledger:c1:dlq for handler app::Ledger?"),
+            "{question}"
+        );
         let warning = force_warning(&i);
         assert!(
             warning.contains("e0 (generation 12) is fenced out"),

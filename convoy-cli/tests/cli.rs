@@ -3,7 +3,8 @@
 //! it, skips and dead-letters the head, lists and replays dead letters, and
 //! the partition resumes in order with nothing lost; `--force` on a running
 //! partition fences its owner without reordering; an unreachable Redis is
-//! exit code 2 and one line.
+//! exit code 2 and one line; the same commands on a Redis Cluster, by a
+//! `redis+cluster://` URL.
 
 mod common;
 
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use convoy_runtime::redis::keys;
 use convoy_runtime::testing::RedisServer;
 use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
 use redis::AsyncCommands;
@@ -22,6 +24,20 @@ use common::{Run, run_convoy, wait_until};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// The engine's shard count for `ledger` (not the default: the command
+/// line, configured with none, must use the one the engine recorded).
+const SHARDS: u32 = 7;
+
+/// `ledger`'s partition stream of `key`, in the key's shard.
+fn stream(key: &str) -> String {
+    keys::partition_stream(keys::shard_of(key, SHARDS), "ledger", key)
+}
+
+/// `key`'s dead letter stream.
+fn dlq(key: &str) -> String {
+    keys::partition_dlq(keys::shard_of(key, SHARDS), "ledger", key)
+}
 
 #[derive(Aggregate)]
 #[aggregate(category = "ledger")]
@@ -77,6 +93,7 @@ impl Recorder {
 fn config(url: &str) -> Config {
     let mut c = Config::default();
     c.broker.url = url.to_owned();
+    c.broker.shards = SHARDS;
     c.server.partitioning.lease_ttl_ms = 2000;
     c.server.partitioning.heartbeat_interval_seconds = Some(0.3);
     c.server.retry.max_retries = 2;
@@ -149,7 +166,7 @@ impl Setup {
     }
 
     fn unit(&self, key: &str) -> String {
-        format!("convoy:unit:{}:ledger:{key}", self.group)
+        keys::unit(keys::shard_of(key, SHARDS), &self.group, "ledger", key)
     }
 
     async fn unit_state(&self, key: &str) -> BTreeMap<String, String> {
@@ -309,7 +326,9 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
     assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5]));
     let mut c = s.redis().await;
     let audit: Vec<redis::streams::StreamId> = c
-        .xrange_all::<_, redis::streams::StreamRangeReply>("convoy:audit")
+        .xrange_all::<_, redis::streams::StreamRangeReply>(keys::audit(keys::shard_of(
+            "c1", SHARDS,
+        )))
         .await
         .expect("audit")
         .ids;
@@ -340,7 +359,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .convoy(&["dead-letter", "ledger", "c1", "--yes"])
         .await
         .ok();
-    assert!(r.stdout.contains("to ledger:c1:dlq"), "{r:?}");
+    assert!(r.stdout.contains(&format!("to {}", dlq("c1"))), "{r:?}");
     wait_until(WAIT, "c1 finishes", || async { s.seen("c1").len() == 8 }).await;
     assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9]));
     assert_eq!(s.halted_on("c1").await, None);
@@ -370,7 +389,7 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
     let dlq_id = l["dlq_id"].as_str().expect("dlq id").to_owned();
     let table = s.convoy(&["dlq", "ledger", "c1"]).await.ok().stdout;
     assert!(
-        table.contains(&dlq_id) && table.contains("1 dead letter in ledger:c1:dlq"),
+        table.contains(&dlq_id) && table.contains(&format!("1 dead letter in {}", dlq("c1"))),
         "{table}"
     );
 
@@ -379,7 +398,11 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .convoy(&["replay", "ledger", "c1", &dlq_id, "--yes"])
         .await
         .ok();
-    assert!(r.stdout.contains("to the tail of ledger:c1"), "{r:?}");
+    assert!(
+        r.stdout
+            .contains(&format!("to the tail of {} as entry", stream("c1"))),
+        "{r:?}"
+    );
     wait_until(WAIT, "the replayed poison event halts c1", || async {
         s.halted_on("c1").await.is_some()
     })
@@ -471,7 +494,7 @@ async fn force_on_a_running_partition_fences_its_owner_without_reordering() {
     );
     wait_until(WAIT, "c0 drains", || async {
         let mut c = s.redis().await;
-        let len: u64 = c.xlen("ledger:c0").await.expect("xlen");
+        let len: u64 = c.xlen(stream("c0")).await.expect("xlen");
         len == 0 && s.seen("c0").len() >= 19
     })
     .await;
@@ -521,10 +544,14 @@ async fn the_handler_must_be_named_when_ambiguous() {
     let server = RedisServer::start().expect("start redis-server");
     let url = server.url();
     let mut c = server.connection().await.expect("connection");
-    let _: () = c
-        .sadd("convoy:groups:ledger", &["app::One", "app::Two"])
-        .await
-        .expect("sadd");
+    // Registered as an engine does, in every shard (of the default count:
+    // none is recorded).
+    for s in 0..keys::DEFAULT_SHARDS {
+        let _: () = c
+            .sadd(keys::groups(s, "ledger"), &["app::One", "app::Two"])
+            .await
+            .expect("sadd");
+    }
     let r = convoy(server.dir(), &["inspect", "ledger", "c1"], Some(&url)).await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("app::One, app::Two"), "{r:?}");
@@ -612,12 +639,13 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
     let engine = s.domain.engine().spawn();
     s.publish(&[posted("c0", 0, false)]).await;
     wait_until(WAIT, "c0 runs", || async { s.seen("c0").len() == 1 }).await;
-    // A foreign program's hash where the partition stream `ledger:bad`
+    // A foreign program's hash where the partition stream `{s}ledger:bad`
     // belongs, with the key in the index.
     {
         let mut c = s.redis().await;
-        let _: () = c.hset("ledger:bad", "f", "v").await.expect("hset");
-        let _: () = c.sadd("ledger:__partitions__", "bad").await.expect("sadd");
+        let _: () = c.hset(stream("bad"), "f", "v").await.expect("hset");
+        let index = keys::partition_index(keys::shard_of("bad", SHARDS), "ledger");
+        let _: () = c.sadd(index, "bad").await.expect("sadd");
     }
     wait_until(WAIT, "bad halts", || async {
         s.unit_state("bad")
@@ -645,7 +673,10 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
     assert_eq!(bad["halted"], true, "{bad}");
     assert_eq!(bad["halt_reason"], "not a stream", "{bad}");
     let error = bad["halt_error"].as_str().expect("halt_error");
-    assert!(error.contains("ledger:bad holds a hash"), "{error}");
+    assert!(
+        error.contains(&format!("{} holds a hash", stream("bad"))),
+        "{error}"
+    );
     let table = s.convoy(&["partitions", "ledger"]).await.ok().stdout;
     assert!(table.contains("not a stream"), "{table}");
 
@@ -658,7 +689,7 @@ async fn a_partition_key_that_is_not_a_stream_halts_with_its_reason_shown() {
     // run once the halt is cleared.
     {
         let mut c = s.redis().await;
-        let _: () = c.del("ledger:bad").await.expect("del");
+        let _: () = c.del(stream("bad")).await.expect("del");
     }
     s.publish(&[posted("bad", 0, false), posted("bad", 1, false)])
         .await;
@@ -815,4 +846,106 @@ async fn the_printed_acl_rule_is_enough_for_the_command_line() {
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("`convoy` is reserved"), "{r:?}");
     engine.shutdown().await.expect("shutdown");
+}
+
+/// An event of `ledger`'s key `key`, as the publisher writes it.
+fn entry(key: &str, seq: u64) -> convoy_runtime::Envelope {
+    convoy_runtime::Envelope {
+        id: format!("{key}-m{seq}"),
+        type_name: "Posted".into(),
+        category: "ledger".into(),
+        partition_key: Some(key.into()),
+        time_ms: 1_764_424_280_000 + seq,
+        priority: convoy_runtime::Priority::Normal,
+        correlation_id: None,
+        payload: format!("{{\"client_id\":\"{key}\",\"seq\":{seq},\"poison\":false}}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_works_on_a_redis_cluster() {
+    let cluster = convoy_runtime::testing::RedisCluster::start(3, 0).expect("cluster");
+    let url = cluster.url();
+    assert!(url.starts_with("redis+cluster://"), "{url}");
+    let mut c = redis::cluster::ClusterClient::new(cluster.node_urls())
+        .expect("client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    // What an engine with `SHARDS` shards and one handler registers, and
+    // events of keys in several shards (so in several hash slots).
+    let _: () = c.set(keys::shards("ledger"), SHARDS).await.expect("set");
+    for s in 0..SHARDS {
+        let _: () = c
+            .sadd(keys::groups(s, "ledger"), "app::One")
+            .await
+            .expect("sadd");
+    }
+    let busy = ["c0", "c1", "c2"];
+    let shards: std::collections::BTreeSet<u32> =
+        busy.iter().map(|k| keys::shard_of(k, SHARDS)).collect();
+    assert_eq!(shards.len(), 3, "three shards");
+    let mut first = BTreeMap::new();
+    for k in busy {
+        for seq in 0..2 {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(stream(k)).arg("*");
+            for (f, v) in entry(k, seq).to_fields() {
+                cmd.arg(f).arg(v);
+            }
+            let id: String = cmd.query_async(&mut c).await.expect("xadd");
+            first.entry(k).or_insert(id);
+        }
+        let index = keys::partition_index(keys::shard_of(k, SHARDS), "ledger");
+        let _: () = c.sadd(index, k).await.expect("sadd");
+    }
+    let dir = cluster.nodes()[0].dir().to_owned();
+    let run = |args: &'static [&'static str]| {
+        let (dir, url) = (dir.clone(), url.clone());
+        async move { convoy(&dir, args, Some(&url)).await.ok() }
+    };
+
+    let report = run(&["partitions", "ledger", "--json"]).await.json();
+    assert_eq!(report["totals"]["partitions"], 3, "{report}");
+    for k in busy {
+        let p = row(&report, k);
+        assert_eq!(p["length"], 2, "{p}");
+        assert_eq!(p["shard"], keys::shard_of(k, SHARDS), "{p}");
+    }
+    let i = run(&["inspect", "ledger", "c1", "--json"]).await.json();
+    assert_eq!(i["head"]["entry_id"], first["c1"].as_str(), "{i}");
+    assert_eq!(i["head"]["stream"], stream("c1"), "{i}");
+    let r = run(&["skip", "ledger", "c1", "--force", "--yes"]).await;
+    assert!(
+        r.stdout.contains(&format!("skipped entry {}", first["c1"])),
+        "{r:?}"
+    );
+    let r = run(&["dead-letter", "ledger", "c2", "--force", "--yes"]).await;
+    assert!(r.stdout.contains(&dlq("c2")), "{r:?}");
+    let letters = run(&["dlq", "ledger", "c2", "--json"]).await.json();
+    let dlq_id = letters[0]["dlq_id"].as_str().expect("dlq id").to_owned();
+    let r = convoy(
+        &dir,
+        &["replay", "ledger", "c2", &dlq_id, "--yes"],
+        Some(&url),
+    )
+    .await
+    .ok();
+    assert!(r.stdout.contains(&stream("c2")), "{r:?}");
+    let audit = run(&["audit", "--json"]).await.json();
+    let ops: Vec<(&str, &str)> = audit
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|a| {
+            (
+                a["fields"]["op"].as_str().expect("op"),
+                a["fields"]["key"].as_str().expect("key"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [("skip", "c1"), ("dead_letter", "c2"), ("replay", "c2")]
+    );
 }

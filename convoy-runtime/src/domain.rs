@@ -372,6 +372,9 @@ impl DomainBuilder {
             tracing::warn!("{p}");
         }
         check_handler_settings(&config, &run)?;
+        if facts.stream_partitioning {
+            check_process_manager_shards(&config, registry.process_managers())?;
+        }
         let store: Arc<dyn StateStore> = match self.state_store {
             Some(s) => s,
             None => broker
@@ -448,6 +451,40 @@ fn check_handler_settings(config: &Config, run: &[&str]) -> Result<(), Error> {
                     } else {
                         known.join(", ")
                     }
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The categories of a sequential process manager must have one shard
+/// count: a correlation value's streams in each are then in one shard (one
+/// hash slot of a cluster), which its unit's scripts need.
+fn check_process_manager_shards(
+    config: &Config,
+    pms: &[&'static ProcessManagerDescriptor],
+) -> Result<(), Error> {
+    for pm in pms.iter().filter(|p| p.sequential) {
+        let mut counts: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        for h in pm.handles {
+            let c = h.message.category;
+            let cats = counts.entry(config.broker.shards_of(c)).or_default();
+            if !cats.contains(&c) {
+                cats.push(c);
+            }
+        }
+        if counts.len() > 1 {
+            let shown: Vec<String> = counts
+                .iter()
+                .map(|(n, cats)| format!("{} with {n}", cats.join(", ")))
+                .collect();
+            return Err(Error::Config {
+                file: config.origin().to_owned(),
+                message: format!(
+                    "process manager {} reads categories with different shard counts ({}); a correlation value's streams must share a hash slot: give them one count in [broker.category_shards]",
+                    pm.name,
+                    shown.join("; ")
                 ),
             });
         }

@@ -3,7 +3,7 @@
 use redis::Value;
 use serde::Serialize;
 
-use super::status::{PartitionStatus, group_infos, lane_counts, ok_int, status, string_map};
+use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
 use super::{Admin, AdminError, Lane};
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -82,21 +82,13 @@ impl Admin {
         let infos = [group_infos(&get(1)), group_infos(&get(4))];
         let pendings = [first_pending(&get(2)), first_pending(&get(5))];
         let state = string_map(&get(7));
-        let (pending_p, lag_p) = lane_counts(&infos[0], group, lens[0]);
-        let (pending_b, lag_b) = lane_counts(&infos[1], group, lens[1]);
-        let undelivered = match (lag_p, lag_b) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
         let mut rows = [status(
             key,
             unit.shard,
             group,
             &get(6),
             &state,
-            (lens[0], lens[1]),
-            pending_p + pending_b,
-            undelivered,
+            [(lens[0], &infos[0]), (lens[1], &infos[1])],
         )];
         self.liveness(category, &mut rows, &[state.get("inc").cloned()])
             .await?;

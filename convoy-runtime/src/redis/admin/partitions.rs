@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use redis::Value;
 use serde::Serialize;
 
-use super::status::{PartitionStatus, group_infos, lane_counts, ok_int, status, string_map};
+use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
 use super::{Admin, AdminError, read_by_slot};
 use crate::error::Error;
 use crate::names;
@@ -197,12 +197,6 @@ impl Admin {
             for g in groups {
                 let lease = next();
                 let unit = string_map(&next());
-                let (pending_p, lag_p) = lane_counts(&info_p, g, len_p);
-                let (pending_b, lag_b) = lane_counts(&info_b, g, len_b);
-                let undelivered = match (lag_p, lag_b) {
-                    (Some(a), Some(b)) => Some(a + b),
-                    _ => None,
-                };
                 incarnations.push(unit.get("inc").cloned());
                 rows.push(status(
                     k,
@@ -210,9 +204,7 @@ impl Admin {
                     g,
                     &lease,
                     &unit,
-                    (len_p, len_b),
-                    pending_p + pending_b,
-                    undelivered,
+                    [(len_p, &info_p), (len_b, &info_b)],
                 ));
             }
         }

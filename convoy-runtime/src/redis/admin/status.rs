@@ -198,10 +198,14 @@ pub(super) fn group_infos(v: &Value) -> Vec<GroupInfo> {
         .collect()
 }
 
+/// One lane of a unit as read: its length and its groups' lines of XINFO
+/// GROUPS.
+pub(super) type LaneInfo<'a> = (u64, &'a [GroupInfo]);
+
 /// Pending and undelivered entries of `group` on one lane of `len`
 /// entries. A stream the group has not read yet gets the group at id 0 on
 /// the first read, so all of it is undelivered.
-pub(super) fn lane_counts(infos: &[GroupInfo], group: &str, len: u64) -> (u64, Option<u64>) {
+fn lane_counts(infos: &[GroupInfo], group: &str, len: u64) -> (u64, Option<u64>) {
     match infos.iter().find(|g| g.name == group) {
         Some(g) => (g.pending, g.lag),
         None => (0, Some(len)),
@@ -212,16 +216,20 @@ fn non_empty(m: &BTreeMap<String, String>, k: &str) -> Option<String> {
     m.get(k).filter(|v| !v.is_empty()).cloned()
 }
 
+/// The status of `group`'s unit `key` in `shard` from its lease token, its
+/// state hash and its lanes (primary, backfill).
 pub(super) fn status(
     key: &str,
     shard: u32,
     group: &str,
     lease: &Value,
     unit: &BTreeMap<String, String>,
-    (length, backfill_length): (u64, u64),
-    pending: u64,
-    undelivered: Option<u64>,
+    [(length, primary), (backfill_length, backfill)]: [LaneInfo<'_>; 2],
 ) -> PartitionStatus {
+    let (pending_p, lag_p) = lane_counts(primary, group, length);
+    let (pending_b, lag_b) = lane_counts(backfill, group, backfill_length);
+    let pending = pending_p + pending_b;
+    let undelivered = lag_p.zip(lag_b).map(|(a, b)| a + b);
     let token = text(lease);
     let (owner, generation) = match token.as_deref().and_then(|t| t.rsplit_once(':')) {
         Some((o, g)) => (Some(o.to_owned()), g.parse().ok()),
