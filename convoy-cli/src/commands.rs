@@ -456,30 +456,11 @@ pub fn one_line(error: &(dyn std::error::Error + 'static), urls: &[String]) -> S
     }
     for url in urls {
         text = text.replace(url.as_str(), &redact_url(url));
-        for secret in secrets(url) {
+        for secret in url_secrets(url) {
             text = text.replace(&secret, "***");
         }
     }
     Escaped(&text).to_string()
-}
-
-/// The secrets of `url` (see [`url_secrets`]); a cluster URL's
-/// (`redis+cluster://user:password@host1:port1,host2:port2/`) are those of
-/// its nodes' URLs, which carry its credentials and query.
-fn secrets(url: &str) -> Vec<String> {
-    let mut out = url_secrets(url);
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some(node_scheme) = scheme.strip_suffix("+cluster")
-    {
-        let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-        let (user, hosts) = match authority.rsplit_once('@') {
-            Some((user, hosts)) => (format!("{user}@"), hosts),
-            None => (String::new(), authority),
-        };
-        let host = hosts.split(',').next().unwrap_or_default();
-        out.extend(url_secrets(&format!("{node_scheme}://{user}{host}{tail}")));
-    }
-    out
 }
 
 /// The URLs a command would use (Redis, and PostgreSQL for the outbox

@@ -381,9 +381,16 @@ pub fn redact_url(url: &str) -> String {
 
 /// The secrets of a URL as they may appear in text quoting it: the
 /// password of its user info and the values of `pass` / `password` query
-/// parameters, each as written and percent-decoded. Empty when the URL
-/// does not parse or has none.
+/// parameters, each as written and percent-decoded (for a cluster URL,
+/// those of its nodes' URLs, which carry its credentials and query). Empty
+/// when the URL does not parse or has none.
 pub fn url_secrets(url: &str) -> Vec<String> {
+    if let Some(Ok(nodes)) = cluster_nodes(url) {
+        let mut out: Vec<String> = nodes.iter().flat_map(|n| url_secrets(n)).collect();
+        out.sort();
+        out.dedup();
+        return out;
+    }
     let Ok(parsed) = url::Url::parse(url) else {
         return Vec::new();
     };
@@ -1477,6 +1484,10 @@ mod tests {
         assert_eq!(url_secrets("redis://u:p%40ss@h/"), ["p%40ss", "p@ss"]);
         assert_eq!(url_secrets("unix:///s?pass=x%2By"), ["x%2By", "x+y"]);
         assert!(url_secrets("redis://h/").is_empty());
+        assert_eq!(
+            url_secrets("redis+cluster://u:p%40ss@h1:1,h2:2/?password=q"),
+            ["p%40ss", "p@ss", "q"]
+        );
     }
 
     #[test]

@@ -218,26 +218,44 @@ impl Conn {
 /// Runs `cmds` (each with the key it routes by) and returns their replies in
 /// order: one pipeline on a single server; on a cluster, one pipeline per
 /// hash slot, sent at once (a cluster refuses a pipeline spanning slots).
-/// Not atomic either way; a failed pipeline fails the whole call.
+/// Not atomic either way; an error reply fails the whole call.
 pub(crate) async fn query_by_slot(
     conn: &mut Conn,
     cmds: Vec<(String, redis::Cmd)>,
 ) -> redis::RedisResult<Vec<Value>> {
-    if !conn.is_cluster() {
-        let mut pipe = redis::pipe();
-        for (_, c) in &cmds {
-            pipe.add_command(c.clone());
-        }
-        return pipe.query_async(conn).await;
-    }
-    let mut slots: HashMap<Slot, (redis::Pipeline, Vec<usize>)> = HashMap::new();
+    by_slot(conn, cmds, false).await
+}
+
+/// [`query_by_slot`], but with each command's error reply in its place
+/// ([`Value::ServerError`]) rather than failing them all: for reads of keys
+/// that may be missing or hold another type (`XINFO GROUPS` of a stream not
+/// created yet).
+pub(crate) async fn read_by_slot(
+    conn: &mut Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+) -> redis::RedisResult<Vec<Value>> {
+    by_slot(conn, cmds, true).await
+}
+
+async fn by_slot(
+    conn: &mut Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+    keep_errors: bool,
+) -> redis::RedisResult<Vec<Value>> {
     let n = cmds.len();
+    let cluster = conn.is_cluster();
+    let mut slots: HashMap<Option<Slot>, (redis::Pipeline, Vec<usize>)> = HashMap::new();
     for (i, (key, c)) in cmds.into_iter().enumerate() {
-        let e = slots
-            .entry(Slot::for_key(key.as_bytes()))
-            .or_insert_with(|| (redis::pipe(), Vec::new()));
-        e.0.add_command(c);
-        e.1.push(i);
+        let slot = cluster.then(|| Slot::for_key(key.as_bytes()));
+        let (pipe, at) = slots.entry(slot).or_insert_with(|| {
+            let mut p = redis::pipe();
+            if keep_errors {
+                p.ignore_errors();
+            }
+            (p, Vec::new())
+        });
+        pipe.add_command(c);
+        at.push(i);
     }
     let runs = slots.into_values().map(|(pipe, at)| {
         let mut c = conn.clone();

@@ -101,12 +101,10 @@ pub use status::PartitionStatus;
 /// The stream operator actions are recorded in.
 pub use crate::names::AUDIT_STREAM;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
-use redis::cluster_routing::Slot;
 use serde::Serialize;
 
 use super::broker::RedisBroker;
@@ -381,44 +379,6 @@ impl Admin {
             .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
         Ok(entries(&v))
     }
-}
-
-/// Runs `cmds` (each with the key it routes by) like
-/// [`query_by_slot`], one pipeline per hash slot on a cluster, but with each
-/// command's error in its place ([`Value::ServerError`]) rather than failing
-/// them all: for reads of keys that may be missing or hold another type
-/// (`XINFO GROUPS` of a stream not created yet).
-async fn read_by_slot(
-    conn: &Conn,
-    cmds: Vec<(String, redis::Cmd)>,
-) -> redis::RedisResult<Vec<Value>> {
-    let n = cmds.len();
-    let mut slots: HashMap<Option<Slot>, (redis::Pipeline, Vec<usize>)> = HashMap::new();
-    for (i, (key, cmd)) in cmds.into_iter().enumerate() {
-        let slot = conn.is_cluster().then(|| Slot::for_key(key.as_bytes()));
-        let (pipe, at) = slots.entry(slot).or_insert_with(|| {
-            let mut p = redis::pipe();
-            p.ignore_errors();
-            (p, Vec::new())
-        });
-        pipe.add_command(cmd);
-        at.push(i);
-    }
-    let runs = slots.into_values().map(|(pipe, at)| {
-        let mut c = conn.clone();
-        async move {
-            let replies: Vec<Value> = pipe.query_async(&mut c).await?;
-            Ok::<_, redis::RedisError>((at, replies))
-        }
-    });
-    let mut out = vec![Value::Nil; n];
-    for r in futures::future::join_all(runs).await {
-        let (at, replies) = r?;
-        for (i, v) in at.into_iter().zip(replies) {
-            out[i] = v;
-        }
-    }
-    Ok(out)
 }
 
 /// Refuses a name that cannot be a category (see

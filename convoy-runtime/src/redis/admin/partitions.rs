@@ -5,8 +5,9 @@ use std::collections::HashSet;
 use redis::Value;
 use serde::Serialize;
 
+use super::super::connection::read_by_slot;
 use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
-use super::{Admin, AdminError, read_by_slot};
+use super::{Admin, AdminError};
 use crate::error::Error;
 use crate::names;
 use crate::redis::connection::query_by_slot;
@@ -182,7 +183,7 @@ impl Admin {
                 add("HGETALL", &[&unit.state]);
             }
         }
-        let values = read_by_slot(&self.conn, cmds)
+        let values = read_by_slot(&mut self.conn.clone(), cmds)
             .await
             .map_err(|e| Error::redis("failed to read partition status", e))?;
         let mut it = values.into_iter();
