@@ -449,7 +449,13 @@ impl Coordinator {
         if unknown.is_empty() {
             return;
         }
-        let target = fair_share(self.partitions + unknown.len(), self.live);
+        // The partitions known: the last heartbeat's count, or more when
+        // units were taken or seen held since (new partitions' wake-ups
+        // come before the next count), plus the new ones.
+        let known = self
+            .partitions
+            .max(self.units.len() + self.elsewhere.len());
+        let target = fair_share(known + unknown.len(), self.live);
         let owned = self.owned();
         if owned < target {
             self.acquire(unknown, target - owned, shutdown).await;
