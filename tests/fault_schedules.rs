@@ -17,7 +17,7 @@
 //! stopped), Redis frozen (`SIGSTOP`), `CLIENT PAUSE`, and through the
 //! proxy: every connection cut, all traffic paused, the replies of one of
 //! convoy's scripts (read, ack, claim, fail, acquire, release, reap,
-//! publish) or of a plain command (SET, XREAD, SMEMBERS) delayed past the
+//! publish) or of a plain command (SET, XREAD, SSCAN) delayed past the
 //! response timeout or dropped after Redis ran the request.
 //!
 //! The checks, per key, from the record server: (1) every committed event
@@ -52,6 +52,8 @@
 
 #[path = "support/faults.rs"]
 mod faults;
+#[path = "support/names.rs"]
+mod names;
 #[path = "support/record.rs"]
 mod record;
 
@@ -1015,9 +1017,9 @@ async fn evidence(
     for key in keys {
         out.push_str(&format!("\n== key {key}\n"));
         if let Some(mut c) = conn.clone() {
-            let stream = format!("faulty:{key}");
-            let unit = format!("convoy:unit:{group}:faulty:{key}");
-            let lease = format!("convoy:lease:{group}:faulty:{key}");
+            let stream = names::stream("faulty", key);
+            let unit = names::unit(group, "faulty", key);
+            let lease = names::lease(group, "faulty", key);
             let cmds: Vec<Vec<&str>> = vec![
                 vec!["GET", &lease],
                 vec!["HGETALL", &unit],

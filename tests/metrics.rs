@@ -34,7 +34,7 @@ async fn metrics_follow_the_engine() {
     })
     .await;
     let mut c = server.connection().await.expect("conn");
-    let unit = format!("convoy:unit:{}:ledger:c2", recording_group(&url));
+    let unit = names::unit(recording_group(&url), "ledger", "c2");
     wait_until(Duration::from_secs(30), "c2 halted", || {
         let mut c = c.clone();
         let unit = unit.clone();

@@ -85,16 +85,27 @@ async fn agree(
         seen.push(value);
         if start.elapsed() > WAIT {
             let mut c = server.connection().await.expect("conn");
-            let counters: (Option<u64>, Option<u64>) = redis::pipe()
-                .cmd("GET")
-                .arg(keys::published("ledger"))
-                .cmd("GET")
-                .arg(keys::acked(group, "ledger"))
-                .query_async(&mut c)
-                .await
-                .expect("counters");
+            // The counters are per shard: the category's are their sums.
+            let mut pipe = redis::pipe();
+            for s in names::shards() {
+                pipe.cmd("GET")
+                    .arg(keys::published(s, "ledger"))
+                    .cmd("GET")
+                    .arg(keys::acked(s, group, "ledger"));
+            }
+            let per_shard: Vec<Option<u64>> = pipe.query_async(&mut c).await.expect("counters");
+            let sum = |parity: usize| -> u64 {
+                per_shard
+                    .iter()
+                    .skip(parity)
+                    .step_by(2)
+                    .map(|v| v.unwrap_or(0))
+                    .sum()
+            };
+            let counters = (sum(0), sum(1));
             panic!(
-                "convoy_lag was {seen:?}, convoy partitions says {total} ({key} halted {halted}, lag {lag}); published, acknowledged: {counters:?}"
+                "convoy_lag was {seen:?}, convoy partitions says {total} ({key} halted {halted}, lag {lag}); published, acknowledged: {counters:?}; rows: {:?}",
+                report.partitions
             );
         }
     }

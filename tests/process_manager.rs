@@ -3,6 +3,9 @@
 //! Redis with several engines (no two events of one instance at once,
 //! instances in parallel, crash failover), and the init rules.
 
+#[path = "support/names.rs"]
+mod names;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
@@ -278,7 +281,7 @@ async fn states(server: &RedisServer, orders: &[&str]) -> BTreeMap<String, Fulfi
     let mut out = BTreeMap::new();
     for o in orders {
         let state: Option<String> = redis::cmd("HGET")
-            .arg(format!("convoy:pm:{}:{o}", name()))
+            .arg(convoy_runtime::redis::keys::pm_state(name(), o))
             .arg("state")
             .query_async(&mut c)
             .await
@@ -339,7 +342,7 @@ async fn on_redis_one_instance_never_runs_two_events_at_once_and_instances_run_i
     // One lease covers both categories of an instance.
     let mut c = server.connection().await.expect("conn");
     let lease: Option<String> = redis::cmd("GET")
-        .arg(format!("convoy:lease:{}:*:o1", name()))
+        .arg(names::lease(name(), "*", "o1"))
         .query_async(&mut c)
         .await
         .expect("get");
@@ -491,7 +494,7 @@ async fn a_category_stream_appearing_after_the_lease_joins_the_unit() {
     .expect("raise");
     uow.commit().await.expect("commit");
     let mut c = server.connection().await.expect("conn");
-    let lease_key = format!("convoy:lease:{}:*:o7", name());
+    let lease_key = names::lease(name(), "*", "o7");
     let start = std::time::Instant::now();
     let lease = loop {
         let l: Option<String> = redis::cmd("GET")
@@ -568,20 +571,20 @@ async fn a_drained_instance_is_reaped_across_its_categories() {
     let start = std::time::Instant::now();
     loop {
         let in_orders: bool = redis::cmd("SISMEMBER")
-            .arg("order:__partitions__")
+            .arg(names::partition_index("order", "o5"))
             .arg("o5")
             .query_async(&mut c)
             .await
             .expect("sismember");
         let in_payments: bool = redis::cmd("SISMEMBER")
-            .arg("payment:__partitions__")
+            .arg(names::partition_index("payment", "o5"))
             .arg("o5")
             .query_async(&mut c)
             .await
             .expect("sismember");
         let streams: i64 = redis::cmd("EXISTS")
-            .arg("order:o5")
-            .arg("payment:o5")
+            .arg(names::stream("order", "o5"))
+            .arg(names::stream("payment", "o5"))
             .query_async(&mut c)
             .await
             .expect("exists");

@@ -5,6 +5,9 @@
 //!
 //! The Redis cases start their own `redis-server` (`RedisServer`).
 
+#[path = "support/names.rs"]
+mod names;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -564,13 +567,13 @@ async fn an_explicit_handler_name_is_the_consumer_group_and_the_context_name() {
     .await;
     let mut conn = server.connection().await.expect("connect");
     let groups: Vec<String> = redis::cmd("SMEMBERS")
-        .arg("convoy:groups:acct")
+        .arg(names::groups("acct", "a1"))
         .query_async(&mut conn)
         .await
         .expect("groups");
     assert_eq!(groups, ["ledger-projector"]);
     let lease: Option<String> = redis::cmd("GET")
-        .arg("convoy:lease:ledger-projector:acct:a1")
+        .arg(names::lease("ledger-projector", "acct", "a1"))
         .query_async(&mut conn)
         .await
         .expect("lease");
@@ -628,7 +631,7 @@ async fn a_permanent_error_halts_a_partition_at_once_and_health_reports_it() {
     );
     let mut conn = server.connection().await.expect("connect");
     let reason: Option<String> = redis::cmd("HGET")
-        .arg("convoy:unit:ledger-projector:acct:p1")
+        .arg(names::unit("ledger-projector", "acct", "p1"))
         .arg("halt_reason")
         .query_async(&mut conn)
         .await
@@ -677,7 +680,7 @@ async fn a_permanent_error_dead_letters_an_ordinary_handler_event_at_once() {
     .await;
     let mut conn = server.connection().await.expect("connect");
     let dead: u64 = redis::cmd("XLEN")
-        .arg("note:dlq")
+        .arg(names::category_dlq("note"))
         .query_async(&mut conn)
         .await
         .expect("dlq");

@@ -120,13 +120,17 @@ fn the_readme_shows_the_rule_the_code_gives() {
 
 #[test]
 fn the_rule_names_the_categories_and_convoys_own_keys() {
-    let line = acl::setuser("app", "PASSWORD", &["order", "payment"]);
+    // A space after the last rule, so every rule is matched as a whole word.
+    let line = acl::setuser("app", "PASSWORD", &["order", "payment"]) + " ";
     for part in [
         "ACL SETUSER app reset on >PASSWORD resetkeys ",
-        " ~order ~order:* ~payment ~payment:* ~convoy:* ",
+        " ~{*}order ~{*}order:* ~order:__wake__ ~{*}payment ~{*}payment:* ~payment:__wake__ ~{*}convoy:* ~convoy:* ",
         " resetchannels -@all ",
         " +evalsha ",
         " +xreadgroup ",
+        " +sscan ",
+        " +cluster|slots ",
+        " +asking ",
     ] {
         assert!(line.contains(part), "{part:?} not in {line}");
     }

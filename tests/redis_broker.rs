@@ -181,7 +181,7 @@ async fn two_partitioned_handlers_each_see_every_event_and_streams_drain() {
             let mut total = 0usize;
             for k in 0..3 {
                 total += c
-                    .xlen::<_, usize>(format!("ledger:c{k}"))
+                    .xlen::<_, usize>(names::stream("ledger", &format!("c{k}")))
                     .await
                     .unwrap_or(1);
             }
@@ -226,7 +226,12 @@ async fn ordinary_handler_retries_then_dead_letters() {
     let mut c = server.connection().await.expect("conn");
     wait_until(WAIT, "the failing event is dead-lettered", || {
         let mut c = c.clone();
-        async move { c.xlen::<_, usize>("mail:dlq").await.unwrap_or(0) == 1 }
+        async move {
+            c.xlen::<_, usize>(names::category_dlq("mail"))
+                .await
+                .unwrap_or(0)
+                == 1
+        }
     })
     .await;
     wait_until(WAIT, "the others are handled", || async {
@@ -241,7 +246,10 @@ async fn ordinary_handler_retries_then_dead_letters() {
         ["b@1", "b@2", "b@3"],
         "1 attempt + max_retries (2)"
     );
-    let dead: redis::streams::StreamRangeReply = c.xrange_all("mail:dlq").await.expect("range");
+    let dead: redis::streams::StreamRangeReply = c
+        .xrange_all(names::category_dlq("mail"))
+        .await
+        .expect("range");
     let entry = &dead.ids[0];
     let error: String = entry.get("dlq_error").expect("error field");
     assert_eq!(error, "cannot send to b");
@@ -388,9 +396,9 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
         None,
     )
     .expect("wrap");
-    xadd(&mut c, "ledger:c1", &stray).await;
+    xadd(&mut c, &names::stream("ledger", "c1"), &stray).await;
     publish(&p, &[Posted::new("c1", 1)], Priority::Normal).await;
-    let unit = format!("convoy:unit:{}:ledger:c1", recording_group(&url));
+    let unit = names::unit(recording_group(&url), "ledger", "c1");
     wait_until(WAIT, "c1 halted on the stray entry", || async {
         let mut c = c.clone();
         let halted: Option<String> = c.hget(&unit, "halted").await.unwrap_or(None);
@@ -418,14 +426,17 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
     )
     .expect("wrap");
     foreign.category = "payment".into();
-    xadd(&mut c, "ledger", &foreign).await;
+    xadd(&mut c, &names::base_stream("ledger"), &foreign).await;
     wait_until(WAIT, "the foreign entry dead-lettered", || async {
         let mut c = c.clone();
-        c.xlen::<_, usize>("ledger:dlq").await.unwrap_or(0) == 1
+        c.xlen::<_, usize>(names::category_dlq("ledger"))
+            .await
+            .unwrap_or(0)
+            == 1
     })
     .await;
     let letters: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg("ledger:dlq")
+        .arg(names::category_dlq("ledger"))
         .arg("-")
         .arg("+")
         .query_async(&mut c)

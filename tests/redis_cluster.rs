@@ -483,7 +483,12 @@ async fn lanes_and_reaping_work_on_a_cluster() {
     publish(&p, &high, Priority::Normal).await;
     let mut c = cluster_conn(&cluster).await;
     let backfill: usize = c
-        .xlen(keys::backfill_stream(shard("c0"), "ledger", "c0", "backfill"))
+        .xlen(keys::backfill_stream(
+            shard("c0"),
+            "ledger",
+            "c0",
+            "backfill",
+        ))
         .await
         .expect("xlen");
     assert_eq!(backfill, 5, "low-priority events went to the backfill lane");

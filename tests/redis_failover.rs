@@ -86,7 +86,7 @@ async fn owner_of(server: &RedisServer, key: &str) -> Option<String> {
 async fn lease_token(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = server.connection().await.expect("conn");
     let mut it: redis::AsyncIter<'_, String> = c
-        .scan_match(format!("convoy:lease:*:ledger:{key}"))
+        .scan_match(names::lease_pattern("ledger", key))
         .await
         .expect("scan");
     let lease = it.next_item().await?.ok()?;
@@ -214,7 +214,7 @@ async fn stalled_owner_is_fenced_out() {
     );
     let mut c = server.connection().await.expect("conn");
     let gens: BTreeMap<String, String> = c
-        .hgetall(format!("convoy:unit:{}:ledger:c0", recording_group(&url)))
+        .hgetall(names::unit(recording_group(&url), "ledger", "c0"))
         .await
         .expect("unit");
     assert!(

@@ -54,10 +54,7 @@ async fn generation(server: &RedisServer, key: &str) -> u64 {
     let mut c = server.connection().await.expect("conn");
     let g: Option<String> = c
         .hget(
-            format!(
-                "convoy:unit:{}:ledger:{key}",
-                recording_group(&server.url())
-            ),
+            names::unit(recording_group(&server.url()), "ledger", key),
             "gen",
         )
         .await
@@ -294,9 +291,10 @@ async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() 
     // middle entry was deleted by hand.
     let group = recording_group(&url);
     let mut c = sut.connection().await.expect("conn");
+    let stream = names::stream("ledger", "g0");
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")
-        .arg("ledger:g0")
+        .arg(&stream)
         .arg(group)
         .arg("0")
         .query_async(&mut c)
@@ -307,19 +305,19 @@ async fn a_pending_entry_gone_from_the_stream_is_reported_not_skipped_quietly() 
         .arg(group)
         .arg("old:1")
         .arg("STREAMS")
-        .arg("ledger:g0")
+        .arg(&stream)
         .arg(">")
         .query_async(&mut c)
         .await
         .expect("read as the old owner");
     let ids: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
-        .arg("ledger:g0")
+        .arg(&stream)
         .arg("-")
         .arg("+")
         .query_async(&mut c)
         .await
         .expect("xrange");
-    let _: i64 = c.xdel("ledger:g0", &[&ids[1].0]).await.expect("xdel");
+    let _: i64 = c.xdel(&stream, &[&ids[1].0]).await.expect("xdel");
     let missing_before = counter(convoy_runtime::metrics::MISSING_ENTRIES);
 
     let engine = spawn_recording(&url, &rec, "e0");
@@ -350,6 +348,6 @@ async fn a_publisher_restarted_under_the_same_instance_id_loses_nothing() {
     // again, under the same instance id.
     publish(&publisher(test_config(&url), "p"), &later, Priority::Normal).await;
     let mut c = sut.connection().await.expect("conn");
-    let len: u64 = c.xlen("ledger:r0").await.expect("xlen");
+    let len: u64 = c.xlen(names::stream("ledger", "r0")).await.expect("xlen");
     assert_eq!(len, 6, "records of the restarted publisher were dropped");
 }

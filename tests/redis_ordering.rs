@@ -57,7 +57,7 @@ async fn owners(server: &RedisServer, keys: usize) -> BTreeMap<String, usize> {
     let mut count = BTreeMap::new();
     for k in 0..keys {
         let v: Option<String> = c
-            .get(format!("convoy:lease:{}:ledger:c{k}", group()))
+            .get(names::lease(group(), "ledger", &format!("c{k}")))
             .await
             .expect("get");
         if let Some(token) = v {
@@ -185,7 +185,7 @@ async fn poison_halts_only_its_partition() {
     })
     .await;
     let mut c = server.connection().await.expect("conn");
-    let unit = format!("convoy:unit:{}:ledger:c1", group());
+    let unit = names::unit(group(), "ledger", "c1");
     wait_halted(&c, &unit, "c1 halted").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let seen = rec.seen("c1").await.expect("seen");
@@ -205,11 +205,14 @@ async fn poison_halts_only_its_partition() {
         "1 attempt + max_retries = 2 retries"
     );
     // Nothing was dead-lettered; the head stays pending in the partition.
-    for dlq in ["ledger:dlq", "ledger:c1:dlq"] {
-        let exists: bool = c.exists(dlq).await.expect("exists");
+    for dlq in [
+        names::category_dlq("ledger"),
+        names::partition_dlq("ledger", "c1"),
+    ] {
+        let exists: bool = c.exists(&dlq).await.expect("exists");
         assert!(!exists, "{dlq} must not exist");
     }
-    let len: usize = c.xlen("ledger:c1").await.expect("xlen");
+    let len: usize = c.xlen(names::stream("ledger", "c1")).await.expect("xlen");
     assert_eq!(
         len, 7,
         "the head and everything behind it stay in the partition"
@@ -237,7 +240,10 @@ async fn primary_lane_is_drained_before_backfill() {
     publish(&p, &low, Priority::Low).await;
     publish(&p, &high, Priority::Normal).await;
     let mut c = server.connection().await.expect("conn");
-    let backfill: usize = c.xlen("ledger:c0:backfill").await.expect("xlen");
+    let backfill: usize = c
+        .xlen(names::backfill("ledger", "c0", "backfill"))
+        .await
+        .expect("xlen");
     assert_eq!(backfill, 5, "low-priority events went to the backfill lane");
     let engine = domain(
         config,
@@ -285,10 +291,13 @@ async fn drained_partition_is_reaped_and_a_racing_publish_is_consumed() {
         let mut c = c.clone();
         async move {
             let member: bool = c
-                .sismember("ledger:__partitions__", "c0")
+                .sismember(names::partition_index("ledger", "c0"), "c0")
                 .await
                 .unwrap_or(true);
-            let exists: bool = c.exists("ledger:c0").await.unwrap_or(true);
+            let exists: bool = c
+                .exists(names::stream("ledger", "c0"))
+                .await
+                .unwrap_or(true);
             !member && !exists
         }
     })
@@ -296,7 +305,7 @@ async fn drained_partition_is_reaped_and_a_racing_publish_is_consumed() {
     assert_eq!(rec.seen("c0").await.expect("seen"), vec!["c0#0", "c0#1"]);
     let mut c2 = c.clone();
     let generation: u64 = c2
-        .hget(format!("convoy:unit:{}:ledger:c0", group()), "gen")
+        .hget(names::unit(group(), "ledger", "c0"), "gen")
         .await
         .expect("generation kept");
     assert!(generation >= 1);
@@ -352,9 +361,12 @@ async fn invalid_key_at_publish_is_abandoned_and_later_rows_publish() {
         assert_eq!(r.partition_key(), Some("c0"));
     }
     let mut c = server.connection().await.expect("conn");
-    let len: usize = c.xlen("ledger:c0").await.expect("xlen");
+    let len: usize = c.xlen(names::stream("ledger", "c0")).await.expect("xlen");
     assert_eq!(len, 2);
-    let members: Vec<String> = c.smembers("ledger:__partitions__").await.expect("index");
+    // The union of every shard's index: c0 and nothing else.
+    let members = names::all_partitions(&mut c, "ledger")
+        .await
+        .expect("index");
     assert_eq!(members, vec!["c0"]);
 }
 
@@ -449,7 +461,7 @@ async fn malformed_and_unknown_entries_fail_without_crashing() {
     // not an envelope at all.
     let _: String = c
         .xadd(
-            "ledger:c9",
+            names::stream("ledger", "c9"),
             "*",
             &[
                 ("id", "x1"),
@@ -462,9 +474,12 @@ async fn malformed_and_unknown_entries_fail_without_crashing() {
         )
         .await
         .expect("xadd");
-    let _: i64 = c.sadd("ledger:__partitions__", "c9").await.expect("sadd");
+    let _: i64 = c
+        .sadd(names::partition_index("ledger", "c9"), "c9")
+        .await
+        .expect("sadd");
     let _: String = c
-        .xadd("ledger", "*", &[("garbage", "1")])
+        .xadd(names::base_stream("ledger"), "*", &[("garbage", "1")])
         .await
         .expect("xadd");
     // Good events still flow, on both paths.
@@ -478,13 +493,18 @@ async fn malformed_and_unknown_entries_fail_without_crashing() {
         seen_count(&rec).await >= 7
     })
     .await;
-    let unit = format!("convoy:unit:{}:ledger:c9", group());
+    let unit = names::unit(group(), "ledger", "c9");
     wait_halted(&c, &unit, "the unknown type halts its partition").await;
     let err: String = c.hget(&unit, "halt_error").await.expect("error");
     assert!(err.contains("unknown message type `Nope`"), "{err}");
     wait_until(WAIT, "the malformed base entry is dead-lettered", || {
         let mut c = c.clone();
-        async move { c.xlen::<_, usize>("ledger:dlq").await.unwrap_or(0) == 1 }
+        async move {
+            c.xlen::<_, usize>(names::category_dlq("ledger"))
+                .await
+                .unwrap_or(0)
+                == 1
+        }
     })
     .await;
     engine.shutdown().await.expect("shutdown");

@@ -317,8 +317,8 @@ impl CpuMark {
 }
 
 /// Lease owners of `keys` (fence token `{owner}:{generation}` in
-/// `convoy:lease:{group}:bench:{key}`): partitions per owner, and how many
-/// have no owner.
+/// `{s}convoy:lease:{group}:bench:{key}`): partitions per owner, and how
+/// many have no owner.
 pub async fn lease_owners(
     conn: &mut MultiplexedConnection,
     group: &str,
@@ -327,10 +327,7 @@ pub async fn lease_owners(
     let mut owners = BTreeMap::new();
     let mut unowned = 0;
     for chunk in keys.chunks(1000) {
-        let lease_keys: Vec<String> = chunk
-            .iter()
-            .map(|k| convoy_runtime::redis::keys::lease(group, crate::model::CATEGORY, k))
-            .collect();
+        let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
         let tokens: Vec<Option<String>> = redis::cmd("MGET")
             .arg(&lease_keys)
             .query_async(conn)
@@ -352,6 +349,14 @@ pub async fn lease_owners(
     Ok((owners, unowned))
 }
 
+/// The lease of the bench category's `key` for `group`, in the key's shard
+/// (the bench runs with the default shard count).
+fn lease_key(group: &str, key: &str) -> String {
+    use convoy_runtime::redis::keys;
+    let shard = keys::shard_of(key, keys::DEFAULT_SHARDS);
+    keys::lease(shard, group, crate::model::CATEGORY, key)
+}
+
 /// The keys whose lease `owner` holds.
 pub async fn keys_owned_by(
     conn: &mut MultiplexedConnection,
@@ -362,10 +367,7 @@ pub async fn keys_owned_by(
     let prefix = format!("{owner}:");
     let mut out = Vec::new();
     for chunk in keys.chunks(1000) {
-        let lease_keys: Vec<String> = chunk
-            .iter()
-            .map(|k| convoy_runtime::redis::keys::lease(group, crate::model::CATEGORY, k))
-            .collect();
+        let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
         let tokens: Vec<Option<String>> = redis::cmd("MGET")
             .arg(&lease_keys)
             .query_async(conn)

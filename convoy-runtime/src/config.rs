@@ -71,7 +71,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::error::Error;
-use crate::names::{DEFAULT_SHARDS, MAX_SHARDS};
 
 /// The whole configuration of a domain.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -237,6 +236,12 @@ pub struct HandlerConfig {
     /// uses, so that events wait in Redis rather than in front of the pool.
     pub concurrency: Option<usize>,
 }
+
+/// Shards per category unless configured (`[broker] shards`).
+pub const DEFAULT_SHARDS: u32 = 16;
+
+/// The most shards a category may have (Redis Cluster's slot count).
+pub const MAX_SHARDS: u32 = 16_384;
 
 /// Events of one handler in flight at once on one instance, unless
 /// `[handlers."name"] concurrency` says otherwise.

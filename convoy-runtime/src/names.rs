@@ -38,11 +38,7 @@ pub const AUDIT_STREAM: &str = "convoy:audit";
 /// Approximate cap of each category's wake stream.
 pub(crate) const WAKE_MAXLEN: u64 = 100_000;
 
-/// Shards per category unless configured (`[broker] shards`).
-pub const DEFAULT_SHARDS: u32 = 16;
-
-/// The most shards a category may have (Redis Cluster's slot count).
-pub const MAX_SHARDS: u32 = 16_384;
+pub use crate::config::{DEFAULT_SHARDS, MAX_SHARDS};
 
 /// The shard of a partition key or correlation value among `shards`:
 /// FNV-1a (64 bit) of its bytes, modulo `shards`. Fixed forever for a

@@ -86,8 +86,8 @@ pub const SCRIPTS: &[&str] = &[
     "read", "ack", "claim", "fail", "acquire", "release", "reap", "publish",
 ];
 /// The plain commands a reply fault may hit (heartbeat pipeline, wake-up
-/// reads, discovery).
-pub const COMMANDS: &[&str] = &["SET", "XREAD", "SMEMBERS"];
+/// reads, discovery: `SSCAN` of the shards' partition indexes).
+pub const COMMANDS: &[&str] = &["SET", "XREAD", "SSCAN"];
 
 /// One fault of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! the testing kit's [`Recorder`], and helpers to publish and wait.
 #![allow(dead_code, missing_docs, unreachable_pub)]
 
+pub mod names;
 pub mod pg;
 
 use std::collections::{BTreeMap, HashSet};

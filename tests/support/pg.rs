@@ -128,7 +128,7 @@ pub async fn stream_of(redis_url: &str, key: &str) -> Vec<Posted> {
         .await
         .expect("connect");
     let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("ledger:{key}"))
+        .arg(super::names::stream("ledger", key))
         .arg("-")
         .arg("+")
         .query_async(&mut conn)

@@ -211,9 +211,11 @@ fn envelope(t: &Tick) -> Result<Envelope> {
         .map_err(|e| anyhow!("encoding an envelope failed: {e}"))
 }
 
-/// The partition stream of `key` (`{category}:{key}`).
+/// The partition stream of `key` (`{s}{category}:{key}`, `s` its shard
+/// among the default shard count).
 fn stream_of(key: &str) -> String {
-    format!("{CATEGORY}:{key}")
+    use convoy_runtime::redis::keys;
+    keys::partition_stream(keys::shard_of(key, keys::DEFAULT_SHARDS), CATEGORY, key)
 }
 
 /// Runs the throughput cases, then the latency load.

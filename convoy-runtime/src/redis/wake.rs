@@ -1,5 +1,5 @@
-//! Wake-ups: right after its publish script, the publisher appends
-//! `k = {key}` to `{category}:__wake__`, and each engine follows that
+//! Wake-ups: right after its publish scripts, the publisher appends one
+//! entry `k = {key}`, `k = {key2}`, ... to `{category}:__wake__`, and each engine follows that
 //! stream with a blocking read on a dedicated connection. Idle partitions
 //! therefore cost nothing, however many there are, and new events are
 //! picked up at once.
@@ -9,6 +9,7 @@
 //! pick-up until the owner's next poll or the next heartbeat's discovery,
 //! and loses nothing.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use redis::Value;
@@ -21,25 +22,32 @@ use crate::backoff::Backoff;
 use crate::error::{Error, chain};
 use crate::names;
 
-/// Writes one wake-up per `(category, key)` (with `released`: the key's
-/// lease was just released), after the change it announces is written.
+/// Writes the wake-ups of `(category, key)` pairs (with `released`: the
+/// keys' leases were just released), after the change they announce is
+/// written: one entry per category, naming each of its keys, so an owner
+/// reads a batch's wake-ups at once.
 pub(crate) async fn hint<'a>(
     conn: &mut Conn,
     keys: impl IntoIterator<Item = (&'a str, &'a str)>,
     released: bool,
 ) -> Result<(), Error> {
-    let cmds: Vec<(String, redis::Cmd)> = keys
+    let mut by_category: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (category, key) in keys {
+        by_category.entry(category).or_default().push(key);
+    }
+    let cmds: Vec<(String, redis::Cmd)> = by_category
         .into_iter()
-        .map(|(category, key)| {
+        .map(|(category, keys)| {
             let stream = names::wake_stream(category);
             let mut c = redis::cmd("XADD");
             c.arg(&stream)
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(names::WAKE_MAXLEN)
-                .arg("*")
-                .arg("k")
-                .arg(key);
+                .arg("*");
+            for k in keys {
+                c.arg("k").arg(k);
+            }
             if released {
                 c.arg("r").arg("1");
             }

@@ -452,9 +452,7 @@ impl Coordinator {
         // The partitions known: the last heartbeat's count, or more when
         // units were taken or seen held since (new partitions' wake-ups
         // come before the next count), plus the new ones.
-        let known = self
-            .partitions
-            .max(self.units.len() + self.elsewhere.len());
+        let known = self.partitions.max(self.units.len() + self.elsewhere.len());
         let target = fair_share(known + unknown.len(), self.live);
         let owned = self.owned();
         if owned < target {
