@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use convoy_runtime::handler::{HandlerDescriptor, HandlerKind};
 use convoy_runtime::process_manager::{MemoryStateStore, StateStore};
-use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, current_test_command};
+use convoy_runtime::testing::{
+    ChildEngine, Recorder, RedisCluster, RedisServer, current_test_command,
+};
 use convoy_runtime::{
     Aggregate, Config, Context, Domain, Event, HandlerError, Message, ProcessManager,
     process_manager,
@@ -624,4 +626,97 @@ async fn a_drained_instance_is_reaped_across_its_categories() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     engine.shutdown().await.expect("shutdown");
+}
+
+#[test]
+fn a_process_manager_over_categories_with_different_shard_counts_is_an_init_error() {
+    let mut config = test_config("redis://127.0.0.1:1/");
+    config.broker.category_shards.insert("order".into(), 8);
+    let err = Domain::builder()
+        .config(config)
+        .process_manager::<Fulfilment>()
+        .init()
+        .expect_err("different shard counts")
+        .to_string();
+    assert!(err.contains("different shard counts"), "{err}");
+    assert!(err.contains("order with 8"), "{err}");
+    assert!(err.contains("payment with 16"), "{err}");
+}
+
+/// Process-manager states read through a cluster connection.
+async fn cluster_states(
+    c: &mut redis::cluster_async::ClusterConnection,
+    orders: &[&str],
+) -> BTreeMap<String, Fulfilment> {
+    let mut out = BTreeMap::new();
+    for o in orders {
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(convoy_runtime::redis::keys::pm_state(name(), o))
+            .arg("state")
+            .query_async(c)
+            .await
+            .expect("hget");
+        if let Some(s) = state {
+            out.insert(
+                (*o).to_owned(),
+                serde_json::from_str(&s).expect("state json"),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_a_correlation_value_s_streams_share_a_slot_and_instances_finish() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let url = cluster.url();
+    let a = engine_domain(&url, "ca").engine().spawn();
+    let b = engine_domain(&url, "cb").engine().spawn();
+    // Keys of their own: another test of this binary may record `o1`...
+    let orders = ["k-o1", "k-o2", "k-o3", "k-o4", "k-o5", "k-o6"];
+    let p = engine_domain(&url, "cpublisher");
+    publish(&p, interleave(&orders, 4)).await;
+    let pe = p.engine().spawn();
+    let mut c = redis::cluster::ClusterClient::new(cluster.node_urls())
+        .expect("client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
+    let want: BTreeMap<String, Fulfilment> = orders
+        .iter()
+        .map(|o| ((*o).to_owned(), expected(o, 4)))
+        .collect();
+    let start = std::time::Instant::now();
+    loop {
+        let got = cluster_states(&mut c, &orders).await;
+        if got == want {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "final states: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One lease covers both categories of a correlation value, in the
+    // value's shard, the slot of both its streams.
+    let s = names::shard("k-o1");
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(convoy_runtime::redis::keys::lease(s, name(), "*", "k-o1"))
+        .query_async(&mut c)
+        .await
+        .expect("get");
+    assert!(lease.is_some(), "k-o1 is leased as one unit");
+    for stream in [
+        names::stream("order", "k-o1"),
+        names::stream("payment", "k-o1"),
+    ] {
+        assert!(
+            stream.starts_with(&convoy_runtime::redis::keys::tag(s)),
+            "{stream}"
+        );
+    }
+    for e in [a, b, pe] {
+        e.shutdown().await.expect("shutdown");
+    }
 }
