@@ -62,6 +62,11 @@ enum Exit {
     Retired,
 }
 
+/// A unit's worker. Most units are idle most of the time, and an idle
+/// worker's task holds its whole state machine, whose size is that of its
+/// largest await; so every call that runs a script or a handler is boxed
+/// (allocated only while it runs): an idle worker's future is about 1.4 KB
+/// rather than 3.3 KB (debug build), per owned unit.
 struct Worker {
     s: Arc<Shared>,
     /// The unit and its names (shared with each acknowledgement request).
@@ -196,20 +201,20 @@ impl Worker {
     /// coordinator releases or retakes it: a lease held by a live instance
     /// always has a worker behind it.
     async fn run(mut self) -> bool {
-        let exit = match self.reclaim().await {
+        let exit = match Box::pin(self.reclaim()).await {
             Ok(()) => self.consume().await,
             Err(exit) => exit,
         };
         match exit {
             Exit::Release | Exit::Expired => {
                 // Handled entries are acknowledged (fenced) before leaving.
-                match self.flush().await {
-                    Ok(()) => !self.release().await,
+                match Box::pin(self.flush()).await {
+                    Ok(()) => !Box::pin(self.release()).await,
                     Err(Exit::Lost(why)) => {
                         self.lost(why);
                         false
                     }
-                    Err(_) => !self.release().await,
+                    Err(_) => !Box::pin(self.release()).await,
                 }
             }
             Exit::Lost(why) => {
@@ -328,7 +333,7 @@ impl Worker {
                 }
                 // An operator un-halts by skipping or dead-lettering the head,
                 // which also wakes the unit.
-                if !self.still_halted().await {
+                if !Box::pin(self.still_halted()).await {
                     tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "partition un-halted; resuming");
                     self.set_halted(false);
                     self.head = None;
@@ -336,13 +341,13 @@ impl Worker {
                 pending_mode = true;
                 continue;
             }
-            if let Err(exit) = self.flush().await {
+            if let Err(exit) = Box::pin(self.flush()).await {
                 return exit;
             }
             let read = if std::mem::take(&mut drained) {
                 Ok(None)
             } else {
-                self.read(pending_mode).await
+                Box::pin(self.read(pending_mode)).await
             };
             let (at, batch) = match read {
                 Ok(Some(b)) => {
@@ -358,7 +363,7 @@ impl Worker {
                     self.idle.store(true, Ordering::Relaxed);
                     let reap_in = reap_idle.saturating_sub(last_active.elapsed());
                     if reap_in.is_zero() {
-                        match self.reap().await {
+                        match Box::pin(self.reap()).await {
                             Ok(true) => return Exit::Retired,
                             Ok(false) => last_active = Instant::now(),
                             Err(exit) => return exit,
@@ -374,7 +379,7 @@ impl Worker {
                 }
                 Err(ReadError::Refused(why)) => return Exit::Lost(why),
                 Err(ReadError::NotAStream { stream, kind }) => {
-                    if let Err(exit) = self.halt_unit(&stream, &kind).await {
+                    if let Err(exit) = Box::pin(self.halt_unit(&stream, &kind)).await {
                         return exit;
                     }
                     continue;
@@ -397,7 +402,7 @@ impl Worker {
             self.batch_left = batch.len();
             for entry in batch {
                 self.batch_left -= 1;
-                match self.process(at, &entry).await {
+                match Box::pin(self.process(at, &entry)).await {
                     Step::Done => last_active = Instant::now(),
                     Step::Halted => {
                         pending_mode = true;
