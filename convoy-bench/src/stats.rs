@@ -316,9 +316,23 @@ impl CpuMark {
     }
 }
 
+/// The lease key of the benchmark handler's unit `key` (in the key's
+/// shard, `{s}convoy:lease:{group}:bench:{key}`).
+pub fn lease_key(group: &str, key: &str) -> String {
+    use convoy_runtime::redis::keys;
+    let shards = crate::harness::shards();
+    keys::lease(
+        keys::shard_of(key, shards),
+        group,
+        crate::model::CATEGORY,
+        key,
+    )
+}
+
 /// Lease owners of `keys` (fence token `{owner}:{generation}` in
-/// `convoy:lease:{group}:bench:{key}`): partitions per owner, and how many
-/// have no owner.
+/// [`lease_key`]): partitions per owner, and how many have no owner. One
+/// `MGET` per 1000 keys, so on one Redis only (the keys are in different
+/// hash slots).
 pub async fn lease_owners(
     conn: &mut MultiplexedConnection,
     group: &str,
@@ -327,10 +341,7 @@ pub async fn lease_owners(
     let mut owners = BTreeMap::new();
     let mut unowned = 0;
     for chunk in keys.chunks(1000) {
-        let lease_keys: Vec<String> = chunk
-            .iter()
-            .map(|k| convoy_runtime::redis::keys::lease(group, crate::model::CATEGORY, k))
-            .collect();
+        let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
         let tokens: Vec<Option<String>> = redis::cmd("MGET")
             .arg(&lease_keys)
             .query_async(conn)
@@ -362,10 +373,7 @@ pub async fn keys_owned_by(
     let prefix = format!("{owner}:");
     let mut out = Vec::new();
     for chunk in keys.chunks(1000) {
-        let lease_keys: Vec<String> = chunk
-            .iter()
-            .map(|k| convoy_runtime::redis::keys::lease(group, crate::model::CATEGORY, k))
-            .collect();
+        let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
         let tokens: Vec<Option<String>> = redis::cmd("MGET")
             .arg(&lease_keys)
             .query_async(conn)
