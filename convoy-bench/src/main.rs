@@ -18,6 +18,7 @@
 
 mod baseline;
 mod harness;
+mod heap;
 mod model;
 mod report;
 mod scenario;

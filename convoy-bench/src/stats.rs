@@ -28,6 +28,11 @@ const MEASUREMENT_COMMANDS: &[&str] = &[
 /// separately by Redis as well.
 const SCRIPT_COMMANDS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
 
+/// Whether `name` (lower case, as in commandstats) runs a script.
+pub fn is_script(name: &str) -> bool {
+    SCRIPT_COMMANDS.contains(&name)
+}
+
 /// Calls and server time of one command.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CommandCost {
@@ -238,6 +243,35 @@ pub async fn redis_cpu_s(conn: &mut MultiplexedConnection) -> Result<f64> {
         }
     }
     Ok(total)
+}
+
+/// `used_memory` of `INFO memory`: bytes the Redis allocator holds for
+/// data and buffers.
+pub async fn used_memory(conn: &mut MultiplexedConnection) -> Result<u64> {
+    let text: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .context("INFO memory failed")?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("used_memory:"))
+        .ok_or_else(|| anyhow!("INFO memory has no used_memory"))?
+        .parse()
+        .context("used_memory is not a number")
+}
+
+/// `MEMORY USAGE key SAMPLES 0`: the bytes of one key (its name, value and
+/// entry in the keyspace, every element counted); `None` when it does not
+/// exist.
+pub async fn memory_usage(conn: &mut MultiplexedConnection, key: &str) -> Result<Option<u64>> {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("MEMORY USAGE {key} failed"))
 }
 
 /// The Redis server's version string.
