@@ -4,6 +4,7 @@
 //! fresh PostgreSQL database).
 
 pub mod balance;
+pub mod cluster;
 pub mod failover;
 pub mod idle;
 pub mod latency;
