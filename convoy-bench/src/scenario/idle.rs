@@ -37,6 +37,11 @@ pub struct IdleArgs {
     /// New events published one at a time on idle partitions afterwards.
     #[arg(long, default_value_t = 10)]
     pub pickups: usize,
+    /// Seconds between the last partition drained and the idle window (the
+    /// drain's trims free memory that Redis's allocator hands back to the
+    /// system over about ten seconds, with CPU of its own).
+    #[arg(long, default_value_t = 15)]
+    pub settle_secs: u64,
     /// Partitions whose keys are measured one by one with `MEMORY USAGE`.
     #[arg(long, default_value_t = 200)]
     pub memory_samples: usize,
@@ -152,10 +157,11 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
     section.param(
         "convoy",
         format!(
-            "1 engine owning P partitions ({} shards), each drained (its one event handled), {}; measured for {} s",
+            "1 engine owning P partitions ({} shards), each drained (its one event handled), {}; measured for {} s, from {} s after the last partition drained",
             harness::shards(),
             lease.describe_lease(),
-            args.idle_secs
+            args.idle_secs,
+            args.settle_secs + 2
         ),
     );
     section.param(
@@ -421,6 +427,7 @@ async fn convoy_side(
     let heap = heap_before.zip(Heap::now()).map(|(b, a)| a.since(&b));
     let rss = heap::rss_bytes()? as i64 - rss_before as i64;
     let drained = memory(env, p, empty, &samples).await?;
+    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
     progress(
         "idle",
         format!(
