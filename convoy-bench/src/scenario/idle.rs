@@ -195,6 +195,7 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
     let b_beats = b.seconds / heartbeat_s;
     let mut reference: Option<(usize, f64, f64, f64)> = None;
     let mut breakdown = Vec::new();
+    let mut server_time = Vec::new();
     let mut sent = vec![requests_row("baseline", &b)];
     let mut memory_rows = Vec::new();
     for &p in &ps {
@@ -217,6 +218,11 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
         let (ref_p, ref_calls, ref_cpu, ref_cmd) =
             *reference.get_or_insert((p, calls, cpu_ms, cmd_us));
         sent.push(requests_row(&case, &c.idle));
+        server_time.push(
+            std::iter::once(case.clone())
+                .chain(c.idle.stats.top_usec_per(8, beats))
+                .collect(),
+        );
         breakdown.push(
             std::iter::once(case.clone())
                 .chain(c.idle.stats.top_per(8, c.idle.seconds))
@@ -351,6 +357,11 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
         "convoy idle: Redis calls per second by command (inside scripts included), most first",
         "case",
         breakdown,
+    ));
+    section.tables.push(Table::breakdown(
+        "convoy idle: Redis server time per heartbeat by command, µs (INFO commandstats usec), most first",
+        "case",
+        server_time,
     ));
     section.tables.push(Table::breakdown(
         "requests per second by command (MONITOR: what clients sent, scripts' own commands left out), most first",
