@@ -289,3 +289,17 @@ async fn child_engine(url: &str, args: &EngineArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow!("child engine failed: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        // `all` flattens every scenario's options: a name used twice would
+        // only show up here (clap checks in debug builds: `cargo test`).
+        Cli::command().debug_assert();
+    }
+}

@@ -25,24 +25,24 @@ use crate::stats::{self, CommandStats, CpuMark, CpuUse};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ClusterArgs {
     /// Events per case, pre-published before the consumers start.
-    #[arg(long = "cluster-events", default_value_t = 100_000)]
-    pub events: usize,
+    #[arg(long, default_value_t = 100_000)]
+    pub cluster_events: usize,
     /// Keys K the events are spread over.
-    #[arg(long = "cluster-keys", default_value_t = 1024)]
-    pub keys: usize,
+    #[arg(long, default_value_t = 1024)]
+    pub cluster_keys: usize,
     /// Masters of the cluster (no replicas).
     #[arg(long, default_value_t = 3)]
     pub masters: usize,
     /// Engine instances (the baseline runs as many consumers).
-    #[arg(long = "cluster-instances", default_value_t = 1)]
-    pub instances: usize,
+    #[arg(long, default_value_t = 1)]
+    pub cluster_instances: usize,
     /// `max_unacked` values convoy runs with (comma separated).
-    #[arg(long = "cluster-max-unacked", value_delimiter = ',', default_values_t = [1usize, 100])]
-    pub max_unacked: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100])]
+    pub cluster_max_unacked: Vec<usize>,
     /// Longest one side of one case may run before it is stopped and its
     /// rate taken from what it handled.
-    #[arg(long = "cluster-timeout-secs", default_value_t = 120)]
-    pub timeout_secs: u64,
+    #[arg(long, default_value_t = 120)]
+    pub cluster_timeout_secs: u64,
 }
 
 /// One Redis node the benchmark reads counters from.
@@ -193,10 +193,10 @@ impl Side {
 /// Runs both targets, convoy once per `max_unacked` and the baseline once
 /// per target.
 pub async fn run(env: &mut Env, args: &ClusterArgs) -> Result<Section> {
-    if args.events == 0 || args.keys == 0 || args.instances == 0 {
+    if args.cluster_events == 0 || args.cluster_keys == 0 || args.cluster_instances == 0 {
         bail!("--cluster-events, --cluster-keys and --cluster-instances must be above 0");
     }
-    if args.max_unacked.is_empty() || args.max_unacked.contains(&0) {
+    if args.cluster_max_unacked.is_empty() || args.cluster_max_unacked.contains(&0) {
         bail!("--cluster-max-unacked needs values above 0");
     }
     let masters = args.masters;
@@ -219,8 +219,8 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
     let shards = harness::shards();
     let base = Tuning::defaults();
     let mut section = Section::new("cluster");
-    section.param("events per case (N)", args.events);
-    section.param("keys (K)", args.keys);
+    section.param("events per case (N)", args.cluster_events);
+    section.param("keys (K)", args.cluster_keys);
     section.param(
         "targets",
         format!(
@@ -232,7 +232,7 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
         "convoy",
         format!(
             "N events over K keys pre-published through the outbox; {} in-process engine(s), {} shards, {}",
-            args.instances,
+            args.cluster_instances,
             shards,
             base.describe_lease()
         ),
@@ -241,11 +241,14 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
         "baseline",
         format!(
             "the same envelopes XADDed to one plain stream, {} consumer(s), XREADGROUP COUNT {} + one multi-id XACK per batch; on the cluster the stream is one key, so it lives on one master",
-            args.instances,
+            args.cluster_instances,
             baseline::BATCH
         ),
     );
-    section.param("convoy max_unacked (mu)", format!("{:?}", args.max_unacked));
+    section.param(
+        "convoy max_unacked (mu)",
+        format!("{:?}", args.cluster_max_unacked),
+    );
     let mut one = Target {
         name: "one node".into(),
         url: env.url.clone(),
@@ -263,7 +266,7 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
             .collect::<Vec<_>>()
             .join(", "),
     );
-    let timeout = Duration::from_secs(args.timeout_secs);
+    let timeout = Duration::from_secs(args.cluster_timeout_secs);
     let mut load_rows = Vec::new();
     let mut rates: BTreeMap<(usize, &str), f64> = BTreeMap::new();
     let mut baseline_rates: BTreeMap<&str, f64> = BTreeMap::new();
@@ -276,7 +279,7 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
         );
         baseline_rates.insert(tag, b.rate());
         push_load(&mut load_rows, target, "baseline", &b);
-        for &mu in &args.max_unacked {
+        for &mu in &args.cluster_max_unacked {
             let case = format!("{} mu={mu}", target.name);
             progress("cluster", format!("{case}: convoy"));
             let c = convoy_side(target, args, base.with_max_unacked(mu), timeout).await?;
@@ -285,11 +288,18 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
                 format!("{case}: convoy {:.0} events/s", c.rate()),
             );
             rates.insert((mu, tag), c.rate());
-            push_rows(&mut section, &case, &c, &b, args.events, tag == "cluster");
+            push_rows(
+                &mut section,
+                &case,
+                &c,
+                &b,
+                args.cluster_events,
+                tag == "cluster",
+            );
             push_load(&mut load_rows, target, &format!("convoy mu={mu}"), &c);
         }
     }
-    for &mu in &args.max_unacked {
+    for &mu in &args.cluster_max_unacked {
         let (Some(c1), Some(cn), Some(b1), Some(bn)) = (
             rates.get(&(mu, "one")),
             rates.get(&(mu, "cluster")),
@@ -512,7 +522,7 @@ async fn convoy_side(
     tuning: Tuning,
     timeout: Duration,
 ) -> Result<Side> {
-    let (n, k) = (args.events, args.keys);
+    let (n, k) = (args.cluster_events, args.cluster_keys);
     target.reset().await?;
     let state = ProbeState::new();
     let publisher = harness::publisher(&target.url)?;
@@ -524,7 +534,7 @@ async fn convoy_side(
     let before = target.counters().await?;
     let process = stats::process_cpu_s()?;
     let start = Instant::now();
-    let engines = harness::start_engines(&target.url, tuning, "e", args.instances, &state)?;
+    let engines = harness::start_engines(&target.url, tuning, "e", args.cluster_instances, &state)?;
     let done = harness::wait_for(timeout, Duration::from_millis(1), || {
         state.handled() >= n as u64
     })
@@ -548,7 +558,7 @@ async fn convoy_side(
 }
 
 async fn baseline_side(target: &mut Target, args: &ClusterArgs, timeout: Duration) -> Result<Side> {
-    let (n, k) = (args.events, args.keys);
+    let (n, k) = (args.cluster_events, args.cluster_keys);
     target.reset().await?;
     let state = ProbeState::new();
     let url = target.nodes[target.baseline_node].url.clone();
@@ -567,7 +577,7 @@ async fn baseline_side(target: &mut Target, args: &ClusterArgs, timeout: Duratio
     let consumers = baseline::start_consumers(
         &client,
         "c",
-        args.instances,
+        args.cluster_instances,
         Duration::from_millis(100),
         &state,
         &stop,
