@@ -88,6 +88,12 @@ pub fn config(url: &str, tuning: Tuning) -> Config {
     c
 }
 
+/// The benchmark category's shard count (`[broker] shards`, convoy's
+/// default: [`config`] leaves it as it is).
+pub fn shards() -> u32 {
+    Config::default().broker.shards_of(crate::model::CATEGORY)
+}
+
 static PUBLISHERS: AtomicU64 = AtomicU64::new(0);
 
 /// A domain that only publishes (it runs no handler). Each gets a new

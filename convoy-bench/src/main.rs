@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run --release -p convoy-bench -- all
 //! cargo run --release -p convoy-bench -- throughput --keys 64 --instances 1 --json
+//! cargo run --release -p convoy-bench -- idle --partitions 100,10000,100000,1000000
+//! cargo run --release -p convoy-bench -- cluster
 //! cargo run --release -p convoy-bench -- pg-outbox
 //! ```
 //!
@@ -18,6 +20,7 @@
 
 mod baseline;
 mod harness;
+mod heap;
 mod model;
 mod report;
 mod scenario;
@@ -32,6 +35,7 @@ use convoy_runtime::testing::RedisServer;
 use crate::report::{Report, Section};
 use crate::scenario::Env;
 use crate::scenario::balance::BalanceArgs;
+use crate::scenario::cluster::ClusterArgs;
 use crate::scenario::failover::{FailoverArgs, LeaseArgs};
 use crate::scenario::idle::IdleArgs;
 use crate::scenario::latency::LatencyArgs;
@@ -82,6 +86,9 @@ enum Scenario {
         #[command(flatten)]
         lease: LeaseArgs,
     },
+    /// The same events on one Redis and on a Redis Cluster started here:
+    /// events/s of each and the commands per master.
+    Cluster(ClusterArgs),
     /// The PostgreSQL outbox against a hand-written one: commit-to-published
     /// events/s and commit-to-handled p50/p99 (starts its own PostgreSQL;
     /// not part of `all`).
@@ -99,6 +106,8 @@ enum Scenario {
         failover: FailoverArgs,
         #[command(flatten)]
         balance: BalanceArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         #[command(flatten)]
         lease: LeaseArgs,
     },
@@ -207,6 +216,10 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
             let t = Instant::now();
             timed(scenario::balance::run(&mut env, args, *lease).await, t)?;
         }
+        Scenario::Cluster(a) => {
+            let t = Instant::now();
+            timed(scenario::cluster::run(&mut env, a).await, t)?;
+        }
         Scenario::PgOutbox(a) => {
             let t = Instant::now();
             timed(scenario::pg_outbox::run(&mut env, a).await, t)?;
@@ -217,6 +230,7 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
             idle,
             failover,
             balance,
+            cluster,
             lease,
         } => {
             let t = Instant::now();
@@ -229,6 +243,8 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
             timed(scenario::failover::run(&mut env, failover, *lease).await, t)?;
             let t = Instant::now();
             timed(scenario::balance::run(&mut env, balance, *lease).await, t)?;
+            let t = Instant::now();
+            timed(scenario::cluster::run(&mut env, cluster).await, t)?;
         }
         Scenario::Engine(_) => bail!("the engine subcommand runs on its own"),
     }
@@ -272,4 +288,18 @@ async fn child_engine(url: &str, args: &EngineArgs) -> Result<()> {
         })
         .await
         .map_err(|e| anyhow!("child engine failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        // `all` flattens every scenario's options: a name used twice would
+        // only show up here (clap checks in debug builds: `cargo test`).
+        Cli::command().debug_assert();
+    }
 }

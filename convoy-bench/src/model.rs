@@ -108,6 +108,10 @@ pub struct ProbeState {
     /// Whether [`ProbeState::record`] logs every event with its time
     /// (off by default: the throughput scenarios do not pay for it).
     log_handled: AtomicBool,
+    /// Whether [`ProbeState::record`] leaves the per-key map out (the idle
+    /// scenario measures the engine's memory per unit: a map entry per key
+    /// in the benchmark's own state would count against it).
+    untracked: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -126,6 +130,34 @@ struct Inner {
     longest_pause: Duration,
     /// `(key, seq, now_ns())` of every handled event, when logging.
     handled_log: Vec<(String, u64, u64)>,
+}
+
+impl Inner {
+    /// Records `e` in the per-key map, counting order breaks.
+    fn track(&mut self, e: &Tick, at: Instant) {
+        match self.keys.get_mut(&e.client_id) {
+            Some(k) => {
+                if e.seq < k.last_seq {
+                    self.decreases += 1;
+                } else if e.seq == k.last_seq {
+                    self.reruns += 1;
+                }
+                k.last_seq = k.last_seq.max(e.seq);
+                k.last_at = at;
+                k.count += 1;
+            }
+            None => {
+                self.keys.insert(
+                    e.client_id.clone(),
+                    KeySeen {
+                        last_seq: e.seq,
+                        last_at: at,
+                        count: 1,
+                    },
+                );
+            }
+        }
+    }
 }
 
 /// The per-key order check of a run.
@@ -156,6 +188,14 @@ impl ProbeState {
         Arc::new(Self::default())
     }
 
+    /// A fresh state that counts handled events and latencies only, with
+    /// no per-key record (so no per-key order check).
+    pub fn counting_only() -> Arc<Self> {
+        let s = Self::default();
+        s.untracked.store(true, Ordering::Relaxed);
+        Arc::new(s)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -168,27 +208,8 @@ impl ProbeState {
         {
             let mut g = self.lock();
             let inner = &mut *g;
-            match inner.keys.get_mut(&e.client_id) {
-                Some(k) => {
-                    if e.seq < k.last_seq {
-                        inner.decreases += 1;
-                    } else if e.seq == k.last_seq {
-                        inner.reruns += 1;
-                    }
-                    k.last_seq = k.last_seq.max(e.seq);
-                    k.last_at = at;
-                    k.count += 1;
-                }
-                None => {
-                    inner.keys.insert(
-                        e.client_id.clone(),
-                        KeySeen {
-                            last_seq: e.seq,
-                            last_at: at,
-                            count: 1,
-                        },
-                    );
-                }
+            if !self.untracked.load(Ordering::Relaxed) {
+                inner.track(e, at);
             }
             if let Some(l) = latency {
                 inner.latencies_ns.push(l);

@@ -28,6 +28,11 @@ const MEASUREMENT_COMMANDS: &[&str] = &[
 /// separately by Redis as well.
 const SCRIPT_COMMANDS: &[&str] = &["evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"];
 
+/// Whether `name` (lower case, as in commandstats) runs a script.
+pub fn is_script(name: &str) -> bool {
+    SCRIPT_COMMANDS.contains(&name)
+}
+
 /// Calls and server time of one command.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CommandCost {
@@ -240,6 +245,35 @@ pub async fn redis_cpu_s(conn: &mut MultiplexedConnection) -> Result<f64> {
     Ok(total)
 }
 
+/// `used_memory` of `INFO memory`: bytes the Redis allocator holds for
+/// data and buffers.
+pub async fn used_memory(conn: &mut MultiplexedConnection) -> Result<u64> {
+    let text: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .context("INFO memory failed")?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("used_memory:"))
+        .ok_or_else(|| anyhow!("INFO memory has no used_memory"))?
+        .parse()
+        .context("used_memory is not a number")
+}
+
+/// `MEMORY USAGE key SAMPLES 0`: the bytes of one key (its name, value and
+/// entry in the keyspace, every element counted); `None` when it does not
+/// exist.
+pub async fn memory_usage(conn: &mut MultiplexedConnection, key: &str) -> Result<Option<u64>> {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("MEMORY USAGE {key} failed"))
+}
+
 /// The Redis server's version string.
 pub async fn redis_version(conn: &mut MultiplexedConnection) -> Result<String> {
     let text: String = redis::cmd("INFO")
@@ -316,9 +350,23 @@ impl CpuMark {
     }
 }
 
+/// The lease key of the benchmark handler's unit `key` (in the key's
+/// shard, `{s}convoy:lease:{group}:bench:{key}`).
+pub fn lease_key(group: &str, key: &str) -> String {
+    use convoy_runtime::redis::keys;
+    let shards = crate::harness::shards();
+    keys::lease(
+        keys::shard_of(key, shards),
+        group,
+        crate::model::CATEGORY,
+        key,
+    )
+}
+
 /// Lease owners of `keys` (fence token `{owner}:{generation}` in
-/// `{s}convoy:lease:{group}:bench:{key}`): partitions per owner, and how
-/// many have no owner.
+/// [`lease_key`]): partitions per owner, and how many have no owner. One
+/// `MGET` per 1000 keys, so on one Redis only (the keys are in different
+/// hash slots).
 pub async fn lease_owners(
     conn: &mut MultiplexedConnection,
     group: &str,
@@ -347,14 +395,6 @@ pub async fn lease_owners(
         }
     }
     Ok((owners, unowned))
-}
-
-/// The lease of the bench category's `key` for `group`, in the key's shard
-/// (the bench runs with the default shard count).
-fn lease_key(group: &str, key: &str) -> String {
-    use convoy_runtime::redis::keys;
-    let shard = keys::shard_of(key, keys::DEFAULT_SHARDS);
-    keys::lease(shard, group, crate::model::CATEGORY, key)
 }
 
 /// The keys whose lease `owner` holds.

@@ -72,7 +72,7 @@ pub async fn run(env: &mut Env, args: &BalanceArgs, lease: LeaseArgs) -> Result<
     );
     section.param(
         "ownership",
-        "counted from the {s}convoy:lease:{group}:bench:{key} keys (MGET), every sample",
+        "counted from the lease keys {s}convoy:lease:{group}:bench:{key} (MGET), every sample",
     );
 
     env.reset().await?;

@@ -4,6 +4,7 @@
 //! fresh PostgreSQL database).
 
 pub mod balance;
+pub mod cluster;
 pub mod failover;
 pub mod idle;
 pub mod latency;
@@ -34,7 +35,7 @@ impl Env {
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).context("invalid Redis URL")?;
         let admin = client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&admin_config())
             .await
             .with_context(|| format!("cannot connect to {url}"))?;
         let group = crate::harness::probe_group(&crate::harness::publisher(url)?)?;
@@ -59,6 +60,14 @@ impl Env {
     pub async fn stats(&mut self) -> Result<CommandStats> {
         CommandStats::read(&mut self.admin).await
     }
+}
+
+/// The measuring connections' settings: `FLUSHDB` of millions of keys and
+/// `MEMORY USAGE` of a large set take longer than redis-rs's default
+/// response timeout (500 ms).
+pub fn admin_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(120)))
 }
 
 /// Prints progress on stderr (stdout carries the results).

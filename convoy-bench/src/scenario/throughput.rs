@@ -343,7 +343,7 @@ async fn baseline_side(
 }
 
 /// The order verdict, plus completeness: every key reached its last seq.
-fn check(state: &ProbeState, k: usize, n: usize) -> (String, bool) {
+pub fn check(state: &ProbeState, k: usize, n: usize) -> (String, bool) {
     let order = state.order();
     let mut incomplete = 0;
     for i in 0..k {
