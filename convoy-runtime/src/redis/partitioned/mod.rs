@@ -156,6 +156,8 @@ pub(crate) struct UnitHandle {
     pub(crate) stop: CancellationToken,
     pub(crate) idle: Arc<AtomicBool>,
     pub(crate) task: JoinHandle<()>,
+    /// The coordinator asked it to stop and give the unit up (rebalancing).
+    pub(crate) moving: bool,
 }
 
 /// Discovers, leases and shares the units of one handler.
@@ -186,6 +188,11 @@ pub(crate) struct Coordinator {
     rescan: bool,
     /// Units taken since the current pass over the indexes began.
     pass_taken: usize,
+    /// Units in `units` being moved away (stopped by the coordinator, not
+    /// yet ended).
+    moving: usize,
+    /// Heartbeats so far.
+    heartbeats: u32,
     /// Full discovery goes on at least until then (leases of an instance
     /// that just went lapse with its liveness, maybe a little later).
     rescan_until: Option<Instant>,
@@ -195,6 +202,9 @@ pub(crate) struct Coordinator {
     partitions: usize,
     warned: bool,
 }
+
+/// Heartbeats between two sweeps for workers that ended unreported.
+const PRUNE_EVERY: u32 = 16;
 
 /// The most index entries one heartbeat's discovery reads.
 const SCAN_BUDGET: usize = 16_384;
@@ -237,6 +247,8 @@ impl Coordinator {
             scan: (0, 0),
             rescan: true,
             pass_taken: 0,
+            moving: 0,
+            heartbeats: 0,
             rescan_until: None,
             instances: Vec::new(),
             live: 1,
@@ -311,6 +323,7 @@ impl Coordinator {
         for u in self.units.values() {
             u.stop.cancel();
         }
+        self.moving = 0;
         for (_, u) in self.units.drain() {
             let _ = u.task.await;
         }
@@ -328,8 +341,10 @@ impl Coordinator {
             .units
             .get(&exit.key)
             .is_some_and(|u| u.token == exit.token)
+            && let Some(u) = self.units.remove(&exit.key)
+            && u.moving
         {
-            self.units.remove(&exit.key);
+            self.moving -= 1;
         }
     }
 
@@ -425,12 +440,22 @@ impl Coordinator {
         self.rescan_until = Some(Instant::now() + how_long);
     }
 
+    /// Drops the handles of workers that ended without reporting (a
+    /// panicked worker sends no exit). O(units): every [`PRUNE_EVERY`]
+    /// heartbeats, not on the wake-up path.
     fn prune(&mut self) {
-        self.units.retain(|_, u| !u.task.is_finished());
+        let mut moved = 0;
+        self.units.retain(|_, u| {
+            let keep = !u.task.is_finished();
+            if !keep && u.moving {
+                moved += 1;
+            }
+            keep
+        });
+        self.moving -= moved;
     }
 
     async fn on_wake(&mut self, wakes: Vec<wake::Wake>, shutdown: &CancellationToken) {
-        self.prune();
         let mut unknown = Vec::new();
         let mut seen = HashSet::new();
         for w in wakes {
@@ -460,11 +485,9 @@ impl Coordinator {
         }
     }
 
+    /// Units this instance owns and keeps (not being moved away). O(1).
     fn owned(&self) -> usize {
-        self.units
-            .values()
-            .filter(|u| !u.stop.is_cancelled())
-            .count()
+        self.units.len() - self.moving
     }
 
     /// One heartbeat: renew liveness, count live instances, discover,
@@ -472,7 +495,10 @@ impl Coordinator {
     /// Returns whether to run again soon (not at the next tick): discovery
     /// is taking units and has more to find.
     async fn cycle(&mut self, shutdown: &CancellationToken) -> bool {
-        self.prune();
+        self.heartbeats = self.heartbeats.wrapping_add(1);
+        if self.heartbeats % PRUNE_EVERY == 0 {
+            self.prune();
+        }
         let s = self.shared.clone();
         let renewed = match self.heartbeat().await {
             Ok(r) => r,
@@ -546,12 +572,14 @@ impl Coordinator {
             // Idle units first; a unit moves only after its worker finished
             // the event in flight and released the lease.
             for idle_first in [true, false] {
-                for u in self.units.values() {
+                for u in self.units.values_mut() {
                     if surplus == 0 {
                         break;
                     }
-                    if !u.stop.is_cancelled() && u.idle.load(Ordering::Relaxed) == idle_first {
+                    if !u.moving && u.idle.load(Ordering::Relaxed) == idle_first {
                         u.stop.cancel();
+                        u.moving = true;
+                        self.moving += 1;
                         surplus -= 1;
                     }
                 }
@@ -744,6 +772,7 @@ impl Coordinator {
             u.wake.notify_one();
         }
         crate::metrics::lost(s.group(), self.units.len());
+        self.moving = 0;
         for (_, u) in self.units.drain() {
             let _ = u.task.await;
         }
@@ -889,7 +918,9 @@ impl Coordinator {
                     taken.head,
                     shutdown.child_token(),
                 );
-                self.units.insert(key, handle);
+                if self.units.insert(key, handle).is_some_and(|old| old.moving) {
+                    self.moving -= 1;
+                }
             }
         }
     }

@@ -144,6 +144,7 @@ pub(super) fn spawn(
         wake: w.wake.clone(),
         stop: w.stop.clone(),
         idle: w.idle.clone(),
+        moving: false,
         task: tokio::spawn(async move {
             let exits = w.s.exits.clone();
             let key = w.unit.key.clone();
