@@ -106,6 +106,23 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
     let rec = Recorder::new(&record.url(), "three").expect("recorder");
+    let engines: Vec<ChildEngine> = ["a", "b", "c"]
+        .iter()
+        .map(|i| spawn_engine(&url, &record.url(), "three", i, 3))
+        .collect();
+    // All three are live before anything is published, so they share the
+    // keys from the start (one would otherwise take them all and finish).
+    let mut c = cluster_conn(&cluster).await;
+    let instances = keys::instances(recording_group(&url));
+    wait_until(WAIT, "three live engines", || {
+        let mut c = c.clone();
+        let instances = instances.clone();
+        async move {
+            let n: usize = c.zcard(&instances).await.unwrap_or(0);
+            n == 3
+        }
+    })
+    .await;
     let events = interleaved(24, 12);
     publish(
         &publisher(cluster_config(&url), "p"),
@@ -113,10 +130,6 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
         Priority::Normal,
     )
     .await;
-    let engines: Vec<ChildEngine> = ["a", "b", "c"]
-        .iter()
-        .map(|i| spawn_engine(&url, &record.url(), "three", i, 3))
-        .collect();
     let expected = published(&events);
     wait_until(WAIT, "every event handled", || all_seen(&rec, &expected)).await;
     let seen = rec.seen_all().await.expect("seen");

@@ -8,9 +8,11 @@
 -- removed from the stream (so a drained partition is empty and can be
 -- reaped).
 --
--- KEYS[5r+1 .. 5r+5] for request r (from 0): lease, stream, unit state
+-- KEYS[6r+1 .. 6r+6] for request r (from 0): lease, stream, unit state
 -- hash, the category's set of registered groups, the group's acknowledged
--- count (for lag); the last KEY is the owner's liveness key
+-- count (for lag), the owner's liveness key in the unit's shard (on a
+-- cluster every request of a call is in one shard; on one server a call
+-- may span shards)
 -- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, the
 -- owner's incarnation, flags ('h': the head had failures, clear them; 'a':
 -- record the unit's last activity; 't': trim what every group consumed;
@@ -24,8 +26,17 @@
 -- Returns {1, per request: a refusal (see fence.lua) when fenced out, else
 -- the number of entries acknowledged}.
 local group = ARGV[1]
-local live = redis.call('GET', KEYS[#KEYS])
 local now = ARGV[2]
+-- What each liveness key holds, read once per call.
+local lives = {}
+local function live_in(key)
+  local v = lives[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    lives[key] = v
+  end
+  return v
+end
 
 local function less(a, b)
   local am, as = string.match(a, '(%d+)-(%d+)')
@@ -105,10 +116,11 @@ while a <= #ARGV do
     ids[j] = ARGV[a + 3 + j]
   end
   a = a + 4 + n
-  local lease, stream, unit, groups_key, acked =
-    KEYS[5 * r + 1], KEYS[5 * r + 2], KEYS[5 * r + 3], KEYS[5 * r + 4], KEYS[5 * r + 5]
+  local lease, stream, unit, groups_key, acked, alive =
+    KEYS[6 * r + 1], KEYS[6 * r + 2], KEYS[6 * r + 3], KEYS[6 * r + 4], KEYS[6 * r + 5],
+    KEYS[6 * r + 6]
   r = r + 1
-  local no = refusal_given(live, lease, token, inc)
+  local no = refusal_given(live_in(alive), lease, token, inc)
   if no then
     out[#out + 1] = no
   else

@@ -38,12 +38,13 @@ pub(crate) struct AckRequest {
 }
 
 impl AckRequest {
-    fn item(&self) -> AckItem<'_> {
+    fn item<'a>(&'a self, alive: &'a str) -> AckItem<'a> {
         AckItem {
             unit: &self.unit,
             at: self.at,
             token: &self.token,
             incarnation: &self.inc,
+            alive,
             ids: &self.ids,
             clear_head: self.clear_head,
             touch: self.touch,
@@ -76,18 +77,24 @@ pub(crate) async fn run(
                 continue;
             }
         };
+        // One call for the whole batch on one server; on a cluster one per
+        // shard (a script's keys must be in one hash slot), sent at once.
         let mut by_shard: BTreeMap<u32, Vec<AckRequest>> = BTreeMap::new();
+        let cluster = conn.is_cluster();
         for r in batch {
-            by_shard.entry(r.unit.shard).or_default().push(r);
+            let shard = if cluster { r.unit.shard } else { 0 };
+            by_shard.entry(shard).or_default().push(r);
         }
-        let calls = by_shard.into_iter().map(|(shard, batch)| {
+        let calls = by_shard.into_values().map(|batch| {
             let mut conn = conn.clone();
             let alive = alive.clone();
             async move {
-                let items: Vec<AckItem<'_>> = batch.iter().map(AckRequest::item).collect();
+                let items: Vec<AckItem<'_>> = batch
+                    .iter()
+                    .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
+                    .collect();
                 let result = Ack {
                     group,
-                    alive: alive.get(shard as usize).map_or("", String::as_str),
                     now_ms: now_ms(),
                     items: &items,
                 }

@@ -19,6 +19,8 @@ pub(crate) struct AckItem<'a> {
     pub(crate) token: &'a str,
     /// The owner's incarnation the lease was taken in.
     pub(crate) incarnation: &'a str,
+    /// The owner's liveness key in the unit's shard.
+    pub(crate) alive: &'a str,
     pub(crate) ids: &'a [String],
     /// Clear the head's failure count (it had failures).
     pub(crate) clear_head: bool,
@@ -49,8 +51,6 @@ impl AckItem<'_> {
 #[derive(Debug)]
 pub(crate) struct Ack<'a> {
     pub(crate) group: &'a str,
-    /// The owner's liveness key.
-    pub(crate) alive: &'a str,
     /// Now, in ms since the Unix epoch.
     pub(crate) now_ms: u64,
     pub(crate) items: &'a [AckItem<'a>],
@@ -80,13 +80,13 @@ impl Ack<'_> {
                 .key(&item.unit.state)
                 .key(&lane.groups)
                 .key(&lane.acked)
+                .key(item.alive)
                 .arg(item.token)
                 .arg(item.incarnation)
                 .arg(item.flags())
                 .arg(item.ids.len())
                 .arg(item.ids);
         }
-        inv.key(self.alive);
         let reply = call("ack", &inv, conn, "fenced acknowledgement failed").await?;
         if reply.status != Status::Done || reply.values().len() != self.items.len() {
             return Err(reply.unexpected());

@@ -117,6 +117,7 @@ async fn ack(
         at: PRIMARY,
         token,
         incarnation: inc,
+        alive,
         ids,
         clear_head: !trim_only,
         touch: !trim_only,
@@ -124,7 +125,6 @@ async fn ack(
     }];
     Ack {
         group: "g",
-        alive,
         now_ms: 1,
         items: &items,
     }
