@@ -84,6 +84,52 @@ async fn lease_token(c: &mut ClusterConnection, key: &str) -> Option<String> {
         .ok()?
 }
 
+/// Publishes `events` through a publisher of their own on the cluster.
+async fn publish_on(url: &str, events: &[Posted]) {
+    publish(
+        &publisher(cluster_config(url), "p"),
+        events,
+        Priority::Normal,
+    )
+    .await;
+}
+
+/// Waits until every one of `expected` was handled, then checks each key's
+/// order (nothing lost, at most `reruns` re-runs) and that no two events of
+/// one key ran at once.
+async fn handled_in_order(
+    rec: &Recorder,
+    expected: &BTreeMap<String, Vec<String>>,
+    reruns: usize,
+) -> convoy_runtime::testing::OrderReport {
+    wait_until(WAIT, "every event handled", || all_seen(rec, expected)).await;
+    let seen = rec.seen_all().await.expect("seen");
+    let report = check_order(expected, &seen, reruns).expect("order, nothing lost");
+    assert_eq!(
+        rec.violations().await.expect("violations"),
+        Vec::<String>::new(),
+        "two events of one key ran at once"
+    );
+    report
+}
+
+/// Commits one event and publishes the outbox, which must fail: the error.
+async fn publish_one_failing(p: &convoy_runtime::Domain) -> convoy_runtime::Error {
+    let mut uow = p.unit_of_work();
+    uow.raise(Posted::new("c1", 0)).expect("raise");
+    uow.commit().await.expect("commit");
+    convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        p.instance_id(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+    )
+    .drain()
+    .await
+    .expect_err("the publish must fail")
+}
+
 /// How many keys each master holds.
 fn keys_per_master(cluster: &RedisCluster) -> Vec<u64> {
     let masters = cluster.current_masters().expect("masters");
@@ -112,7 +158,7 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
         .collect();
     // All three are live before anything is published, so they share the
     // keys from the start (one would otherwise take them all and finish).
-    let mut c = cluster_conn(&cluster).await;
+    let c = cluster_conn(&cluster).await;
     let instances = keys::instances(recording_group(&url));
     wait_until(WAIT, "three live engines", || {
         let mut c = c.clone();
@@ -124,22 +170,10 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
     })
     .await;
     let events = interleaved(24, 12);
-    publish(
-        &publisher(cluster_config(&url), "p"),
-        &events,
-        Priority::Normal,
-    )
-    .await;
+    publish_on(&url, &events).await;
     let expected = published(&events);
-    wait_until(WAIT, "every event handled", || all_seen(&rec, &expected)).await;
-    let seen = rec.seen_all().await.expect("seen");
-    let report = check_order(&expected, &seen, 0).expect("order, nothing lost, no re-run");
+    let report = handled_in_order(&rec, &expected, 0).await;
     assert_eq!(report.total_reruns, 0, "{report:?}");
-    assert_eq!(
-        rec.violations().await.expect("violations"),
-        Vec::<String>::new(),
-        "two events of one key ran at once"
-    );
     // Every master holds some of the category's keys: one category is not
     // pinned to one node.
     let per_master = keys_per_master(&cluster);
@@ -162,12 +196,7 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
     let url = cluster.url();
     let rec = Recorder::new(&record.url(), "crash").expect("recorder");
     let events = interleaved(6, 40);
-    publish(
-        &publisher(cluster_config(&url), "p"),
-        &events,
-        Priority::Normal,
-    )
-    .await;
+    publish_on(&url, &events).await;
     let mut a = spawn_engine(&url, &record.url(), "crash", "a", 20);
     let mut b = spawn_engine(&url, &record.url(), "crash", "b", 20);
     wait_until(WAIT, "a and b are mid-stream", || async {
@@ -194,16 +223,11 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
     };
     let d = spawn_engine(&url, &record.url(), "crash", "d", 20);
     let expected = published(&events);
-    wait_until(WAIT, "d handles everything", || all_seen(&rec, &expected)).await;
+    // At-least-once: the event each key had in flight may run again.
+    handled_in_order(&rec, &expected, 6).await;
     b.cont().expect("SIGCONT");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = rec.seen_all().await.expect("seen");
-    // At-least-once: the event each key had in flight may run again.
-    check_order(&expected, &seen, 6).expect("order and nothing lost");
-    assert_eq!(
-        rec.violations().await.expect("violations"),
-        Vec::<String>::new()
-    );
+    handled_in_order(&rec, &expected, 6).await;
     // The stalled owner started nothing of its keys after it was stopped
     // (at the generation it held then).
     let b_seen = Recorder::new(&record.url(), "crash-b").expect("recorder");
@@ -259,14 +283,7 @@ async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() 
     cluster.failover(replica).expect("CLUSTER FAILOVER");
     // Publishing goes on across the failover (the client follows MOVED).
     publish(&p, rest, Priority::Normal).await;
-    let expected = published(&events);
-    wait_until(WAIT, "every event handled", || all_seen(&rec, &expected)).await;
-    let seen = rec.seen_all().await.expect("seen");
-    check_order(&expected, &seen, 16).expect("order and nothing lost");
-    assert_eq!(
-        rec.violations().await.expect("violations"),
-        Vec::<String>::new()
-    );
+    handled_in_order(&rec, &published(&events), 16).await;
     assert!(
         cluster
             .current_masters()
@@ -280,24 +297,8 @@ async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() 
 async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let node = cluster.node_urls()[0].clone();
-    let rec = Recorder::new(&node, "x").expect("recorder");
-    let _ = rec;
     let p = publisher(cluster_config(&node), "p");
-    let mut uow = p.unit_of_work();
-    uow.raise(Posted::new("c1", 0)).expect("raise");
-    uow.commit().await.expect("commit");
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        p.outbox().clone(),
-        p.broker().clone(),
-        p.config().server.priority_lanes.clone(),
-        p.instance_id(),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-    );
-    let e = processor
-        .drain()
-        .await
-        .expect_err("a single-node URL on a cluster node")
-        .to_string();
+    let e = publish_one_failing(&p).await.to_string();
     assert!(e.contains("node of a Redis Cluster"), "{e}");
     assert!(e.contains("redis+cluster://"), "{e}");
 }
@@ -370,20 +371,7 @@ async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_i
     config.broker.wait_replicas = 1;
     config.broker.wait_timeout_ms = 50;
     let p = publisher(config, "q");
-    let mut uow = p.unit_of_work();
-    uow.raise(Posted::new("c1", 0)).expect("raise");
-    uow.commit().await.expect("commit");
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        p.outbox().clone(),
-        p.broker().clone(),
-        p.config().server.priority_lanes.clone(),
-        p.instance_id(),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-    );
-    let e = processor
-        .drain()
-        .await
-        .expect_err("no replica acknowledges");
+    let e = publish_one_failing(&p).await;
     assert!(
         matches!(
             e,
@@ -416,12 +404,7 @@ async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cl
     )
     .engine()
     .spawn();
-    publish(
-        &publisher(cluster_config(&url), "p"),
-        &events,
-        Priority::Normal,
-    )
-    .await;
+    publish_on(&url, &events).await;
     let admin = convoy_runtime::redis::admin::Admin::connect(&url)
         .await
         .expect("admin on the cluster");

@@ -496,7 +496,7 @@ impl Coordinator {
     /// is taking units and has more to find.
     async fn cycle(&mut self, shutdown: &CancellationToken) -> bool {
         self.heartbeats = self.heartbeats.wrapping_add(1);
-        if self.heartbeats % PRUNE_EVERY == 0 {
+        if self.heartbeats.is_multiple_of(PRUNE_EVERY) {
             self.prune();
         }
         let s = self.shared.clone();
