@@ -529,3 +529,41 @@ async fn lanes_and_reaping_work_on_a_cluster() {
     .await;
     engine.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_a_cluster_url_reach_every_node_and_the_least_privilege_rule_suffices() {
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    // The least-privilege user of `convoy acl ledger`, on every node.
+    let mut setuser = vec!["ACL", "SETUSER", "convoy", "reset", "on", ">s3cret"];
+    let rules = convoy_runtime::redis::acl::rules(&["ledger"]);
+    setuser.extend(rules.iter().map(String::as_str));
+    for i in 0..cluster.nodes().len() {
+        let reply = cluster.cli(i, &setuser).expect("ACL SETUSER");
+        assert_eq!(reply.trim(), "OK", "node {i}: {reply}");
+    }
+    let hosts = cluster.url().replace("redis+cluster://", "");
+    let url = format!("redis+cluster://convoy:s3cret@{hosts}");
+    let rec = Recorder::new(&record.url(), "acl").expect("recorder");
+    let engine = domain(
+        cluster_config(&url),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    let events = interleaved(8, 3);
+    publish_on(&url, &events).await;
+    handled_in_order(&rec, &published(&events), 0).await;
+    engine.shutdown().await.expect("shutdown");
+    for i in 0..cluster.nodes().len() {
+        let log = cluster.cli(i, &["ACL", "LOG"]).expect("ACL LOG");
+        assert!(log.trim().is_empty(), "node {i} refused something: {log}");
+    }
+    // A wrong password is refused, and says so.
+    let bad = format!("redis+cluster://convoy:wrong@{hosts}");
+    let p = publisher(cluster_config(&bad), "p");
+    let e = publish_one_failing(&p).await.to_string();
+    assert!(!e.contains("wrong"), "the password is hidden: {e}");
+    assert!(e.contains("***"), "{e}");
+}
