@@ -137,6 +137,8 @@ struct ConvoySide {
     leased: usize,
     pending: Memory,
     drained: Memory,
+    /// Drained and idle past the worker's rest delay (consumers deleted).
+    rested: Memory,
     repending: Memory,
     heap: Option<Heap>,
     rss: i64,
@@ -314,6 +316,11 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
         ));
         rows.push(Row::alone(
             &case,
+            "Redis B/partition drained, owned, idle (rested)",
+            c.rested.per_partition,
+        ));
+        rows.push(Row::alone(
+            &case,
             "Redis B/partition pending after a drain (no owner)",
             c.repending.per_partition,
         ));
@@ -337,6 +344,7 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
         for (state, m) in [
             ("pending (never handled)", &c.pending),
             ("drained, owned", &c.drained),
+            ("drained, idle (rested)", &c.rested),
             ("pending after a drain", &c.repending),
         ] {
             memory_rows.push(memory_row(&case, state, m));
@@ -373,7 +381,7 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
     section.note("CPU %: share of one core over the window; engine = this process (it only runs the engine while measuring).");
     section.note("pick-up: from raising one event on an idle partition (convoy: commit and publish through the outbox) or XADD (baseline) to the handler.");
     section.note("start: from starting the engine until every partition's one event was handled (a partition is owned before it is drained, so this bounds the time to own them all); then every lease key is read to check all P are leased to the engine.");
-    section.note("Redis B/partition: INFO memory used_memory above the empty database divided by P. pending (never handled): after publishing, before any engine ran; the baseline's figure is one pending event in a plain stream (XADD of the same envelope, at most 100,000 events). drained, owned: every partition's event handled and acknowledged, the engine idle. pending after a drain: the engine stopped (leases released), then one more event published to every partition.");
+    section.note("Redis B/partition: INFO memory used_memory above the empty database divided by P. pending (never handled): after publishing, before any engine ran; the baseline's figure is one pending event in a plain stream (XADD of the same envelope, at most 100,000 events). drained, owned: every partition's event handled and acknowledged, the engine idle (2 s after the last); idle (rested): the same after the settle time, past the 10 s after which a drained unit's worker deletes its consumer. pending after a drain: the engine stopped (leases released), then one more event published to every partition.");
     section.note("engine B/owned unit: this process's memory with every partition owned and drained, minus before the engine started, divided by P (the benchmark's handler keeps no per-key state in this scenario).");
     Ok(section)
 }
@@ -439,6 +447,9 @@ async fn convoy_side(
     let rss = heap::rss_bytes()? as i64 - rss_before as i64;
     let drained = memory(env, p, empty, &samples).await?;
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    // Past the worker's rest delay (10 s): the consumers of the drained
+    // units are gone.
+    let rested = memory(env, p, empty, &samples).await?;
     progress(
         "idle",
         format!(
@@ -478,6 +489,7 @@ async fn convoy_side(
         leased,
         pending,
         drained,
+        rested,
         repending,
         heap,
         rss,

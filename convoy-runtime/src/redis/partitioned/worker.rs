@@ -31,6 +31,7 @@ use super::super::scripts::fail::{Fail, Failed};
 use super::super::scripts::read::{Read, ReadReply, Which};
 use super::super::scripts::reap::{Reap, Reaped};
 use super::super::scripts::release::{Held, Release, Released};
+use super::super::scripts::rest::{Rest, Rested};
 use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
@@ -45,6 +46,11 @@ const PRIMARY_BATCH: usize = 100;
 /// Entries read per fenced read from the backfill lane (small, so primary
 /// traffic is looked at again soon).
 const BACKFILL_BATCH: usize = 10;
+
+/// How long a drained unit waits before it rests (its owner's consumer is
+/// deleted from its streams, about a quarter of a drained partition's Redis
+/// memory; the next read creates it again).
+const REST_AFTER: Duration = Duration::from_secs(10);
 
 /// The halt reason of a head whose handler returned a permanent error.
 const PERMANENT: &str = "permanent error";
@@ -316,6 +322,8 @@ impl Worker {
         let single_stream =
             self.unit.lanes.len() == 1 && self.unit.lanes.iter().all(|l| l.backfill.is_empty());
         let mut last_active = Instant::now();
+        // Whether the unit rests (its consumer deleted) since it drained.
+        let mut rested = false;
         let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
         // Failed reads are retried with back-off up to the poll interval.
         let mut backoff = Backoff::retry(self.s.plan.config.server.partitioning.poll_interval());
@@ -348,6 +356,8 @@ impl Worker {
             let read = if std::mem::take(&mut drained) {
                 Ok(None)
             } else {
+                // A read creates the consumer again.
+                rested = false;
                 Box::pin(self.read(pending_mode)).await
             };
             let (at, batch) = match read {
@@ -360,7 +370,8 @@ impl Worker {
                         pending_mode = false;
                         continue;
                     }
-                    // Empty: sleep until woken, stopped, or time to reap.
+                    // Empty: sleep until woken, stopped, or time to rest or
+                    // reap.
                     self.idle.store(true, Ordering::Relaxed);
                     let reap_in = reap_idle.saturating_sub(last_active.elapsed());
                     if reap_in.is_zero() {
@@ -371,10 +382,27 @@ impl Worker {
                         }
                         continue;
                     }
+                    let rest_in = REST_AFTER.saturating_sub(last_active.elapsed());
+                    if !rested && rest_in.is_zero() {
+                        if let Err(exit) = Box::pin(self.rest()).await {
+                            return exit;
+                        }
+                        rested = true;
+                        // Back to waiting without a read (a read would
+                        // create the consumer again); a wake-up that came
+                        // meanwhile kept its permit.
+                        drained = true;
+                        continue;
+                    }
+                    let sleep = if rested {
+                        reap_in
+                    } else {
+                        reap_in.min(rest_in)
+                    };
                     tokio::select! {
                         _ = self.stop.cancelled() => return Exit::Release,
                         _ = self.wake.notified() => {}
-                        _ = tokio::time::sleep(reap_in) => {}
+                        _ = tokio::time::sleep(sleep) => {}
                     }
                     continue;
                 }
@@ -747,6 +775,24 @@ impl Worker {
                 // the unit up rather than act on a lease that may be gone.
                 tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "reap failed; giving the unit up (it may have been retired)");
                 Err(Exit::Release)
+            }
+        }
+    }
+
+    /// Deletes this owner's consumer from the drained unit's streams (see
+    /// [`REST_AFTER`]). A failure only costs the memory: logged, not fatal.
+    async fn rest(&self) -> Result<(), Exit> {
+        let r: Result<Rested, Error> = async {
+            let mut c = self.conn().await?;
+            Rest { by: self.caller() }.run(&mut c).await
+        }
+        .await;
+        match r {
+            Ok(Rested::Refused(why)) => Err(Exit::Lost(why)),
+            Ok(Rested::Rested(_)) => Ok(()),
+            Err(e) => {
+                tracing::debug!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "a drained unit could not rest; its consumer stays");
+                Ok(())
             }
         }
     }

@@ -33,6 +33,7 @@ pub(crate) mod read;
 pub(crate) mod reap;
 pub(crate) mod release;
 pub(crate) mod replay;
+pub(crate) mod rest;
 pub(crate) mod save_state;
 
 use std::sync::LazyLock;
@@ -54,6 +55,7 @@ pub(crate) struct Scripts {
     pub(crate) fail: Script,
     pub(crate) claim: Script,
     pub(crate) reap: Script,
+    pub(crate) rest: Script,
     pub(crate) plain_ack: Script,
     pub(crate) dead_letter: Script,
     pub(crate) save_state: Script,
@@ -75,6 +77,7 @@ impl Scripts {
             "fail" => &self.fail,
             "claim" => &self.claim,
             "reap" => &self.reap,
+            "rest" => &self.rest,
             "plain_ack" => &self.plain_ack,
             "dead_letter" => &self.dead_letter,
             "save_state" => &self.save_state,
@@ -102,6 +105,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     fail: fenced(include_str!("../lua/fail.lua")),
     claim: fenced(include_str!("../lua/claim.lua")),
     reap: fenced(include_str!("../lua/reap.lua")),
+    rest: fenced(include_str!("../lua/rest.lua")),
     plain_ack: Script::new(include_str!("../lua/plain_ack.lua")),
     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
     save_state: Script::new(include_str!("../lua/save_state.lua")),

@@ -12,6 +12,7 @@ use super::fail::{Fail, Failed};
 use super::read::{Read, ReadReply, Which};
 use super::reap::{Reap, Reaped};
 use super::release::{Held, Release, Released};
+use super::rest::{Rest, Rested};
 use super::{Caller, Refusal};
 use crate::redis::unit::{At, Unit};
 use crate::testing::RedisServer;
@@ -500,4 +501,58 @@ async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_pub
     // it holds about one batch.
     let members = cmd(&mut c, &["ZCARD", "{0}convoy:producer:pg/x:sent"]).await;
     assert_eq!(members, Value::Int(1), "only row 7 is kept");
+}
+
+/// The consumers of group `g` on the unit's stream.
+async fn consumers(c: &mut Conn) -> usize {
+    match cmd(c, &["XINFO", "CONSUMERS", STREAM, "g"]).await {
+        Value::Array(items) => items.len(),
+        other => panic!("XINFO CONSUMERS: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_drained_unit_rests_without_its_consumer_and_keeps_one_with_pending_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    let ReadReply::Entries(_, entries) = read(&mut c, &token, ALIVE_A, "a1").await else {
+        panic!("an entry to read");
+    };
+    let u = unit();
+    let rest = |c: &mut Conn, token: String| {
+        let mut c = c.clone();
+        let u = u.clone();
+        async move {
+            Rest {
+                by: by(&u, &token, ALIVE_A, "a1"),
+            }
+            .run(&mut c)
+            .await
+            .expect("rest")
+        }
+    };
+    // Delivered, not acknowledged: the consumer holds it, and stays.
+    assert_eq!(rest(&mut c, token.clone()).await, Rested::Rested(0));
+    assert_eq!(consumers(&mut c).await, 1);
+    let ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+    ack(&mut c, &token, ALIVE_A, "a1", &ids, false).await;
+    // Drained: the consumer goes; the group and its position stay.
+    assert_eq!(rest(&mut c, token.clone()).await, Rested::Rested(1));
+    assert_eq!(consumers(&mut c).await, 0);
+    // The next read creates it again and sees only what is new.
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "w"]).await;
+    match read(&mut c, &token, ALIVE_A, "a1").await {
+        ReadReply::Entries(_, e) => assert_eq!(e.len(), 1, "only the new entry"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(consumers(&mut c).await, 1);
+    // A stale owner is refused.
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+    assert_eq!(
+        rest(&mut c, token).await,
+        Rested::Refused(Refusal::NotAlive)
+    );
 }
