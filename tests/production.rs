@@ -586,6 +586,67 @@ async fn an_explicit_handler_name_is_the_consumer_group_and_the_context_name() {
 }
 
 #[tokio::test]
+async fn a_shard_count_other_than_the_recorded_one_stops_the_engine_and_the_publisher() {
+    let server = redis();
+    let make = |shards: Option<u32>| {
+        let mut config = fast(&server.url());
+        if let Some(n) = shards {
+            config.broker.category_shards.insert("acct".into(), n);
+        }
+        Domain::builder()
+            .config(config)
+            .handler(Projector {
+                seen: Arc::new(Seen::default()),
+                work: Duration::ZERO,
+            })
+            .without_discovery()
+            .init()
+            .expect("init")
+    };
+    // The first engine records 16 (the default) for `acct`.
+    let first = make(None);
+    let engine = first.engine().spawn();
+    raise_all(&first, &[posted("a1", 0, None)]).await;
+    engine.shutdown().await.expect("shutdown");
+    let mut conn = server.connection().await.expect("connect");
+    let recorded: u32 = redis::cmd("GET")
+        .arg(convoy_runtime::redis::keys::shards("acct"))
+        .query_async(&mut conn)
+        .await
+        .expect("recorded");
+    assert_eq!(recorded, 16);
+    // An engine configured with 8 refuses to start, naming both counts.
+    let other = make(Some(8));
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.engine().run_until(std::future::pending::<()>()),
+    )
+    .await
+    .expect("the engine stops at once")
+    .expect_err("a shard count other than the recorded one")
+    .to_string();
+    assert!(e.contains("has 16 shards in Redis"), "{e}");
+    assert!(e.contains("configured with 8"), "{e}");
+    // So does its publisher: nothing goes to another shard's stream.
+    let mut uow = other.unit_of_work();
+    uow.raise(posted("a1", 1, None)).expect("raise");
+    uow.commit().await.expect("commit");
+    let e = convoy_runtime::outbox::OutboxProcessor::new(
+        other.outbox().clone(),
+        other.broker().clone(),
+        other.config().server.priority_lanes.clone(),
+        other.instance_id(),
+        Arc::new(tokio::sync::Notify::new()),
+    )
+    .shards(&other.config().broker)
+    .drain()
+    .await
+    .expect_err("publishing with another count")
+    .to_string();
+    assert!(e.contains("configured with 8"), "{e}");
+}
+
+#[tokio::test]
 async fn a_permanent_error_halts_a_partition_at_once_and_health_reports_it() {
     let mut server = redis();
     let seen = Arc::new(Seen::default());

@@ -93,15 +93,34 @@ impl Engine {
         )
     }
 
-    /// Runs until `signal` completes, then shuts down gracefully.
+    /// Runs until `signal` completes, then shuts down gracefully. Returns
+    /// at once with the error when the consumers cannot run at all (a
+    /// category's shard count differs from the one Redis recorded).
     pub async fn run_until<F>(self, signal: F) -> Result<(), Error>
     where
         F: Future<Output = ()> + Send,
     {
         let token = CancellationToken::new();
-        let handle = self.spawn_with(token.clone());
-        signal.await;
-        handle.shutdown().await
+        let mut handle = self.spawn_with(token.clone());
+        let mut signal = std::pin::pin!(signal);
+        tokio::select! {
+            _ = signal.as_mut() => handle.shutdown().await,
+            ended = &mut handle.consumer_task => match ended {
+                // Consumers that could not start: stop, with their error.
+                Ok(Err(e)) => {
+                    handle.token.cancel();
+                    let _ = handle.finish(Ok(Ok(Ok(())))).await;
+                    Err(e)
+                }
+                // Nothing to consume (a publisher only): the relay runs on
+                // until the signal.
+                ended => {
+                    signal.await;
+                    handle.token.cancel();
+                    handle.finish(Ok(ended)).await
+                }
+            },
+        }
     }
 
     /// Starts the engine in the background.
@@ -246,11 +265,22 @@ impl EngineHandle {
     /// Stops gracefully: consumers finish and acknowledge the events in
     /// flight and release their leases, then pending outbox records are
     /// published.
-    pub async fn shutdown(self) -> Result<(), Error> {
+    pub async fn shutdown(mut self) -> Result<(), Error> {
         self.token.cancel();
-        let consumers = tokio::time::timeout(self.timeout, self.consumer_task).await;
-        // The relay publishes what is pending once more before it returns
-        // (the events the last handlers raised).
+        let consumers = tokio::time::timeout(self.timeout, &mut self.consumer_task).await;
+        self.finish(consumers).await
+    }
+
+    /// The rest of a shutdown once the consumers ended (or ran out of
+    /// time): the relay publishes what is pending once more before it
+    /// returns (the events the last handlers raised).
+    async fn finish(
+        self,
+        consumers: Result<
+            Result<Result<(), Error>, tokio::task::JoinError>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> Result<(), Error> {
         self.outbox_token.cancel();
         let _ = self.outbox_task.await;
         match consumers {

@@ -150,6 +150,29 @@ async fn replicated(
     Ok(())
 }
 
+impl RedisBroker {
+    /// Checks every subscribed category's shard count against Redis's
+    /// record (recording it where none is).
+    async fn check_subscribed_shards(&self, plan: &ConsumerPlan) -> Result<(), Error> {
+        let mut conn = self.redis.shared().await?;
+        for sub in &plan.subscriptions {
+            for c in &sub.categories {
+                let configured = plan.config.broker.shards_of(c);
+                layout::check_shards(&mut conn, c, configured)
+                    .await
+                    .map_err(|e| match e {
+                        Error::Config { message, .. } => Error::Config {
+                            file: plan.config.origin().to_owned(),
+                            message,
+                        },
+                        other => other,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A batch's records by shard (the tag their stream starts with), each
 /// shard's in the batch's order.
 fn split_by_shard(batch: &[Publication]) -> Result<BTreeMap<u32, Vec<&Publication>>, Error> {
@@ -261,6 +284,22 @@ impl Broker for RedisBroker {
         shutdown: CancellationToken,
     ) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(async move {
+            // A category whose shard count differs from the one Redis
+            // recorded would read other streams than its publishers write:
+            // the engine fails to start (Redis being down is waited out).
+            let mut backoff = crate::backoff::Backoff::reconnect();
+            loop {
+                match self.check_subscribed_shards(&plan).await {
+                    Ok(()) => break,
+                    Err(e @ Error::Config { .. }) => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "cannot check the categories' shard counts; retrying");
+                        if !backoff.wait_or_stop(&shutdown).await {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
             let mut tasks = tokio::task::JoinSet::new();
             for index in 0..plan.subscriptions.len() {
                 let sub = &plan.subscriptions[index];
