@@ -330,7 +330,7 @@ async fn on_redis_one_instance_never_runs_two_events_at_once_and_instances_run_i
     let url = server.url();
     let rec = Recorder::new(&url, "pm").expect("recorder");
     RECORDER
-        .set((rec.clone(), "shared".to_owned(), Duration::from_millis(5)))
+        .set((rec.clone(), "shared".to_owned(), Duration::from_millis(20)))
         .expect("recorder set once in this test binary");
     let a = engine_domain(&url, "a").engine().spawn();
     let b = engine_domain(&url, "b").engine().spawn();

@@ -81,6 +81,8 @@ pub const COMMANDS: &[&str] = &[
     "+ping",
     "+select",
     "+info",
+    // `[broker] wait_replicas`.
+    "+wait",
     "+cluster|slots",
     "+cluster|shards",
     "+asking",

@@ -6,16 +6,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Value;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{Client, Conn, Connection};
 use super::layout;
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
-use super::scripts::publish::Publish;
+use super::scripts::publish::{Publish, Replicated};
 use super::state::RedisStateStore;
 use super::wake;
 use crate::broker::{Broker, Capabilities, ConsumerPlan, Producer, Publication, PublishError};
@@ -115,41 +112,6 @@ impl RedisBroker {
     }
 }
 
-/// Waits until `replicas` replicas of the master holding `key` have every
-/// write this connection made to it (`WAIT`, sent to that master).
-async fn replicated(
-    conn: &mut Conn,
-    key: &str,
-    replicas: u32,
-    timeout_ms: u64,
-) -> Result<(), Error> {
-    let mut cmd = redis::cmd("WAIT");
-    cmd.arg(replicas).arg(timeout_ms);
-    let acked: Value = match conn {
-        Conn::Cluster(c) => {
-            let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-            c.route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-            .await
-        }
-        other => cmd.query_async(other).await,
-    }
-    .map_err(|e| Error::redis("WAIT for replicas failed", e))?;
-    let acked = match acked {
-        Value::Int(n) => n.max(0) as u32,
-        _ => 0,
-    };
-    if acked < replicas {
-        return Err(Error::NotReplicated {
-            wanted: replicas,
-            acked,
-        });
-    }
-    Ok(())
-}
-
 impl RedisBroker {
     /// Checks every subscribed category's shard count against Redis's
     /// record (recording it where none is).
@@ -174,20 +136,31 @@ impl RedisBroker {
 }
 
 /// A batch's records by shard (the tag their stream starts with), each
-/// shard's in the batch's order.
-fn split_by_shard(batch: &[Publication]) -> Result<BTreeMap<u32, Vec<&Publication>>, Error> {
+/// shard's in the batch's order. A record routed to another shard than its
+/// key's under this broker's shard counts (an outbox processor configured
+/// with other counts) is refused: engines would never read it.
+fn split_by_shard<'a>(
+    batch: &'a [Publication],
+    shards: &BrokerConfig,
+) -> Result<BTreeMap<u32, Vec<&'a Publication>>, Error> {
     let mut by_shard: BTreeMap<u32, Vec<&Publication>> = BTreeMap::new();
     for p in batch {
-        let Some(shard) = names::shard_in(&p.stream) else {
+        let category = &p.envelope.category;
+        let n = shards.shards_of(category);
+        let expected = match &p.partition {
+            Some(key) => names::shard_of(key, n),
+            None => names::base_shard(category, n),
+        };
+        if names::shard_in(&p.stream) != Some(expected) {
             return Err(Error::Config {
                 file: "<code>".into(),
                 message: format!(
-                    "publication to {:?} names no shard; route publications with the outbox processor",
+                    "publication to {:?} is not in shard {expected} of category {category}'s {n} shards; route publications with an outbox processor given the broker's shard counts (OutboxProcessor::shards)",
                     crate::key::Escaped(&p.stream)
                 ),
             });
-        };
-        by_shard.entry(shard).or_default().push(p);
+        }
+        by_shard.entry(expected).or_default().push(p);
     }
     Ok(by_shard)
 }
@@ -239,11 +212,14 @@ impl Broker for RedisBroker {
             };
             let mut conn = self.redis.shared().await.map_err(fail)?;
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
-            let by_shard = split_by_shard(batch).map_err(fail)?;
+            let by_shard = split_by_shard(batch, &self.shards).map_err(fail)?;
             let floor = batch[0].seq;
+            let wait = (self.shards.wait_replicas > 0).then_some(Replicated {
+                replicas: self.shards.wait_replicas,
+                timeout_ms: self.shards.wait_timeout_ms,
+            });
             let runs = by_shard.iter().map(|(shard, records)| {
                 let mut c = conn.clone();
-                let wait = (self.shards.wait_replicas, self.shards.wait_timeout_ms);
                 async move {
                     Publish {
                         producer,
@@ -251,13 +227,8 @@ impl Broker for RedisBroker {
                         floor,
                         batch: records,
                     }
-                    .run(&mut c)
-                    .await?;
-                    if wait.0 > 0 {
-                        let at = names::producer_sent(*shard, &producer.name);
-                        replicated(&mut c, &at, wait.0, wait.1).await?;
-                    }
-                    Ok::<(), Error>(())
+                    .run(&mut c, wait)
+                    .await
                 }
             });
             for r in futures::future::join_all(runs).await {
@@ -270,10 +241,11 @@ impl Broker for RedisBroker {
                     .insert((p.envelope.category.as_str(), key))
                     .then_some((p.envelope.category.as_str(), key))
             });
-            if let Err(e) = wake::hint(&mut conn, keys, false).await {
-                // Published: owners find the events at their next poll.
-                tracing::warn!(error = %chain(&e), "published, but the wake-ups failed; owners pick the events up at their next poll");
-            }
+            // An idle owner waits for its wake-up: without it, a new event
+            // would wait for the owner's next reap check. So a failed
+            // wake-up fails the batch, which is sent again (its records
+            // dropped as re-sent) with its wake-ups.
+            wake::hint(&mut conn, keys, false).await.map_err(fail)?;
             Ok(())
         })
     }
@@ -319,5 +291,49 @@ impl Broker for RedisBroker {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{Envelope, Priority};
+
+    fn publication(stream: String, key: Option<&str>) -> Publication {
+        Publication {
+            seq: 1,
+            stream,
+            partition: key.map(str::to_owned),
+            envelope: Envelope {
+                id: "m".into(),
+                type_name: "T".into(),
+                category: "order".into(),
+                partition_key: key.map(str::to_owned),
+                time_ms: 0,
+                priority: Priority::Normal,
+                correlation_id: None,
+                payload: "{}".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_publication_routed_with_other_shard_counts_is_refused() {
+        let mut config = BrokerConfig::default();
+        config.category_shards.insert("order".into(), 64);
+        let right = names::partition_stream(names::shard_of("b", 64), "order", "b");
+        let wrong = names::partition_stream(names::shard_of("b", 16), "order", "b");
+        assert_ne!(right, wrong, "the test needs two different shards");
+        let ok = [publication(right, Some("b"))];
+        assert_eq!(split_by_shard(&ok, &config).expect("routed right").len(), 1);
+        let bad = [publication(wrong, Some("b"))];
+        let e = split_by_shard(&bad, &config)
+            .expect_err("routed with 16")
+            .to_string();
+        assert!(e.contains("64 shards"), "{e}");
+        let base = [publication(names::base_stream("order", 64), None)];
+        assert!(split_by_shard(&base, &config).is_ok());
+        let untagged = [publication("order:k".into(), Some("k"))];
+        assert!(split_by_shard(&untagged, &config).is_err());
     }
 }

@@ -679,8 +679,10 @@ impl Coordinator {
         self.live = self.instances.len().max(1);
         // A unit is a key (a correlation value, for a process manager
         // spanning categories) present in any subscribed category's index;
-        // for a process manager, the count is the largest category's (a
-        // value is usually in each).
+        // for a process manager, the counts of its categories are added up
+        // (a value in several is counted more than once): counting too many
+        // only keeps instances looking for units, too few could leave one
+        // unowned.
         let threshold = s.warning_threshold();
         let mut partitions = 0usize;
         let mut at = n + 3;
@@ -694,7 +696,7 @@ impl Coordinator {
             }
             crate::metrics::partitions(cat, count as usize, count > threshold);
             crate::metrics::lag(s.group(), cat, published - acked);
-            partitions = partitions.max(count as usize);
+            partitions += count as usize;
         }
         self.partitions = partitions;
         if renewed {

@@ -336,9 +336,13 @@ impl Worker {
             }
             if self.halted.load(Ordering::SeqCst) {
                 self.idle.store(true, Ordering::Relaxed);
+                // Rechecked at the heartbeat interval too, in case the
+                // operator's wake-up (written after the action) was lost.
+                let recheck = self.s.plan.config.server.partitioning.heartbeat_interval();
                 tokio::select! {
                     _ = self.stop.cancelled() => return Exit::Release,
                     _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(recheck) => {}
                 }
                 // An operator un-halts by skipping or dead-lettering the head,
                 // which also wakes the unit.

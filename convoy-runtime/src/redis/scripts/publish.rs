@@ -4,7 +4,9 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use redis::Value;
+
+use super::{Refusal, Reply, SCRIPTS, Status, call};
 use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
@@ -28,10 +30,66 @@ pub(crate) struct Publish<'a> {
     pub(crate) batch: &'a [&'a Publication],
 }
 
+/// Replicas that must have a shard's batch before it counts as published:
+/// how many, and how long to wait (ms).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replicated {
+    pub(crate) replicas: u32,
+    pub(crate) timeout_ms: u64,
+}
+
 impl Publish<'_> {
     /// Returns how many records were written (the others were published
-    /// before).
-    pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
+    /// before). With `wait`, `WAIT` follows the script in one pipeline, on
+    /// the connection that wrote (a `WAIT` on another connection would
+    /// count replicas without covering the batch); if the pipeline is sent
+    /// again on a new connection, the script writes again (its expiry at
+    /// least), so the `WAIT` still covers the batch.
+    pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        wait: Option<Replicated>,
+    ) -> Result<u64, Error> {
+        let inv = self.invocation();
+        let reply = match wait {
+            None => call("publish", &inv, conn, "failed to publish outbox records").await?,
+            Some(w) => {
+                let (raw, acked) = match publish_and_wait(&inv, conn, w).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        inv.load_async(conn)
+                            .await
+                            .map_err(|e| Error::redis("failed to load the publish script", e))?;
+                        publish_and_wait(&inv, conn, w).await
+                    }
+                    other => other,
+                }
+                .map_err(|e| Error::redis("failed to publish outbox records", e))?;
+                let reply = Reply::parse("publish", raw)?;
+                if reply.status == Status::Done && acked < w.replicas {
+                    return Err(Error::NotReplicated {
+                        wanted: w.replicas,
+                        acked,
+                    });
+                }
+                reply
+            }
+        };
+        match reply.status {
+            Status::Done => Ok(reply.int(0).max(0) as u64),
+            Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
+                producer: self.producer.name.clone(),
+                epoch: self.producer.epoch,
+                newer: reply.int(0).max(0) as u64,
+            }),
+            _ => Err(reply.unexpected()),
+        }
+    }
+
+    /// The script's invocation: every key and value of the shard's records.
+    fn invocation(&self) -> redis::ScriptInvocation<'static> {
         let mut inv = SCRIPTS.publish.prepare_invoke();
         let shard = self.shard;
         inv.key(names::producer_sent(shard, &self.producer.name))
@@ -52,15 +110,23 @@ impl Publish<'_> {
                 inv.arg(k).arg(v);
             }
         }
-        let reply = call("publish", &inv, conn, "failed to publish outbox records").await?;
-        match reply.status {
-            Status::Done => Ok(reply.int(0).max(0) as u64),
-            Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
-                producer: self.producer.name.clone(),
-                epoch: self.producer.epoch,
-                newer: reply.int(0).max(0) as u64,
-            }),
-            _ => Err(reply.unexpected()),
-        }
+        inv
     }
+}
+
+/// The script, then `WAIT`, in one pipeline: the script's reply and how
+/// many replicas acknowledged.
+async fn publish_and_wait(
+    inv: &redis::ScriptInvocation<'_>,
+    conn: &mut (impl ConnectionLike + Send),
+    w: Replicated,
+) -> redis::RedisResult<(Value, u32)> {
+    let (raw, acked): (Value, i64) = redis::pipe()
+        .invoke_script(inv)
+        .cmd("WAIT")
+        .arg(w.replicas)
+        .arg(w.timeout_ms)
+        .query_async(conn)
+        .await?;
+    Ok((raw, acked.max(0) as u32))
 }

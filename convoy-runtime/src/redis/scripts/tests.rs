@@ -433,7 +433,7 @@ async fn publish(
         floor: batch.first().map_or(0, |p| p.seq),
         batch: &batch,
     }
-    .run(c)
+    .run(c, None)
     .await
 }
 
