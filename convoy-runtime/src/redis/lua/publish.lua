@@ -41,6 +41,10 @@ if epoch < stored then
 end
 if epoch > stored then
   redis.call('SET', KEYS[2], epoch, 'PX', ttl)
+elseif stored > 0 then
+  -- Kept as long as the producer publishes, so a replaced publisher is
+  -- refused however long after it was replaced it wakes up.
+  redis.call('PEXPIRE', KEYS[2], ttl)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
 local a = 4

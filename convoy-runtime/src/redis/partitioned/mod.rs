@@ -732,7 +732,7 @@ impl Coordinator {
             let (position, cursor) = self.scan;
             let category = categories[(position / s.shards) as usize % categories.len()];
             let index = names::partition_index(position % s.shards, category);
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SSCAN")
+            let (next, members): (u64, Vec<Value>) = redis::cmd("SSCAN")
                 .arg(&index)
                 .arg(cursor)
                 .arg("COUNT")
@@ -740,7 +740,11 @@ impl Coordinator {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| Error::redis("failed to read the partition index", e))?;
-            read += keys.len();
+            read += members.len();
+            // A member that is not UTF-8 (written by hand: keys are checked
+            // when raised) cannot name a unit; it is passed over, not a
+            // reason to stop scanning.
+            let keys = members.iter().filter_map(text);
             for k in keys {
                 if !self.units.contains_key(&k)
                     && !self.elsewhere.contains_key(&k)
