@@ -311,13 +311,7 @@ async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
     let rec = Recorder::new(&record.url(), "gens").expect("recorder");
     let p = publisher(cluster_config(&url), "p");
     publish(&p, &interleaved(1, 3), Priority::Normal).await;
-    let engine = domain(
-        cluster_config(&url),
-        "a",
-        Recording::new(rec.clone(), "a", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "a");
     let expected = published(&interleaved(1, 3));
     wait_until(WAIT, "handled", || all_seen(&rec, &expected)).await;
     let mut c = cluster_conn(&cluster).await;
@@ -330,13 +324,7 @@ async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
         .del(keys::unit(shard("c0"), group, "ledger", "c0"))
         .await
         .expect("del");
-    let engine = domain(
-        cluster_config(&url),
-        "a",
-        Recording::new(rec.clone(), "a", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "a");
     publish(&p, &[Posted::new("c0", 3)], Priority::Normal).await;
     let mut all = interleaved(1, 3);
     all.push(Posted::new("c0", 3));
@@ -397,13 +385,7 @@ async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cl
             e.poison = true;
         }
     }
-    let engine = domain(
-        cluster_config(&url),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "e0");
     publish_on(&url, &events).await;
     let admin = convoy_runtime::redis::admin::Admin::connect(&url)
         .await
@@ -545,13 +527,7 @@ async fn credentials_in_a_cluster_url_reach_every_node_and_the_least_privilege_r
     let hosts = cluster.url().replace("redis+cluster://", "");
     let url = format!("redis+cluster://convoy:s3cret@{hosts}");
     let rec = Recorder::new(&record.url(), "acl").expect("recorder");
-    let engine = domain(
-        cluster_config(&url),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording(&url, &rec, "e0");
     let events = interleaved(8, 3);
     publish_on(&url, &events).await;
     handled_in_order(&rec, &published(&events), 0).await;

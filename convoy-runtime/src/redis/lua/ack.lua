@@ -27,16 +27,22 @@
 -- the number of entries acknowledged}.
 local group = ARGV[1]
 local now = ARGV[2]
--- What each liveness key holds, read once per call.
-local lives = {}
-local function live_in(key)
-  local v = lives[key]
-  if v == nil then
-    v = redis.call('GET', key)
-    lives[key] = v
+-- `command`'s reply for a key, read once per call.
+local function cached(command)
+  local seen = {}
+  return function(key)
+    local v = seen[key]
+    if v == nil then
+      v = redis.call(command, key)
+      seen[key] = v
+    end
+    return v
   end
-  return v
 end
+
+-- What each liveness key holds, and how many groups a category's set has.
+local live_in = cached('GET')
+local groups_of = cached('SCARD')
 
 local function less(a, b)
   local am, as = string.match(a, '(%d+)-(%d+)')
@@ -50,15 +56,6 @@ local function after(id)
   return ms .. '-' .. (tonumber(seq) + 1)
 end
 
-local group_counts = {}
-local function groups_of(groups_key)
-  local n = group_counts[groups_key]
-  if n == nil then
-    n = redis.call('SCARD', groups_key)
-    group_counts[groups_key] = n
-  end
-  return n
-end
 
 -- Removes what every registered group has consumed.
 local function trim(stream, groups_key, last)
