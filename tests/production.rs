@@ -198,6 +198,19 @@ fn fast(url: &str) -> Config {
     c
 }
 
+/// A domain running only the `ledger-projector` handler, doing no work.
+fn projector_domain(config: Config, seen: Arc<Seen>) -> Domain {
+    Domain::builder()
+        .config(config)
+        .handler(Projector {
+            seen,
+            work: Duration::ZERO,
+        })
+        .without_discovery()
+        .init()
+        .expect("init")
+}
+
 fn redis() -> RedisServer {
     RedisServer::start().expect("redis-server (apt-get install redis-server)")
 }
@@ -549,15 +562,7 @@ fn handler_settings_must_name_a_handler_of_the_domain() {
 async fn an_explicit_handler_name_is_the_consumer_group_and_the_context_name() {
     let server = redis();
     let seen = Arc::new(Seen::default());
-    let domain = Domain::builder()
-        .config(fast(&server.url()))
-        .handler(Projector {
-            seen: seen.clone(),
-            work: Duration::ZERO,
-        })
-        .without_discovery()
-        .init()
-        .expect("init");
+    let domain = projector_domain(fast(&server.url()), seen.clone());
     assert_eq!(domain.registry().handlers()[0].name, "ledger-projector");
     let engine = domain.engine().spawn();
     raise_all(&domain, &[posted("a1", 0, None)]).await;
@@ -593,15 +598,7 @@ async fn a_shard_count_other_than_the_recorded_one_stops_the_engine_and_the_publ
         if let Some(n) = shards {
             config.broker.category_shards.insert("acct".into(), n);
         }
-        Domain::builder()
-            .config(config)
-            .handler(Projector {
-                seen: Arc::new(Seen::default()),
-                work: Duration::ZERO,
-            })
-            .without_discovery()
-            .init()
-            .expect("init")
+        projector_domain(config, Arc::new(Seen::default()))
     };
     // The first engine records 16 (the default) for `acct`.
     let first = make(None);
@@ -650,15 +647,7 @@ async fn a_shard_count_other_than_the_recorded_one_stops_the_engine_and_the_publ
 async fn a_permanent_error_halts_a_partition_at_once_and_health_reports_it() {
     let mut server = redis();
     let seen = Arc::new(Seen::default());
-    let domain = Domain::builder()
-        .config(fast(&server.url()))
-        .handler(Projector {
-            seen: seen.clone(),
-            work: Duration::ZERO,
-        })
-        .without_discovery()
-        .init()
-        .expect("init");
+    let domain = projector_domain(fast(&server.url()), seen.clone());
     let engine = domain.engine().spawn();
     raise_all(
         &domain,

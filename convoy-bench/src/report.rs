@@ -214,6 +214,18 @@ pub struct Report {
     pub sections: Vec<Section>,
 }
 
+/// `case`, with ` (who timed out at handled/n)` for each side that timed
+/// out: `sides` is (who, timed out, handled).
+pub fn case_label(case: &str, sides: [(&str, bool, u64); 2], n: usize) -> String {
+    let mut label = case.to_owned();
+    for (who, timed_out, handled) in sides {
+        if timed_out {
+            label.push_str(&format!(" ({who} timed out at {handled}/{n})"));
+        }
+    }
+    label
+}
+
 /// Formats a number for a table: thousands separated, fewer decimals as it
 /// grows.
 pub fn format_num(v: f64) -> String {

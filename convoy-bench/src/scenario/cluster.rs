@@ -18,7 +18,7 @@ use super::{Env, admin_config, progress};
 use crate::baseline;
 use crate::harness::{self, Tuning};
 use crate::model::{self, ProbeState};
-use crate::report::{Cell, Row, Section, Table, format_num};
+use crate::report::{Cell, Row, Section, Table, case_label, format_num};
 use crate::stats::{self, CommandStats, CpuMark, CpuUse};
 
 /// Options of the cluster scenario.
@@ -434,12 +434,14 @@ async fn slot_ranges(conn: &mut MultiplexedConnection) -> Result<Vec<(u16, u16, 
 }
 
 fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, cluster: bool) {
-    let mut label = case.to_owned();
-    for (who, s) in [("convoy", c), ("baseline", b)] {
-        if s.timed_out {
-            label.push_str(&format!(" ({who} timed out at {}/{n})", s.handled));
-        }
-    }
+    let label = case_label(
+        case,
+        [
+            ("convoy", c.timed_out, c.handled),
+            ("baseline", b.timed_out, b.handled),
+        ],
+        n,
+    );
     let case = label.as_str();
     let rows = &mut section.rows;
     rows.push(Row::new(case, "events/s", c.rate(), b.rate()));

@@ -11,7 +11,7 @@ use super::{Env, progress};
 use crate::baseline;
 use crate::harness::{self, Tuning};
 use crate::model::{self, ProbeState, key_name};
-use crate::report::{Cell, Row, Section, Table};
+use crate::report::{Cell, Row, Section, Table, case_label};
 use crate::stats::{CommandStats, CpuMark, CpuUse};
 
 /// Options of the throughput scenario.
@@ -173,13 +173,15 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
 }
 
 fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, targeted: bool) {
-    let mut case_label = case.to_owned();
-    for (who, s) in [("convoy", c), ("baseline", b)] {
-        if s.timed_out {
-            case_label.push_str(&format!(" ({who} timed out at {}/{n})", s.handled));
-        }
-    }
-    let case = case_label.as_str();
+    let label = case_label(
+        case,
+        [
+            ("convoy", c.timed_out, c.handled),
+            ("baseline", b.timed_out, b.handled),
+        ],
+        n,
+    );
+    let case = label.as_str();
     let mut rate = Row::new(case, "events/s", c.rate(), b.rate());
     if targeted {
         let met = rate.ratio.is_some_and(|r| r >= 0.5);
