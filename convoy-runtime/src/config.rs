@@ -300,6 +300,15 @@ impl BrokerConfig {
             .copied()
             .unwrap_or(self.shards)
     }
+
+    /// The largest shard count of any category: every shard a publication
+    /// can go to is below it.
+    pub fn max_shards(&self) -> u32 {
+        self.category_shards
+            .values()
+            .copied()
+            .fold(self.shards, u32::max)
+    }
 }
 
 impl std::fmt::Debug for BrokerConfig {

@@ -125,6 +125,19 @@ pub trait Broker: Any + Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Takes over publishing for `producer.name` at `producer.epoch`
+    /// everywhere the broker would check it (the Redis broker: every shard)
+    /// *before* the new publisher reads a single pending record, so from
+    /// then on a replaced publisher's batches are refused by the epoch, not
+    /// by timing: a row the predecessor had read but not yet published can
+    /// never be published by both. Fails with
+    /// [`Error::PublisherReplaced`] when a newer epoch already took over.
+    /// Default: nothing to do (an in-process broker has one publisher).
+    fn take_over<'a>(&'a self, producer: &'a Producer) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = producer;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Publishes a batch in order. `producer` identifies the outbox so a
     /// broker can drop a re-sent publication it already wrote (by its
     /// `seq`), and fences a replaced publisher by its epoch. A batch starts

@@ -37,6 +37,10 @@ pub struct OutboxProcessor {
     shards: BrokerConfig,
     producer: String,
     wake: Arc<Notify>,
+    /// The elected publisher that took over in the broker (see
+    /// [`Broker::take_over`]); a batch of another is preceded by its take
+    /// over.
+    taken_over: std::sync::Mutex<Option<Producer>>,
 }
 
 impl std::fmt::Debug for OutboxProcessor {
@@ -67,6 +71,7 @@ impl OutboxProcessor {
             shards: BrokerConfig::default(),
             producer,
             wake,
+            taken_over: std::sync::Mutex::new(None),
         }
     }
 
@@ -102,7 +107,19 @@ impl OutboxProcessor {
     /// fencing epoch, see [`Producer::epoch`]); returns how many records
     /// were settled. A replaced publisher gets
     /// [`Error::PublisherReplaced`].
+    ///
+    /// An elected publisher (epoch above 0) first takes over in the broker,
+    /// once per epoch, before it reads a single pending record: from then
+    /// on its predecessor's batches are refused, so no record is published
+    /// by both.
     pub async fn process_batch_as(&self, producer: &Producer) -> Result<usize, Error> {
+        if producer.epoch > 0 && !self.has_taken_over(producer) {
+            self.broker.take_over(producer).await?;
+            *self
+                .taken_over
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(producer.clone());
+        }
         let records = self.store.pending(BATCH).await?;
         if records.is_empty() {
             return Ok(0);
@@ -158,6 +175,14 @@ impl OutboxProcessor {
                 Err(e.error)
             }
         }
+    }
+
+    fn has_taken_over(&self, producer: &Producer) -> bool {
+        self.taken_over
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            == Some(producer)
     }
 
     fn check(&self, r: &OutboxRecord) -> Result<(), String> {

@@ -44,11 +44,16 @@
 //!
 //! # Exactly once on the stream
 //!
-//! Each row reaches the stream once in normal operation. After a crash
+//! A new leader first *takes over* in the broker: it raises its epoch in
+//! every shard before it reads a single pending row. From then on every
+//! batch of its predecessor is refused by the epoch, whatever the order of
+//! stalls, crashes and outages: a row the predecessor read but had not
+//! published yet is published by the successor only. After a crash
 //! between publishing and marking the rows published, the next leader
 //! sends them again; the broker drops them by the row's own id (it keeps
-//! the ids of the rows it published that may still be sent again: about
-//! one batch), so a re-send never creates a second stream entry.
+//! the ids of the rows it published that may still be sent again), so a
+//! re-send never creates a second stream entry. The set and the epoch of
+//! an elected relay are kept in Redis for good (one pair per shard).
 //!
 //! # Redis down
 //!

@@ -113,6 +113,14 @@ impl RedisBroker {
 }
 
 impl RedisBroker {
+    /// The replicas a publish waits for (`[broker] wait_replicas`).
+    fn replicated(&self) -> Option<Replicated> {
+        (self.shards.wait_replicas > 0).then_some(Replicated {
+            replicas: self.shards.wait_replicas,
+            timeout_ms: self.shards.wait_timeout_ms,
+        })
+    }
+
     /// Checks every subscribed category's shard count against Redis's
     /// record (recording it where none is).
     async fn check_subscribed_shards(&self, plan: &ConsumerPlan) -> Result<(), Error> {
@@ -193,6 +201,33 @@ impl Broker for RedisBroker {
         })
     }
 
+    fn take_over<'a>(&'a self, producer: &'a Producer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            // An empty batch in every shard a publication can go to: the
+            // script raises the stored epoch (or refuses a replaced one)
+            // and trims nothing (floor 0).
+            let conn = self.redis.shared().await?;
+            let wait = self.replicated();
+            let runs = (0..self.shards.max_shards()).map(|shard| {
+                let mut c = conn.clone();
+                async move {
+                    Publish {
+                        producer,
+                        shard,
+                        floor: 0,
+                        batch: &[],
+                    }
+                    .run(&mut c, wait)
+                    .await
+                }
+            });
+            for r in futures::future::join_all(runs).await {
+                r?;
+            }
+            Ok(())
+        })
+    }
+
     fn publish<'a>(
         &'a self,
         producer: &'a Producer,
@@ -214,10 +249,7 @@ impl Broker for RedisBroker {
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
             let by_shard = split_by_shard(batch, &self.shards).map_err(fail)?;
             let floor = batch[0].seq;
-            let wait = (self.shards.wait_replicas > 0).then_some(Replicated {
-                replicas: self.shards.wait_replicas,
-                timeout_ms: self.shards.wait_timeout_ms,
-            });
+            let wait = self.replicated();
             let runs = by_shard.iter().map(|(shard, records)| {
                 let mut c = conn.clone();
                 async move {

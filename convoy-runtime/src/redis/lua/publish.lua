@@ -9,7 +9,9 @@
 -- KEYS[3i..3i+2]   record i: its stream, its category's partition index in
 --                  the shard, its category's count of partitioned publishes
 --                  in the shard (for lag)
--- ARGV[1]          producer keys TTL (ms)
+-- ARGV[1]          producer keys TTL (ms); 0 keeps them for good (an
+--                  elected relay's, whose successor must refuse a
+--                  predecessor however late it wakes)
 -- ARGV[2]          the whole batch's first seq (see below)
 -- ARGV[3]          the publisher's epoch
 -- then per record: seq, partition key ('' when unpartitioned), field count,
@@ -26,12 +28,15 @@
 -- always goes to the same shard, so the shard's set is the one that knows.
 --
 -- A publisher whose epoch is below the stored one was replaced (a stalled
--- relay whose leadership passed to another replica) and is refused, so it
--- can never publish a row after its successor published later rows. The
--- epoch is kept per shard: a successor raises it in every shard it writes
--- to, and a shard it has not written to yet holds no row of the successor
--- that a stale batch could overtake (what the stale batch writes there, the
--- successor's resend drops as published).
+-- relay whose leadership passed to another replica) and is refused. An
+-- elected publisher raises its epoch in every shard with an empty batch
+-- (the broker's take_over) before it reads a single pending row, so once
+-- the successor may publish, every batch of its predecessor is refused by
+-- the epoch, whatever the order of stalls and outages: the predecessor
+-- cannot publish a row the successor read too, nor trim a row the
+-- successor may still send out of the published set (a trim happens only
+-- in an accepted batch, whose rows below its first were settled before
+-- the successor read).
 -- Returns {1, the number of records written} or {-1, the stored epoch}.
 local ttl = ARGV[1]
 local epoch = tonumber(ARGV[3])
@@ -39,9 +44,14 @@ local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
 if epoch < stored then
   return {-1, stored}
 end
+local forever = ttl == '0'
 if epoch > stored then
-  redis.call('SET', KEYS[2], epoch, 'PX', ttl)
-elseif stored > 0 then
+  if forever then
+    redis.call('SET', KEYS[2], epoch)
+  else
+    redis.call('SET', KEYS[2], epoch, 'PX', ttl)
+  end
+elseif stored > 0 and not forever then
   -- Kept as long as the producer publishes, so a replaced publisher is
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
@@ -97,5 +107,7 @@ end
 if #sent > 0 then
   redis.call('ZADD', KEYS[1], unpack(sent))
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
+if not forever then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
 return {1, written}

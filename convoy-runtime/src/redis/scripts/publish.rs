@@ -11,8 +11,10 @@ use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
 
-/// How long a producer's published set and epoch are kept after its last
-/// publish (7 days).
+/// How long a single publisher's published set and epoch are kept after
+/// its last publish (7 days). An elected publisher's (epoch above 0) are
+/// kept for good: one key pair per shard and outbox table, and a
+/// predecessor must be refused however late it wakes.
 const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// Publishes the records of a batch that are in `shard`, for `producer`.
@@ -94,7 +96,11 @@ impl Publish<'_> {
         let shard = self.shard;
         inv.key(names::producer_sent(shard, &self.producer.name))
             .key(names::producer_epoch(shard, &self.producer.name))
-            .arg(PRODUCER_TTL_MS)
+            .arg(if self.producer.epoch > 0 {
+                0
+            } else {
+                PRODUCER_TTL_MS
+            })
             .arg(self.floor)
             .arg(self.producer.epoch);
         for p in self.batch {

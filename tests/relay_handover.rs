@@ -1,0 +1,196 @@
+//! A relay handover cannot publish a row twice, whatever the timing: the
+//! three steps that produced duplicate stream entries, made deterministic.
+//!
+//! 1. The new leader (epoch 2) reads the pending rows R (it is then held
+//!    up, as by a Redis outage, before it publishes them).
+//! 2. The old leader (epoch 1), not yet aware it was replaced, publishes R
+//!    and marks them published, then publishes its next batch R', whose
+//!    first seq would trim R out of the broker's dedup set.
+//! 3. The new leader publishes what it read.
+//!
+//! The new leader takes over in the broker (raises its epoch in every
+//! shard) before it reads a row, so the old leader's batches are refused
+//! by the epoch in step 2, and every row reaches its stream once.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use convoy_runtime::broker::Producer;
+use convoy_runtime::outbox::{OutboxProcessor, OutboxRecord, OutboxStats, OutboxStore};
+use convoy_runtime::testing::RedisServer;
+use convoy_runtime::{BoxFuture, Envelope, Error};
+use support::{Posted, names, publisher, test_config};
+use tokio::sync::{Notify, Semaphore};
+
+/// An outbox store whose `pending` reads the rows, then waits for the test
+/// to let it return them: a relay held up between reading and publishing.
+struct HeldUp {
+    inner: Arc<dyn OutboxStore>,
+    read: Notify,
+    release: Semaphore,
+}
+
+impl OutboxStore for HeldUp {
+    fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.append(envelopes)
+    }
+    fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        Box::pin(async move {
+            let rows = self.inner.pending(limit).await?;
+            self.read.notify_one();
+            let permit = self.release.acquire().await.expect("semaphore open");
+            permit.forget();
+            Ok(rows)
+        })
+    }
+    fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.mark_published(seqs)
+    }
+    fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.mark_abandoned(seq, reason)
+    }
+    fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.record_failure(seq)
+    }
+    fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.records()
+    }
+    fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
+        self.inner.stats()
+    }
+    fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.abandoned(limit)
+    }
+    fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.retry(seq)
+    }
+    fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.discard(seq)
+    }
+}
+
+/// How many entries of each event (`client#seq`) the partition stream of
+/// `key` holds.
+async fn entries(redis: &RedisServer, key: &str) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for e in support::pg::stream_of(&redis.url(), key).await {
+        *seen.entry(e.id()).or_default() += 1;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_successor_is_held_up()
+{
+    let redis = RedisServer::start().expect("start redis-server");
+    let domain = publisher(test_config(&redis.url()), "relays");
+    let store = domain.outbox().clone();
+    let lanes = domain.config().server.priority_lanes.clone();
+    let held = Arc::new(HeldUp {
+        inner: store.clone(),
+        read: Notify::new(),
+        release: Semaphore::new(0),
+    });
+    let old = OutboxProcessor::new(
+        store.clone(),
+        domain.broker().clone(),
+        lanes.clone(),
+        "old",
+        Arc::new(Notify::new()),
+    );
+    let new = Arc::new(OutboxProcessor::new(
+        held.clone(),
+        domain.broker().clone(),
+        lanes,
+        "new",
+        Arc::new(Notify::new()),
+    ));
+    // Both relays publish under the outbox's shared name; the old leader's
+    // epoch 1 has been seen by the broker before the handover.
+    let shared = |epoch| Producer {
+        name: "outbox/shared".into(),
+        epoch,
+    };
+    let raise = |events: Vec<Posted>| {
+        let domain = &domain;
+        async move {
+            let mut uow = domain.unit_of_work();
+            for e in events {
+                uow.raise(e).expect("raise");
+            }
+            uow.commit().await.expect("commit");
+        }
+    };
+    raise(vec![Posted::new("a", 0)]).await;
+    old.process_batch_as(&shared(1))
+        .await
+        .expect("the old leader publishes before the handover");
+
+    // 1. The new leader reads R and is held up.
+    raise((1..4).map(|n| Posted::new("a", n)).collect()).await;
+    let reading = held.read.notified();
+    let successor = {
+        let new = new.clone();
+        tokio::spawn(async move { new.process_batch_as(&shared(2)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the new leader read the pending rows");
+
+    // 2. The old leader publishes R, then R' (whose first seq trims R out
+    //    of the dedup set).
+    let first = old.process_batch_as(&shared(1)).await;
+    raise((4..6).map(|n| Posted::new("a", n)).collect()).await;
+    let second = old.process_batch_as(&shared(1)).await;
+
+    // 3. The new leader publishes what it read, then what is left.
+    held.release.add_permits(1_000);
+    successor
+        .await
+        .expect("join")
+        .expect("the new leader publishes");
+    new.drain_as(&shared(2)).await.expect("the new leader drains");
+
+    let seen = entries(&redis, "a").await;
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "rows published under two stream entries: {twice:?} (old leader's batches: {first:?}, {second:?})"
+    );
+    assert_eq!(
+        seen.keys().cloned().collect::<Vec<_>>(),
+        (0..6).map(|n| format!("a#{n}")).collect::<Vec<_>>(),
+        "every row reached its stream, in commit order"
+    );
+    for r in [first, second] {
+        assert!(
+            matches!(r, Err(Error::PublisherReplaced { newer: 2, .. })),
+            "the old leader is refused by the epoch once its successor took over: {r:?}"
+        );
+    }
+    // The epoch of an elected relay is kept for good, so a predecessor is
+    // refused however late it wakes (a single publisher's expires).
+    let mut conn = redis.connection().await.expect("connect");
+    for shard in names::shards() {
+        let key = convoy_runtime::redis::keys::producer_epoch(shard, "outbox/shared");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert_eq!(ttl, -1, "{key} exists and does not expire");
+    }
+    let in_order: Vec<String> = support::pg::stream_of(&redis.url(), "a")
+        .await
+        .iter()
+        .map(Posted::id)
+        .collect();
+    assert_eq!(
+        in_order,
+        (0..6).map(|n| format!("a#{n}")).collect::<Vec<_>>(),
+        "the stream holds the key's rows once each, in commit order"
+    );
+}
