@@ -361,3 +361,127 @@ async fn without_notify_the_relay_finds_committed_rows_by_polling() {
     engine.shutdown().await.expect("shutdown");
     assert_eq!(seqs(&env.stream("q").await), vec![0, 1, 2]);
 }
+
+/// `AppliedEvents::claim` for an event delivered as the stream entry
+/// `entry_id` of `stream`, carrying the stream fields `origin` (when
+/// given), under `generation`; commits when the event is new.
+async fn claim_as(
+    pool: &sqlx::PgPool,
+    applied: &convoy_runtime::postgres::AppliedEvents,
+    stream: &str,
+    entry_id: &str,
+    origin: Option<&str>,
+    generation: u64,
+) -> Result<convoy_runtime::postgres::Applied, convoy_runtime::Error> {
+    let mut fields = vec![
+        ("id", format!("m-{entry_id}")),
+        ("type", "Posted".to_owned()),
+        ("category", "ledger".to_owned()),
+        ("key", "a".to_owned()),
+        ("time", "1".to_owned()),
+        ("priority", "normal".to_owned()),
+        ("payload", "{}".to_owned()),
+    ];
+    if let Some(o) = origin {
+        fields.push(("origin", o.to_owned()));
+    }
+    let envelope = convoy_runtime::Envelope::from_fields(
+        stream,
+        entry_id,
+        fields.iter().map(|(k, v)| (*k, v.as_bytes())),
+    )
+    .expect("envelope");
+    let ctx = convoy_runtime::Context::new(
+        "projector",
+        &envelope,
+        1,
+        std::sync::Arc::new(convoy_runtime::key::KeyPolicy::default()),
+    )
+    .with_position(convoy_runtime::Position {
+        stream: stream.to_owned(),
+        entry_id: entry_id.to_owned(),
+    })
+    .with_fence(convoy_runtime::Fence {
+        owner: "e".into(),
+        generation,
+    });
+    let mut tx = pool.begin().await.expect("begin");
+    let applied = applied.claim(&mut tx, &ctx).await?;
+    if !applied.is_already_applied() {
+        tx.commit().await.expect("commit");
+    }
+    Ok(applied)
+}
+
+/// An event is recognised by its own identity (its outbox and seq), not by
+/// where it sits in a stream: a duplicate stream entry of an applied event
+/// is a re-run, and an event in a stream recreated (after a reap) with
+/// entry ids from a clock that stepped back is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_is_keyed_by_the_event_not_its_stream_entry() {
+    use convoy_runtime::postgres::Applied;
+    let env = PgEnv::start();
+    let outbox = env.outbox().await;
+    let pool = env.pool().await;
+    let applied = outbox.applied_events();
+    let s = "{3}ledger:a";
+    let claim = |entry: &'static str, origin: Option<&'static str>, generation: u64| {
+        claim_as(&pool, &applied, s, entry, origin, generation)
+    };
+    assert_eq!(
+        claim("5000-0", Some("pg/x#10"), 1).await.expect("claim"),
+        Applied::New
+    );
+    assert_eq!(
+        claim("5000-0", Some("pg/x#10"), 1).await.expect("claim"),
+        Applied::AlreadyApplied,
+        "a re-run of the same entry"
+    );
+    // The partition was reaped and its stream created again; Redis's clock
+    // had stepped back, so the new event's entry id is below the last one
+    // applied. It is a new event all the same.
+    assert_eq!(
+        claim("1-0", Some("pg/x#11"), 2).await.expect("claim"),
+        Applied::New,
+        "a new event in a recreated stream with smaller entry ids"
+    );
+    // The same outbox row reached the stream a second time, after later
+    // events: a second entry of an applied event is not applied again.
+    assert_eq!(
+        claim("6000-0", Some("pg/x#10"), 2).await.expect("claim"),
+        Applied::AlreadyApplied,
+        "a duplicate stream entry of an applied event"
+    );
+    assert_eq!(
+        claim("6000-1", Some("pg/x#12"), 2).await.expect("claim"),
+        Applied::New
+    );
+    // Another outbox's events are counted apart.
+    assert_eq!(
+        claim("6000-2", Some("pg/y#1"), 2).await.expect("claim"),
+        Applied::New
+    );
+    // An entry without an origin (a replayed dead letter) goes by its
+    // entry id.
+    assert_eq!(claim("7000-0", None, 2).await.expect("claim"), Applied::New);
+    assert_eq!(
+        claim("7000-0", None, 2).await.expect("claim"),
+        Applied::AlreadyApplied
+    );
+    // A stale owner is refused, with or without an origin.
+    for origin in [Some("pg/x#13"), None] {
+        match claim("8000-0", origin, 1).await {
+            Err(convoy_runtime::Error::FencedWrite {
+                generation: 1,
+                newer: 2,
+                ..
+            }) => {}
+            other => panic!("a stale owner's claim is refused: {other:?}"),
+        }
+    }
+    assert_eq!(
+        claim("8000-0", Some("pg/x#13"), 3).await.expect("claim"),
+        Applied::New,
+        "the stale owner's refused claim changed nothing"
+    );
+}

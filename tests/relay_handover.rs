@@ -84,7 +84,7 @@ async fn entries(redis: &RedisServer, key: &str) -> BTreeMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_successor_is_held_up()
-{
+ {
     let redis = RedisServer::start().expect("start redis-server");
     let domain = publisher(test_config(&redis.url()), "relays");
     let store = domain.outbox().clone();
@@ -152,7 +152,9 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
         .await
         .expect("join")
         .expect("the new leader publishes");
-    new.drain_as(&shared(2)).await.expect("the new leader drains");
+    new.drain_as(&shared(2))
+        .await
+        .expect("the new leader drains");
 
     let seen = entries(&redis, "a").await;
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
@@ -183,6 +185,31 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
             .expect("PTTL");
         assert_eq!(ttl, -1, "{key} exists and does not expire");
     }
+    // Each entry carries its identity: the outbox's name and the row's seq,
+    // increasing along the key's stream.
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(names::stream("ledger", "a"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("XRANGE");
+    let origins: Vec<convoy_runtime::Origin> = entries
+        .ids
+        .iter()
+        .map(|e| {
+            let wire: String = e.get("origin").expect("an origin field");
+            convoy_runtime::Origin::parse(&wire).expect("producer#seq")
+        })
+        .collect();
+    assert!(
+        origins.iter().all(|o| o.producer == "outbox/shared"),
+        "{origins:?}"
+    );
+    assert!(
+        origins.windows(2).all(|w| w[0].seq < w[1].seq),
+        "{origins:?}"
+    );
     let in_order: Vec<String> = support::pg::stream_of(&redis.url(), "a")
         .await
         .iter()

@@ -308,6 +308,7 @@ mod tests {
             priority: Priority::Normal,
             correlation_id: None,
             payload: "{}".into(),
+            origin: None,
         }
     }
 

@@ -896,6 +896,7 @@ mod tests {
                     priority: convoy_runtime::Priority::Normal,
                     correlation_id: None,
                     payload: "{\"seq\":3,\"poison\":true}".into(),
+                    origin: None,
                 }),
                 decode_error: None,
             }),

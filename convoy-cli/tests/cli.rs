@@ -859,6 +859,7 @@ fn entry(key: &str, seq: u64) -> convoy_runtime::Envelope {
         priority: convoy_runtime::Priority::Normal,
         correlation_id: None,
         payload: format!("{{\"client_id\":\"{key}\",\"seq\":{seq},\"poison\":false}}"),
+        origin: None,
     }
 }
 

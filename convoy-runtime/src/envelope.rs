@@ -12,6 +12,7 @@
 //! | `priority` | `normal` or `low` |
 //! | `correlation` | the correlation id; absent when none |
 //! | `payload` | the message itself, as JSON |
+//! | `origin` | `{producer}#{seq}`: the outbox that published it and its record there (see [`Origin`]); absent on entries written by an older convoy or replayed by an operator |
 //!
 //! An entry that lacks a required field or has an unreadable one is a
 //! processing failure of the handler that reads it (retried, then halted or
@@ -64,6 +65,43 @@ pub struct Envelope {
     pub correlation_id: Option<String>,
     /// The message as JSON.
     pub payload: String,
+    /// Where it was published from: set by the outbox processor when it
+    /// publishes the record (`None` before, and on entries without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The identity of a published event: the outbox that published it (its
+/// producer name, shared by a PostgreSQL outbox's replicas) and the
+/// record's sequence number there. Within one producer a partition key's
+/// records are published in increasing `seq` (a PostgreSQL outbox
+/// serialises a key's inserts, so its ids follow the key's commit order),
+/// so `(producer, seq)` identifies an event and orders it among its key's
+/// events, whichever stream entry carries it: a duplicate entry, a stream
+/// recreated after a reap or a Redis clock step cannot change it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Origin {
+    /// The producer name ([`Producer::name`](crate::broker::Producer::name)).
+    pub producer: String,
+    /// The record's sequence number in that outbox.
+    pub seq: u64,
+}
+
+impl Origin {
+    /// The wire form, `{producer}#{seq}`.
+    pub fn to_wire(&self) -> String {
+        format!("{}#{}", self.producer, self.seq)
+    }
+
+    /// Reads the wire form (the last `#` separates the seq, so a producer
+    /// name may hold one); `None` if it has another form.
+    pub fn parse(wire: &str) -> Option<Origin> {
+        let (producer, seq) = wire.rsplit_once('#')?;
+        Some(Origin {
+            producer: producer.to_owned(),
+            seq: seq.parse().ok()?,
+        })
+    }
 }
 
 /// The names of the stream entry fields.
@@ -84,6 +122,8 @@ pub mod fields {
     pub const CORRELATION: &str = "correlation";
     /// JSON payload.
     pub const PAYLOAD: &str = "payload";
+    /// Producer and outbox seq (`{producer}#{seq}`).
+    pub const ORIGIN: &str = "origin";
 }
 
 impl Envelope {
@@ -108,6 +148,7 @@ impl Envelope {
             priority,
             correlation_id,
             payload,
+            origin: None,
         })
     }
 
@@ -135,6 +176,9 @@ impl Envelope {
         }
         if let Some(c) = &self.correlation_id {
             out.push((fields::CORRELATION, c.clone()));
+        }
+        if let Some(o) = &self.origin {
+            out.push((fields::ORIGIN, o.to_wire()));
         }
         out
     }
@@ -199,6 +243,7 @@ impl Envelope {
         let mut priority = Priority::Normal;
         let mut correlation = None;
         let mut payload = None;
+        let mut origin = None;
         for (name, value) in entries {
             let text = std::str::from_utf8(value)
                 .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?
@@ -222,6 +267,13 @@ impl Envelope {
                 }
                 fields::CORRELATION => correlation = Some(text),
                 fields::PAYLOAD => payload = Some(text),
+                fields::ORIGIN => {
+                    origin = Some(Origin::parse(&text).ok_or_else(|| {
+                        malformed(format!(
+                            "field `origin` is not `{{producer}}#{{seq}}`: {text:?}"
+                        ))
+                    })?)
+                }
                 _ => {}
             }
         }
@@ -235,6 +287,7 @@ impl Envelope {
             priority,
             correlation_id: correlation,
             payload: payload.ok_or_else(|| missing(fields::PAYLOAD))?,
+            origin,
         })
     }
 }
@@ -266,12 +319,23 @@ mod tests {
             priority: Priority::Low,
             correlation_id: None,
             payload: "{}".into(),
+            origin: None,
         }
     }
 
     #[test]
     fn fields_round_trip() {
-        let e = sample();
+        let e = Envelope {
+            origin: Some(Origin {
+                producer: "pg/a#b".into(),
+                seq: 42,
+            }),
+            ..sample()
+        };
+        assert_eq!(
+            e.to_fields().last(),
+            Some(&(fields::ORIGIN, "pg/a#b#42".to_owned()))
+        );
         let f = e.to_fields();
         let back = Envelope::from_fields("s", "1-0", f.iter().map(|(k, v)| (*k, v.as_bytes())))
             .expect("round trip");

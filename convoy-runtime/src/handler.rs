@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::envelope::{Envelope, Priority};
+use crate::envelope::{Envelope, Origin, Priority};
 use crate::error::Error;
 pub use crate::future::BoxFuture;
 use crate::key::KeyPolicy;
@@ -179,6 +179,7 @@ pub struct Context {
     message_type: String,
     correlation_id: Option<String>,
     partition_key: Option<String>,
+    origin: Option<Origin>,
     fence: Option<Fence>,
     attempt: u32,
     dispatched_at: SystemTime,
@@ -222,6 +223,7 @@ impl Context {
             message_type: envelope.type_name.clone(),
             correlation_id: envelope.correlation_id.clone(),
             partition_key: envelope.partition_key.clone(),
+            origin: envelope.origin.clone(),
             fence: None,
             attempt,
             dispatched_at: SystemTime::now(),
@@ -290,6 +292,14 @@ impl Context {
     /// The partition key of the message (`None` for unpartitioned messages).
     pub fn partition_key(&self) -> Option<&str> {
         self.partition_key.as_deref()
+    }
+
+    /// The event's identity: the outbox that published it and its record
+    /// there (`None` for an entry written by an older convoy or replayed by
+    /// an operator). `AppliedEvents` (feature `postgres`) recognises a
+    /// re-run by it.
+    pub fn origin(&self) -> Option<&Origin> {
+        self.origin.as_ref()
     }
 
     /// The fence of the partition being consumed, when consumed from a

@@ -160,7 +160,7 @@ pub use broker::{Broker, Capabilities, InlineBroker};
 pub use config::Config;
 pub use domain::{Domain, DomainBuilder};
 pub use engine::{Engine, EngineHandle, Health};
-pub use envelope::{Envelope, Priority};
+pub use envelope::{Envelope, Origin, Priority};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;
 pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError, Position};

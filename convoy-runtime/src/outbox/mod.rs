@@ -103,7 +103,12 @@ pub trait OutboxStore: Any + Send + Sync + 'static {
 
     /// Makes an abandoned record pending again (an operator's retry);
     /// returns whether there was such a record. It then publishes after the
-    /// records of its key that were published while it was abandoned.
+    /// records of its key that were published while it was abandoned, with
+    /// its own (older) seq: a handler using `AppliedEvents`, which orders a
+    /// key's events by seq, takes it as applied if later records of the key
+    /// were applied meanwhile. Raise the event again instead where that
+    /// matters (an abandoned record's key was invalid when it was
+    /// published, so this needs a configuration change first).
     fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>>;
 
     /// Deletes an abandoned record (an operator's discard); returns whether

@@ -8,6 +8,7 @@ use super::{OutboxRecord, OutboxStore};
 use crate::backoff::Backoff;
 use crate::broker::{Broker, Producer, Publication};
 use crate::config::{BrokerConfig, PriorityLanesConfig};
+use crate::envelope::Origin;
 use crate::error::{Error, chain};
 use crate::key::Escaped;
 use crate::key::check_key;
@@ -142,11 +143,16 @@ impl OutboxProcessor {
                 &self.lanes,
                 self.shards.shards_of(&r.envelope.category),
             );
+            let mut envelope = r.envelope.clone();
+            envelope.origin = Some(Origin {
+                producer: producer.name.clone(),
+                seq: r.seq,
+            });
             batch.push(Publication {
                 seq: r.seq,
                 stream: to.stream,
                 partition: to.partition,
-                envelope: r.envelope.clone(),
+                envelope,
             });
         }
         if batch.is_empty() {

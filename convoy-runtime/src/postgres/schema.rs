@@ -5,7 +5,8 @@
 //! | --- | --- |
 //! | `{schema}.{table}` | one row per raised event: `id` (identity, publish order within a key), `category`, `partition_key` (bytea: a key may hold any UTF-8, NUL included), `envelope` (the event as JSON), `raised_ms`, `status` (0 pending, 1 published and kept for `retention_seconds`, 2 abandoned), `attempts`, `reason`, `published_at` |
 //! | `{schema}.{table}_relay` | one row: the producer id the broker knows this outbox by (shared by every replica), the relay's fencing epoch, the schema version |
-//! | `{schema}.{table}_applied` | the exactly-once helper's row per (handler, partition stream): lease generation and last applied entry |
+//! | `{schema}.{table}_applied` | the exactly-once helper's fence per (handler, partition stream): the newest lease generation, and the last applied entry of events without an origin |
+//! | `{schema}.{table}_applied_origin` | the exactly-once helper's record per (handler, partition stream, producer): the largest outbox seq applied (an event's identity, see `Origin`) |
 //!
 //! Pending, published and abandoned rows each have a partial index, so the
 //! relay's read, the retention sweep and the operator's listing never scan
@@ -44,6 +45,16 @@ const MIGRATIONS: &[&str] = &[
         entry_seq bigint NOT NULL,
         applied_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (handler, stream)
+    );",
+    // 2: exactly-once by the event's identity (its producer and outbox
+    // seq), not by where it sits in a stream.
+    "CREATE TABLE {applied_origin} (
+        handler text NOT NULL,
+        stream bytea NOT NULL,
+        producer text NOT NULL,
+        seq bigint NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (handler, stream, producer)
     );",
 ];
 
@@ -150,6 +161,7 @@ impl Tables {
         for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
             let sql = step
                 .replace("{t}", &self.qualified)
+                .replace("{applied_origin}", &self.named("_applied_origin"))
                 .replace("{applied}", &self.named("_applied"))
                 .replace("{n}", &n);
             sqlx::raw_sql(AssertSqlSafe(sql))

@@ -345,6 +345,7 @@ mod tests {
                 priority: Priority::Normal,
                 correlation_id: None,
                 payload: "{}".into(),
+                origin: None,
             },
         }
     }

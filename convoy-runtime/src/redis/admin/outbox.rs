@@ -172,6 +172,7 @@ mod tests {
                 priority: crate::envelope::Priority::Normal,
                 correlation_id: None,
                 payload: "{}".into(),
+                origin: None,
             },
             status,
             attempts: 0,

@@ -11,7 +11,10 @@
 -- ARGV[1] dead letter id, ARGV[2] partition key, ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category
 --
--- The copy leaves out the `dlq_*` fields. The key is put back into the
+-- The copy leaves out the `dlq_*` fields and the `origin` (the event's
+-- outbox and seq): the replayed entry comes after later events of its key
+-- on purpose, and a handler's exactly-once record (which orders a key's
+-- events by origin) must take it as new, by its new entry id. The key is put back into the
 -- index, as a publish does, so a reaped partition is discovered again; the
 -- caller then writes a wake-up so an idle owner wakes.
 --
@@ -31,7 +34,7 @@ for j = 1, #flat, 2 do
     if name == 'dlq_group' then
       group = value
     end
-  else
+  elseif name ~= 'origin' then
     if name == 'key' and value ~= ARGV[2] then
       return {'wrong_key', value}
     end

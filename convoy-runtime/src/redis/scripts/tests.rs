@@ -408,6 +408,7 @@ fn publication(seq: u64, key: &str) -> crate::broker::Publication {
         priority: crate::envelope::Priority::Normal,
         correlation_id: None,
         payload: format!("{{\"seq\":{seq}}}"),
+        origin: None,
     };
     crate::broker::Publication {
         seq,
