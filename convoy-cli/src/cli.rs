@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 const AFTER_HELP: &str = "\
-Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config:
+Connection: --redis-url, else $CONVOY_REDIS_URL, else [broker] url of --config
+as the engine reads it: the file with the engine's environment overrides
+($CONVOY_BROKER_URL, and $CONVOY__SECTION__KEY for any key, for example
+$CONVOY__BROKER__URL or $CONVOY__SERVER__PRIORITY_LANES__BACKFILL_SUFFIX).
 redis://host:port/ (rediss:// for TLS), or a Redis Cluster by one or more of its
 nodes, redis+cluster://host1:port1,host2:port2/ (rediss+cluster:// for TLS).
 The outbox commands: --postgres-url, else $CONVOY_POSTGRES_URL, else [outbox]
-postgres_url of --config (and its schema and table).
+postgres_url of --config (and its schema and table), overrides applied.
 
 Exit codes: 0 done; 1 refused, declined or failed (nothing was changed unless
 the message says so); 2 Redis (or the outbox's PostgreSQL) cannot be reached;

@@ -109,8 +109,10 @@ pub struct Target {
     backfill_suffix: String,
 }
 
-/// The URL from the flag or the environment (clap reads both), else from
-/// the configuration file; the backfill suffix and TLS CA from the file.
+/// The URL from the flag or `CONVOY_REDIS_URL` (clap reads both), else
+/// from the configuration as the engine reads it (`[broker] url`, which
+/// `CONVOY_BROKER_URL` or `CONVOY__BROKER__URL` override); the backfill
+/// suffix and TLS CA from the configuration.
 pub fn target(conn: &Connection) -> Result<Target, CliError> {
     let shown = conn.config.display().to_string();
     let config = load_config(&conn.config)?;
@@ -133,15 +135,17 @@ pub fn target(conn: &Connection) -> Result<Target, CliError> {
     }
 }
 
-/// The configuration, or every default when the file does not exist: the
-/// CLI needs the file only for what a flag does not give (the URL, the TLS
-/// CA, the backfill suffix), and says which file it looked at when the URL
-/// is missing.
+/// The configuration as the engine reads it: the file with the same
+/// environment overrides (`CONVOY__SECTION__KEY`, `CONVOY_BROKER_URL`;
+/// [`Config::load`]), or the defaults with them when the file does not
+/// exist. The CLI needs it only for what a flag does not give (the URL,
+/// the TLS CA, the backfill suffix, the outbox), and says which file it
+/// looked at when the URL is missing.
 pub fn load_config(path: &Path) -> Result<Config, CliError> {
     if !path.exists() {
-        return Ok(Config::default());
+        return Config::from_env().map_err(CliError::Config);
     }
-    Config::from_file(path).map_err(CliError::Config)
+    Config::load(path).map_err(CliError::Config)
 }
 
 pub async fn connect(t: &Target) -> Result<Admin, CliError> {

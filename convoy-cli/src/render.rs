@@ -250,13 +250,25 @@ fn halt_text(p: &PartitionStatus) -> String {
 /// Keys are escaped and cut to fit, or whole in hexadecimal with
 /// `key_hex`.
 pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
+    let layout = format!(
+        "category {}: {}, {} shards\n",
+        text(&r.category),
+        match &r.key_field {
+            Some(f) => format!("partitioned by `{}`", text(f)),
+            None => "no partition key recorded".to_owned(),
+        },
+        r.shards
+    );
     if r.partitions.is_empty() {
         let groups = if r.groups.is_empty() {
             "no handler registered".to_owned()
         } else {
             format!("handlers: {}", text(&r.groups.join(", ")))
         };
-        return format!("category {}: no live partitions ({groups})\n", r.category);
+        return format!(
+            "{layout}category {}: no live partitions ({groups})\n",
+            r.category
+        );
     }
     let mut altered = false;
     let mut t = Table::new(&[
@@ -329,7 +341,7 @@ pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
         String::new()
     };
     format!(
-        "{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}{behind}\n{hint}",
+        "{layout}{}\ncategory {}: {}, {}, {} owned, {} halted; length {}{backfill}, pending {}, lag {lag}{behind}\n{hint}",
         t.render(),
         text(&r.category),
         plural(s.partitions, "partition", "partitions"),
@@ -763,6 +775,8 @@ mod tests {
     fn partitions_table_and_totals() {
         let report = CategoryReport {
             category: "ledger".into(),
+            shards: 16,
+            key_field: Some("client_id".into()),
             groups: vec!["app::Ledger".into()],
             partitions: vec![status("c0", false), status("c1", true)],
             totals: Totals {
@@ -782,18 +796,22 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED         REASON"
+            "category ledger: partitioned by `client_id`, 16 shards"
         );
         assert_eq!(
             lines[1],
-            "c0   app::Ledger  e0      12   1.9s    0        0    0  no"
+            "KEY  HANDLER      OWNER  GEN  LEASE  LEN  PENDING  LAG  HALTED         REASON"
         );
         assert_eq!(
             lines[2],
+            "c0   app::Ledger  e0      12   1.9s    0        0    0  no"
+        );
+        assert_eq!(
+            lines[3],
             "c1   app::Ledger  e0      12   1.9s    7        7    7  yes, 6 behind  max_retries exceeded: poison event c1#3"
         );
         assert_eq!(
-            lines[4],
+            lines[5],
             "category ledger: 2 partitions, 1 handler, 2 owned, 1 halted; length 7, pending 7, lag 7 (6 behind halted heads)"
         );
         let empty = CategoryReport {
@@ -802,7 +820,15 @@ mod tests {
         };
         assert_eq!(
             partitions(&empty, false),
-            "category ledger: no live partitions (handlers: app::Ledger)\n"
+            "category ledger: partitioned by `client_id`, 16 shards\ncategory ledger: no live partitions (handlers: app::Ledger)\n"
+        );
+        let unrecorded = CategoryReport {
+            key_field: None,
+            ..empty
+        };
+        assert!(
+            partitions(&unrecorded, false)
+                .starts_with("category ledger: no partition key recorded, 16 shards\n")
         );
     }
 
@@ -812,6 +838,8 @@ mod tests {
         let long = "k".repeat(64 * 1024);
         let report = CategoryReport {
             category: "ledger".into(),
+            shards: 16,
+            key_field: None,
             groups: vec!["app::Ledger".into()],
             partitions: vec![
                 status(hostile, false),
@@ -827,12 +855,12 @@ mod tests {
         );
         let lines: Vec<&str> = out.lines().collect();
         assert!(
-            lines[1].starts_with("a\\u{1b}[2J\\r\\nb\\u{202e}gpj.exe  "),
+            lines[2].starts_with("a\\u{1b}[2J\\r\\nb\\u{202e}gpj.exe  "),
             "{:?}",
-            lines[1]
+            lines[2]
         );
         assert!(lines.iter().all(|l| l.chars().count() < 200), "{out}");
-        assert!(lines[2].starts_with(&format!("{}…  app::Ledger", "k".repeat(KEY_CELL - 1))));
+        assert!(lines[3].starts_with(&format!("{}…  app::Ledger", "k".repeat(KEY_CELL - 1))));
         assert!(out.contains("`--key-hex` lists them whole"), "{out}");
         // Whole, in hexadecimal, for --key-hex.
         let out = partitions(&report, true);

@@ -17,6 +17,8 @@ pub(crate) const EVENT: Symbol = Symbol("event");
 pub(crate) const COMMAND: Symbol = Symbol("command");
 /// `category = "..."` in `#[aggregate(..)]`.
 pub(crate) const CATEGORY: Symbol = Symbol("category");
+/// `partition_key = "field"` in `#[aggregate(..)]`.
+pub(crate) const PARTITION_KEY: Symbol = Symbol("partition_key");
 /// `name = "..."` in `#[event(..)]` / `#[command(..)]`.
 pub(crate) const NAME: Symbol = Symbol("name");
 /// `part_of = Aggregate`, in message derives and handler attributes.
@@ -33,7 +35,7 @@ pub(crate) const HANDLE: Symbol = Symbol("handle");
 /// The arguments of `#[event_handler(..)]` and `#[command_handler(..)]`.
 pub(crate) const HANDLER_ARGS: &[Symbol] = &[PART_OF, SEQUENTIAL_BY, HANDLES, NAME];
 /// The arguments of `#[aggregate(..)]`.
-pub(crate) const AGGREGATE_ARGS: &[Symbol] = &[CATEGORY];
+pub(crate) const AGGREGATE_ARGS: &[Symbol] = &[CATEGORY, PARTITION_KEY];
 /// The arguments of `#[event(..)]` and `#[command(..)]`.
 pub(crate) const MESSAGE_ARGS: &[Symbol] = &[PART_OF, NAME, REPLY];
 

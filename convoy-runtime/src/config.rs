@@ -724,9 +724,12 @@ impl RetryConfig {
 }
 
 impl Config {
-    /// Reads `path`, without environment overrides. A path that does not
-    /// exist is an error naming it: run on defaults explicitly with
-    /// `Config::default()`.
+    /// Reads `path` **without** the environment overrides: the file as it
+    /// is. Engines and the `convoy` CLI read it with [`Config::load`], which
+    /// applies `CONVOY__SECTION__KEY`, `CONVOY_BROKER_URL` and
+    /// `CONVOY_INSTANCE_ID`; use that unless you mean to ignore them. A
+    /// path that does not exist is an error naming it: run on defaults
+    /// explicitly with `Config::default()`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, Error> {
         let path = path.as_ref();
         let table = read_table(path)?;

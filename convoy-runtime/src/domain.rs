@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::broker::{Broker, Capabilities, InlineBroker};
+use crate::broker::{Broker, Capabilities, InlineBroker, check_raised};
 use crate::config::Config;
 use crate::envelope::{Envelope, Priority};
 use crate::error::{Error, Problems};
@@ -66,7 +66,11 @@ impl Domain {
 
     /// A new unit of work.
     pub fn unit_of_work(&self) -> UnitOfWork {
-        UnitOfWork::new(self.inner.outbox.clone(), self.inner.policy.clone())
+        UnitOfWork::new(
+            self.inner.outbox.clone(),
+            self.inner.broker.clone(),
+            self.inner.policy.clone(),
+        )
     }
 
     /// Dispatches a command synchronously to its command handler and returns
@@ -108,10 +112,9 @@ impl Domain {
                             d.type_name
                         ),
                     })?;
-                self.inner
-                    .outbox
-                    .append(ctx.take_raised().into_envelopes())
-                    .await?;
+                let raised = ctx.take_raised();
+                check_raised(&*self.inner.broker, raised.key_fields().to_vec()).await?;
+                self.inner.outbox.append(raised.into_envelopes()).await?;
                 Ok(*reply)
             }
             Ok(Dispatched::NotHandled) => Err(Error::NoCommandHandler(d.type_name.to_owned())),
@@ -284,7 +287,18 @@ impl DomainBuilder {
     }
 
     /// Validates only what was given to this builder, not every declaration
-    /// linked into the binary (useful when one binary holds several domains).
+    /// linked into the binary (useful when one binary holds several
+    /// domains).
+    ///
+    /// What it changes: handlers, process managers and message types
+    /// linked into the binary but not passed to this builder are neither
+    /// checked nor reported as not run, and their partition keys are not
+    /// known to the domain from them. Raising an event still routes it by
+    /// the key its aggregate declares (`#[aggregate(partition_key = ..)]`),
+    /// so a writer built this way cannot send a partitioned category's
+    /// events unkeyed; a category partitioned only by a handler's
+    /// `sequential_by` is then unkeyed here, and the broker refuses such a
+    /// commit where it records the category's key.
     pub fn without_discovery(mut self) -> Self {
         self.skip_discovery = true;
         self
@@ -371,7 +385,7 @@ impl DomainBuilder {
         for p in &not_run {
             tracing::warn!("{p}");
         }
-        check_handler_settings(&config, &run)?;
+        check_handler_settings(&config, &run);
         if facts.stream_partitioning {
             check_process_manager_shards(&config, registry.process_managers())?;
         }
@@ -434,28 +448,31 @@ struct PmFactory {
     make: fn(Arc<dyn StateStore>) -> Arc<dyn Dispatch>,
 }
 
-/// Every `[handlers."name"]` names a handler or process manager the domain
-/// runs (a typo would otherwise be ignored silently).
-fn check_handler_settings(config: &Config, run: &[&str]) -> Result<(), Error> {
+/// Each `[handlers."name"]` that names no handler or process manager this
+/// process runs is reported as a warning, not an error: one `domain.toml`
+/// serves every binary of a service (a writer that runs no handler, and
+/// consumers that run some), and the settings apply where the handler
+/// runs. Returns the names warned about.
+fn check_handler_settings(config: &Config, run: &[&str]) -> Vec<String> {
+    let mut known: Vec<&str> = run.to_vec();
+    known.sort_unstable();
+    known.dedup();
+    let mut unused = Vec::new();
     for name in config.handlers.keys() {
         if !run.contains(&name.as_str()) {
-            let mut known: Vec<&str> = run.to_vec();
-            known.sort_unstable();
-            known.dedup();
-            return Err(Error::Config {
-                file: config.origin().to_owned(),
-                message: format!(
-                    "[handlers.{name:?}] names no handler or process manager of this domain; the domain runs: {}",
-                    if known.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            });
+            tracing::warn!(
+                "{}: [handlers.{name:?}] names no handler or process manager this process runs, so its settings apply only where it runs (check the name if it should run here); this process runs: {}",
+                config.origin(),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            );
+            unused.push(name.clone());
         }
     }
-    Ok(())
+    unused
 }
 
 /// The categories of a sequential process manager must have one shard

@@ -90,10 +90,11 @@ pub enum Error {
     )]
     NoCommandHandler(String),
 
-    /// A command handler failed. Its own error is the
+    /// A command handler failed. The message says why (the handler's error
+    /// text), so `{e}` in a log shows it; the handler's error itself is the
     /// [`source`](std::error::Error::source): downcast it with
     /// `err.source().and_then(|s| s.downcast_ref::<MyError>())`.
-    #[error("command handler `{handler}` failed")]
+    #[error("command handler `{handler}` failed: {source}")]
     CommandFailed {
         /// The handler.
         handler: String,
@@ -236,6 +237,24 @@ pub enum Error {
         acked: u32,
     },
 
+    /// This process would publish or consume a partitioned category
+    /// without its recorded partition key, or by another field: its events
+    /// would go to (or be read from) other streams than every other
+    /// process's. Nothing was published.
+    #[error(
+        "category `{category}` is partitioned by `{recorded}` (recorded in Redis at {record} by the first process that used it), but this process uses it {this}; its events would go to other streams than the consumers read: declare the key on the aggregate (#[aggregate(partition_key = \"{recorded}\")]) or link a handler with sequential_by = \"{recorded}\"; if the recorded key is wrong, stop every process of the category and delete {record}"
+    )]
+    KeyFieldMismatch {
+        /// The category.
+        category: String,
+        /// The field Redis records.
+        recorded: String,
+        /// How this process uses the key (`by \`sku\``, `without a key`).
+        this: String,
+        /// The Redis key holding the record.
+        record: String,
+    },
+
     /// The engine stopped because the shutdown signal fired.
     #[error("the engine is shutting down")]
     Shutdown,
@@ -301,8 +320,13 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        // A message that already ends with its source's (a command
+        // handler's failure) is not repeated.
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     crate::key::Escaped(&out).to_string()
@@ -509,7 +533,7 @@ impl fmt::Display for Problem {
                 };
                 write!(
                     f,
-                    "{kind} `{handler}` is declared but this domain does not run it, so it never handles anything; pass it with {call}, or build the domain with without_discovery() if this binary holds several domains"
+                    "{kind} `{handler}` is declared but this domain does not run it, so it never handles anything; pass it with {call}; if another binary runs it (a writer that only raises events), this warning is expected; build the domain with without_discovery() only if this binary holds several domains (it then also stops learning partition keys from the handlers it does not run: declare them on the aggregates)"
                 )
             }
             Problem::BadCategory {

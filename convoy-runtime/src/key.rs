@@ -235,6 +235,11 @@ impl KeyPolicy {
         self.category_keys.get(category).copied()
     }
 
+    /// Every partitioned category with its key field.
+    pub(crate) fn key_fields(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        self.category_keys.iter().map(|(c, f)| (*c, *f))
+    }
+
     /// The backfill suffix keys must not equal.
     pub fn backfill_suffix(&self) -> &str {
         &self.backfill_suffix

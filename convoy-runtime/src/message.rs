@@ -13,6 +13,13 @@ use serde::de::DeserializeOwned;
 /// Derive it with `#[derive(convoy_runtime::Aggregate)]`; the category
 /// defaults to the type name in snake case and can be set with
 /// `#[aggregate(category = "order")]`.
+///
+/// A category's partition key belongs to the category:
+/// `#[aggregate(partition_key = "client_id")]` declares it where every
+/// process that raises the category's events sees it, whether or not it
+/// links a handler of the category (a writer service routes its events by
+/// it). Every event of the aggregate must then carry the field, and every
+/// `sequential_by` on the category must name it (both compile errors).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a convoy aggregate",
     label = "`part_of` must name an aggregate",
@@ -21,6 +28,9 @@ use serde::de::DeserializeOwned;
 pub trait Aggregate: 'static {
     /// The stream category of every message that is `part_of` this aggregate.
     const CATEGORY: &'static str;
+    /// The partition key field of the category's events, when declared on
+    /// the aggregate (`#[aggregate(partition_key = "..")]`).
+    const PARTITION_KEY: Option<&'static str> = None;
 }
 
 /// Whether a message is an event or a command.
@@ -55,6 +65,9 @@ pub struct MessageDescriptor {
     pub category: &'static str,
     /// The names of the type's fields, in declaration order.
     pub fields: &'static [&'static str],
+    /// For an event: the partition key its aggregate declares
+    /// ([`Aggregate::PARTITION_KEY`]); `None` for commands.
+    pub partition_key: Option<&'static str>,
 }
 
 impl MessageDescriptor {

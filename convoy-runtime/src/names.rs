@@ -170,6 +170,13 @@ pub fn shards(category: &str) -> String {
     format!("convoy:shards:{category}")
 }
 
+/// `convoy:key_field:{category}`: the field a category's events are
+/// partitioned by, recorded by the first engine or publisher that knows it
+/// and checked by every other one.
+pub fn key_field(category: &str) -> String {
+    format!("convoy:key_field:{category}")
+}
+
 /// `{s}convoy:published:{category}`: partitioned events published in a
 /// shard.
 pub fn published(shard: u32, category: &str) -> String {

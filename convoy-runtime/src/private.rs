@@ -154,6 +154,41 @@ pub const fn category_of<M: crate::Message>() -> &'static str {
     <<M as crate::Message>::Aggregate as crate::Aggregate>::CATEGORY
 }
 
+/// The partition key a message type's aggregate declares, for an event
+/// (`None` for a command: its key, if any, is inert).
+pub const fn declared_key_of<M: crate::Message>(event: bool) -> Option<&'static str> {
+    if event {
+        <<M as crate::Message>::Aggregate as crate::Aggregate>::PARTITION_KEY
+    } else {
+        None
+    }
+}
+
+/// Whether `fields` holds the declared partition key `key` (true when none
+/// is declared): the event derive asserts it at compile time.
+pub const fn has_declared_key(key: Option<&str>, fields: &[&str]) -> bool {
+    let Some(key) = key else {
+        return true;
+    };
+    let mut i = 0;
+    while i < fields.len() {
+        if same_category(fields[i], key) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Whether a handler's `sequential_by = field` agrees with the key its
+/// category's aggregate declares (true when none is declared).
+pub const fn agrees_with_declared_key(declared: Option<&str>, field: &str) -> bool {
+    match declared {
+        Some(key) => same_category(key, field),
+        None => true,
+    }
+}
+
 /// `a == b`, usable in constants: generated code asserts with it that every
 /// message type a handler handles belongs to the handler's `part_of`
 /// aggregate (same category), so that a mismatch is a compile error.

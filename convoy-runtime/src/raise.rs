@@ -12,7 +12,14 @@ use crate::message::{Event, Message};
 #[derive(Debug, Default)]
 pub(crate) struct PendingEvents {
     envelopes: Vec<Envelope>,
+    /// Each category raised, with the key field it was routed by (`None`:
+    /// unkeyed) and the raised type's fields, once.
+    key_fields: Vec<RaisedKey>,
 }
+
+/// A raised category, the key field its event was routed by (`None`:
+/// without a key) and the event type's fields.
+pub(crate) type RaisedKey = (&'static str, Option<&'static str>, &'static [&'static str]);
 
 impl PendingEvents {
     /// Validates `event`'s partition key and keeps it.
@@ -29,7 +36,19 @@ impl PendingEvents {
         let key = extract_key(event, policy)?;
         self.envelopes
             .push(Envelope::wrap(event, key, priority, correlation_id)?);
+        let d = E::DESCRIPTOR;
+        let field = key_field_of::<E>(policy).filter(|f| d.has_field(f));
+        let used = (d.category, field, d.fields);
+        if !self.key_fields.contains(&used) {
+            self.key_fields.push(used);
+        }
         Ok(())
+    }
+
+    /// Each category raised, with the key field its events were routed by
+    /// (`None`: without a key).
+    pub(crate) fn key_fields(&self) -> &[RaisedKey] {
+        &self.key_fields
     }
 
     /// How many events are pending.
@@ -47,14 +66,24 @@ impl PendingEvents {
     }
 }
 
+/// The key field `E`'s category is partitioned by: the domain's (from its
+/// handlers and declarations), else the one `E`'s aggregate declares.
+fn key_field_of<E: Message>(policy: &KeyPolicy) -> Option<&'static str> {
+    let d = E::DESCRIPTOR;
+    policy.key_field(d.category).or(d.partition_key)
+}
+
 /// The validated partition key of `event` under `policy`: `None` when its
 /// category is not partitioned (or the type does not carry the key field).
+/// The key its aggregate declares applies even where the domain knows no
+/// handler of the category (a writer built without discovery): `init`
+/// made the policy agree with it wherever both are known.
 pub(crate) fn extract_key<E: Message>(
     event: &E,
     policy: &KeyPolicy,
 ) -> Result<Option<String>, Error> {
     let d = E::DESCRIPTOR;
-    let Some(field) = policy.key_field(d.category) else {
+    let Some(field) = key_field_of::<E>(policy) else {
         return Ok(None);
     };
     let Some(value) = event.partition_key(field) else {

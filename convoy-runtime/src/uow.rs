@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::broker::{Broker, check_raised};
 use crate::envelope::Priority;
 use crate::error::Error;
 use crate::key::KeyPolicy;
@@ -13,19 +14,35 @@ use crate::raise::PendingEvents;
 /// A unit of work: raise events, then commit them to the outbox at once.
 ///
 /// Dropping it without `commit` discards the events.
-#[derive(Debug)]
 pub struct UnitOfWork {
     outbox: OutboxHandle,
+    broker: Arc<dyn Broker>,
     policy: Arc<KeyPolicy>,
     pending: PendingEvents,
     correlation_id: Option<String>,
 }
 
+impl std::fmt::Debug for UnitOfWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnitOfWork")
+            .field("pending", &self.pending)
+            .field("correlation_id", &self.correlation_id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl UnitOfWork {
-    /// A unit of work committing to `outbox`, checking keys with `policy`.
-    pub(crate) fn new(outbox: OutboxHandle, policy: Arc<KeyPolicy>) -> Self {
+    /// A unit of work committing to `outbox`, checking keys with `policy`
+    /// (and, before it commits, each raised category's key against what
+    /// `broker` records).
+    pub(crate) fn new(
+        outbox: OutboxHandle,
+        broker: Arc<dyn Broker>,
+        policy: Arc<KeyPolicy>,
+    ) -> Self {
         UnitOfWork {
             outbox,
+            broker,
             policy,
             pending: PendingEvents::default(),
             correlation_id: None,
@@ -95,6 +112,7 @@ impl UnitOfWork {
                 broker: "memory outbox".into(),
                 hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
             })?;
+        check_raised(&*self.broker, self.pending.key_fields().to_vec()).await?;
         let envelopes = self.pending.into_envelopes();
         outbox.insert_in(tx, &envelopes).await?;
         Ok(envelopes.len())
@@ -104,7 +122,13 @@ impl UnitOfWork {
     /// outbox processor. Returns how many events were committed. (With a
     /// `PgOutbox` this is a transaction of its own; use `commit_in` to
     /// write them with your own changes.)
+    ///
+    /// Fails with [`Error::KeyFieldMismatch`], committing nothing, when an
+    /// event's category is recorded in the broker as partitioned by another
+    /// field than this process routes it by (or by a field it carries while
+    /// this process routes it without a key).
     pub async fn commit(self) -> Result<usize, Error> {
+        check_raised(&*self.broker, self.pending.key_fields().to_vec()).await?;
         let envelopes = self.pending.into_envelopes();
         let n = envelopes.len();
         self.outbox.append(envelopes).await?;

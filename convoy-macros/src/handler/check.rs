@@ -435,6 +435,34 @@ pub(crate) fn part_of_checks(handler: &Handler<'_>, consts: &[Ident]) -> TokenSt
         .collect()
 }
 
+/// For an event handler's `sequential_by`: a compile-time assertion that it
+/// names the partition key its category's aggregate declares (when one
+/// does: `#[aggregate(partition_key = ..)]`), spanned at the user's string.
+/// It reads the first handled type's descriptor (the part-of checks make
+/// every handled type's category the handler's).
+pub(crate) fn declared_key_check(handler: &Handler<'_>, consts: &[Ident]) -> TokenStream {
+    let (Kind::Event, Some(key), Some(first)) =
+        (handler.kind, handler.sequential_by, consts.first())
+    else {
+        return TokenStream::new();
+    };
+    let part_of = handler
+        .part_of
+        .to_token_stream()
+        .to_string()
+        .replace(' ', "");
+    let name = &key.name;
+    let message = format!(
+        "`sequential_by = \"{name}\"` is not the partition key that the aggregate `{part_of}` declares (`#[aggregate(partition_key = ..)]`): a category has one key, so name the declared field"
+    );
+    quote_spanned! {key.lit.span()=>
+        const _: () = ::core::assert!(
+            ::convoy_runtime::__private::agrees_with_declared_key(#first.descriptor.partition_key, #name),
+            #message
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use quote::quote;

@@ -107,6 +107,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
 
     let checks = check::field_checks(handler);
     let part_of_checks = check::part_of_checks(handler, &consts);
+    let declared_key_check = check::declared_key_check(handler, &consts);
 
     quote! {
         #[doc(hidden)]
@@ -116,6 +117,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
 
             const __CONVOY_CATEGORY: &'static str = #category;
             #part_of_checks
+            #declared_key_check
 
             static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::HandlerDescriptor =
                 ::convoy_runtime::__private::HandlerDescriptor {

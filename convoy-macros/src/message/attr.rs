@@ -7,13 +7,15 @@ use syn::parse::ParseStream;
 use syn::{Attribute, LitStr, Path, Type};
 
 use crate::ctxt::Ctxt;
-use crate::symbol::{self, AGGREGATE, CATEGORY, NAME, PART_OF, REPLY, Symbol};
+use crate::symbol::{self, AGGREGATE, CATEGORY, NAME, PART_OF, PARTITION_KEY, REPLY, Symbol};
 
 /// The options of `#[aggregate(..)]`.
 #[derive(Default)]
 pub(crate) struct AggregateAttrs {
     /// `category = "order"`.
     pub(crate) category: Option<LitStr>,
+    /// `partition_key = "client_id"`.
+    pub(crate) partition_key: Option<LitStr>,
 }
 
 /// The options of `#[event(..)]` or `#[command(..)]`.
@@ -36,6 +38,9 @@ impl AggregateAttrs {
                 if meta.path == CATEGORY {
                     let lit = string_value(meta.value()?, CATEGORY)?;
                     set_once(&mut out.category, lit, &meta.path, CATEGORY)
+                } else if meta.path == PARTITION_KEY {
+                    let lit = string_value(meta.value()?, PARTITION_KEY)?;
+                    set_once(&mut out.partition_key, lit, &meta.path, PARTITION_KEY)
                 } else {
                     Err(unknown(&meta.path, symbol::AGGREGATE_ARGS))
                 }

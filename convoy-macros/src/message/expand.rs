@@ -1,7 +1,7 @@
 //! Code generation for the message derives. Only ever sees validated input.
 
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::Ident;
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -12,10 +12,17 @@ use super::{Aggregate, Kind, Message};
 pub(super) fn aggregate(aggregate: &Aggregate<'_>) -> TokenStream {
     let ident = aggregate.ident;
     let category = &aggregate.category;
+    let partition_key = aggregate.partition_key.as_ref().map(|key| {
+        quote! {
+            const PARTITION_KEY: ::core::option::Option<&'static str> =
+                ::core::option::Option::Some(#key);
+        }
+    });
     quote! {
         #[automatically_derived]
         impl ::convoy_runtime::Aggregate for #ident {
             const CATEGORY: &'static str = #category;
+            #partition_key
         }
     }
 }
@@ -64,6 +71,25 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
         }
     };
 
+    let is_event = message.kind == Kind::Event;
+    // An event of an aggregate that declares its partition key must carry
+    // the field: asserted at compile time, at the user's `part_of`.
+    let key_check = is_event.then(|| {
+        let text = format!(
+            "`{rust_name}` lacks the partition key field that its aggregate `{}` declares (`#[aggregate(partition_key = ..)]`): add the field, or make it part of another aggregate",
+            part_of.to_token_stream().to_string().replace(' ', "")
+        );
+        quote_spanned! {part_of.span()=>
+            const _: () = ::core::assert!(
+                ::convoy_runtime::__private::has_declared_key(
+                    ::convoy_runtime::__private::declared_key_of::<#ident>(true),
+                    &[#(#names),*],
+                ),
+                #text
+            );
+        }
+    });
+
     let kind_body = match (message.kind, &message.reply) {
         (Kind::Event, _) => TokenStream::new(),
         (Kind::Command, Some(reply)) => quote_spanned! {reply.span()=> type Reply = #reply; },
@@ -91,6 +117,8 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
         const _: () = {
             #serde_check
 
+            #key_check
+
             #[automatically_derived]
             impl ::convoy_runtime::Message for #ident {
                 #aggregate
@@ -101,6 +129,7 @@ pub(super) fn message(message: &Message<'_>) -> TokenStream {
                         kind: #kind,
                         category: ::convoy_runtime::__private::category_of::<Self>(),
                         fields: &[#(#names),*],
+                        partition_key: ::convoy_runtime::__private::declared_key_of::<Self>(#is_event),
                     };
 
                 fn partition_key(
@@ -173,6 +202,7 @@ pub(super) fn message_fallback(ident: &Ident, kind: Kind) -> TokenStream {
                         kind: #message_kind,
                         category: "",
                         fields: &[],
+                        partition_key: ::core::option::Option::None,
                     };
 
                 fn partition_key(

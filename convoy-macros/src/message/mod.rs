@@ -68,6 +68,8 @@ pub(crate) struct Aggregate<'a> {
     pub(crate) ident: &'a Ident,
     /// Its stream category.
     pub(crate) category: String,
+    /// The partition key field its events carry, when declared.
+    pub(crate) partition_key: Option<String>,
 }
 
 /// A validated `#[derive(Event)]` / `#[derive(Command)]` input.
@@ -141,10 +143,23 @@ impl<'a> Aggregate<'a> {
                 value
             }
         };
+        let partition_key = attrs.partition_key.as_ref().and_then(|lit| {
+            match lit.parse_with(crate::tokens::field_ident) {
+                Ok(ident) => Some(ident.unraw().to_string()),
+                Err(_) => {
+                    cx.error_at(
+                        lit.span(),
+                        "`partition_key` takes a field name in double quotes, for example `partition_key = \"client_id\"`",
+                    );
+                    None
+                }
+            }
+        });
         cx.check()?;
         Ok(Aggregate {
             ident: &input.ident,
             category,
+            partition_key,
         })
     }
 }

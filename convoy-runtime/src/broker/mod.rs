@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
+use crate::raise::RaisedKey;
 
 /// What a broker can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,6 +89,56 @@ pub struct Producer {
     pub epoch: u64,
 }
 
+/// How this process uses a category's partition key, as checked against
+/// what the broker records for the category ([`Broker::check_category`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyUse<'a> {
+    /// Partitioned by this field (declared on the aggregate or by a
+    /// handler's `sequential_by`): recorded if nothing is, else compared.
+    Field(&'a str),
+    /// Without a key, for messages with these fields: refused when the
+    /// recorded key field is among them (such a message belongs in a
+    /// partition stream; one without the field legitimately lives in the
+    /// category's own stream).
+    Unkeyed(&'a [&'a str]),
+}
+
+impl KeyUse<'_> {
+    /// How this use differs from `recorded` (the field a broker recorded,
+    /// if any), as text for an error; `None` when they agree.
+    pub fn mismatch(self, recorded: Option<&str>) -> Option<String> {
+        match (self, recorded) {
+            (KeyUse::Field(f), Some(r)) if f != r => Some(format!("by `{f}`")),
+            (KeyUse::Unkeyed(fields), Some(r)) if fields.contains(&r) => Some(format!(
+                "without a key, for events that carry the field `{r}`"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Checks each `(category, key field or none, message fields)` of raised
+/// events with [`Broker::check_category`], once each. A mismatch fails; a
+/// broker that cannot answer now does not (the relay checks again before
+/// it publishes), so raising and committing never wait on the broker.
+pub(crate) async fn check_raised(broker: &dyn Broker, raised: Vec<RaisedKey>) -> Result<(), Error> {
+    for (category, field, fields) in raised {
+        let used = field.map_or(KeyUse::Unkeyed(fields), KeyUse::Field);
+        let check = tokio::time::timeout(RAISED_CHECK, broker.check_category(category, used));
+        match check.await {
+            Ok(Err(e @ Error::KeyFieldMismatch { .. })) => return Err(e),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::error::chain(&e), category, "partition key not checked now; the relay checks it before publishing");
+            }
+            Ok(Ok(())) | Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// How long a commit waits for the broker's answer about a category's key.
+const RAISED_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A failed publish: how many publications of the batch went out, in order,
 /// before `error`.
 #[derive(Debug)]
@@ -135,6 +186,22 @@ pub trait Broker: Any + Send + Sync + 'static {
     /// Default: nothing to do (an in-process broker has one publisher).
     fn take_over<'a>(&'a self, producer: &'a Producer) -> BoxFuture<'a, Result<(), Error>> {
         let _ = producer;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Checks, once per category and process, that this process uses
+    /// `category`'s partition key as every other process does (the Redis
+    /// broker records the field the first time and compares after), so a
+    /// writer that would publish a partitioned category unkeyed or by
+    /// another field is refused with [`Error::KeyFieldMismatch`] before
+    /// anything is published. Default: nothing to check (an in-process
+    /// broker has one process).
+    fn check_category<'a>(
+        &'a self,
+        category: &'a str,
+        key: KeyUse<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (category, key);
         Box::pin(async { Ok(()) })
     }
 

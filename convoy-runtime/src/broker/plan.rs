@@ -47,6 +47,8 @@ pub struct Subscription {
     /// Whether some handled type does not carry the key field (or the
     /// category is not partitioned): those events live in `{category}`.
     pub(crate) reads_base: bool,
+    /// The handled types read from `{category}` (without a key).
+    pub(crate) unkeyed: Vec<&'static MessageDescriptor>,
     pub(crate) metrics: HandlerMetrics,
 }
 
@@ -76,6 +78,11 @@ impl Subscription {
         self.key_field
     }
 
+    /// The fields of each handled type it reads without a key.
+    pub(crate) fn unkeyed_fields(&self) -> impl Iterator<Item = &'static [&'static str]> + '_ {
+        self.unkeyed.iter().map(|m| m.fields)
+    }
+
     /// An event handler's subscription to its category.
     pub(crate) fn for_handler(
         d: &'static HandlerDescriptor,
@@ -93,6 +100,7 @@ impl Subscription {
             key_field,
             reads_partitions: d.handles.iter().any(keyed),
             reads_base: d.handles.iter().any(|m| !keyed(m)),
+            unkeyed: d.handles.iter().filter(|m| !keyed(m)).copied().collect(),
             metrics: HandlerMetrics::new(d.name),
         }
     }
@@ -120,6 +128,7 @@ impl Subscription {
                 key_field: None,
                 reads_partitions: true,
                 reads_base: false,
+                unkeyed: Vec::new(),
                 metrics: HandlerMetrics::new(d.name),
             }];
         }
@@ -138,6 +147,7 @@ impl Subscription {
                     key_field,
                     reads_partitions: here.clone().any(keyed),
                     reads_base: here.clone().any(|h| !keyed(h)),
+                    unkeyed: here.filter(|h| !keyed(h)).map(|h| h.message).collect(),
                     metrics: HandlerMetrics::new(d.name),
                 }
             })
@@ -213,6 +223,16 @@ impl std::fmt::Debug for ConsumerPlan {
 }
 
 impl ConsumerPlan {
+    /// The partition key field of `category` in this domain, if any.
+    pub(crate) fn key_field(&self, category: &str) -> Option<&'static str> {
+        self.policy.key_field(category)
+    }
+
+    /// Every category this domain knows a partition key for, with it.
+    pub(crate) fn key_fields(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        self.policy.key_fields()
+    }
+
     /// A plan from its parts; events the handlers raise go to `outbox`.
     pub(crate) fn new(
         subscriptions: Vec<Subscription>,

@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{OutboxRecord, OutboxStore};
 use crate::backoff::Backoff;
-use crate::broker::{Broker, Producer, Publication};
+use crate::broker::{Broker, KeyUse, Producer, Publication};
 use crate::config::{BrokerConfig, PriorityLanesConfig};
 use crate::envelope::Origin;
 use crate::error::{Error, chain};
@@ -158,6 +158,27 @@ impl OutboxProcessor {
         if batch.is_empty() {
             return Ok(settled);
         }
+        // A category the broker records as partitioned by a field is never
+        // published without a key for an event that carries the field (a
+        // writer that knew no key raised it): the batch fails and its
+        // records stay pending, loudly. Checked once per category and
+        // shape in this process (unkeyed shapes again every few seconds).
+        let mut shapes: Vec<(&str, Vec<String>)> = Vec::new();
+        for p in batch.iter().filter(|p| p.partition.is_none()) {
+            let shape = (
+                p.envelope.category.as_str(),
+                payload_fields(&p.envelope.payload),
+            );
+            if !shapes.contains(&shape) {
+                shapes.push(shape);
+            }
+        }
+        for (category, fields) in &shapes {
+            let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+            self.broker
+                .check_category(category, KeyUse::Unkeyed(&fields))
+                .await?;
+        }
         match self.broker.publish(producer, &batch).await {
             Ok(()) => {
                 let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
@@ -278,5 +299,18 @@ impl OutboxProcessor {
                 }
             }
         }
+    }
+}
+
+/// The top-level field names of a JSON object payload (none for another
+/// shape).
+fn payload_fields(payload: &str) -> Vec<String> {
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(payload) {
+        Ok(map) => {
+            let mut v: Vec<String> = map.into_iter().map(|(k, _)| k).collect();
+            v.sort_unstable();
+            v
+        }
+        Err(_) => Vec::new(),
     }
 }

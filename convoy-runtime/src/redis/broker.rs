@@ -2,9 +2,9 @@
 //! one partitioned coordinator and/or one ordinary consumer group per
 //! subscription.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +15,9 @@ use super::plain::PlainConsumer;
 use super::scripts::publish::{Publish, Replicated};
 use super::state::RedisStateStore;
 use super::wake;
-use crate::broker::{Broker, Capabilities, ConsumerPlan, Producer, Publication, PublishError};
+use crate::broker::{
+    Broker, Capabilities, ConsumerPlan, KeyUse, Producer, Publication, PublishError,
+};
 use crate::config::BrokerConfig;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
@@ -28,7 +30,14 @@ pub struct RedisBroker {
     shards: Arc<BrokerConfig>,
     /// Categories whose shard count this process checked against Redis.
     checked: Arc<Mutex<HashSet<String>>>,
+    /// Key uses this process checked against Redis's record, as
+    /// `(category, use)`, and when: a field use holds for good, an unkeyed
+    /// one for [`UNKEYED_RECHECK`] (a consumer may record a key meanwhile).
+    keys_checked: Arc<Mutex<HashMap<(String, String), Instant>>>,
 }
+
+/// How long an unkeyed use of a category stays checked.
+const UNKEYED_RECHECK: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for RedisBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,6 +68,7 @@ impl RedisBroker {
             redis: Arc::new(Connection::new(client, url)),
             shards: Arc::default(),
             checked: Arc::default(),
+            keys_checked: Arc::default(),
         })
     }
 
@@ -68,6 +78,7 @@ impl RedisBroker {
             redis: Arc::new(self.redis.with_response_timeout(timeout)),
             shards: self.shards,
             checked: Arc::default(),
+            keys_checked: Arc::default(),
         }
     }
 
@@ -112,7 +123,27 @@ impl RedisBroker {
     }
 }
 
+/// Locks a set, poisoned or not (a set of checked names stays valid).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl RedisBroker {
+    /// Checks how this process uses `category`'s key against Redis's
+    /// record, once per category and use.
+    async fn check_key_use(&self, category: &str, used: KeyUse<'_>) -> Result<(), Error> {
+        let id = (category.to_owned(), format!("{used:?}"));
+        let fresh =
+            |at: &Instant| matches!(used, KeyUse::Field(_)) || at.elapsed() < UNKEYED_RECHECK;
+        if locked(&self.keys_checked).get(&id).is_some_and(fresh) {
+            return Ok(());
+        }
+        let mut conn = self.redis.shared().await?;
+        layout::check_key_field(&mut conn, category, used).await?;
+        locked(&self.keys_checked).insert(id, Instant::now());
+        Ok(())
+    }
+
     /// The replicas a publish waits for (`[broker] wait_replicas`).
     fn replicated(&self) -> Option<Replicated> {
         (self.shards.wait_replicas > 0).then_some(Replicated {
@@ -124,9 +155,22 @@ impl RedisBroker {
     /// Checks every subscribed category's shard count against Redis's
     /// record (recording it where none is).
     async fn check_subscribed_shards(&self, plan: &ConsumerPlan) -> Result<(), Error> {
+        // Every category this process knows a key for (it may publish
+        // them without consuming them), then every subscribed one.
+        for (c, field) in plan.key_fields() {
+            self.check_key_use(c, KeyUse::Field(field)).await?;
+        }
         let mut conn = self.redis.shared().await?;
         for sub in &plan.subscriptions {
             for c in &sub.categories {
+                match plan.key_field(c) {
+                    Some(field) => self.check_key_use(c, KeyUse::Field(field)).await?,
+                    None => {
+                        for fields in sub.unkeyed_fields() {
+                            self.check_key_use(c, KeyUse::Unkeyed(fields)).await?;
+                        }
+                    }
+                }
                 let configured = plan.config.broker.shards_of(c);
                 layout::check_shards(&mut conn, c, configured)
                     .await
@@ -199,6 +243,14 @@ impl Broker for RedisBroker {
                 .map_err(|e| Error::redis("PING failed", e))?;
             Ok(())
         })
+    }
+
+    fn check_category<'a>(
+        &'a self,
+        category: &'a str,
+        key: KeyUse<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.check_key_use(category, key))
     }
 
     fn take_over<'a>(&'a self, producer: &'a Producer) -> BoxFuture<'a, Result<(), Error>> {
@@ -295,7 +347,9 @@ impl Broker for RedisBroker {
             loop {
                 match self.check_subscribed_shards(&plan).await {
                     Ok(()) => break,
-                    Err(e @ Error::Config { .. }) => return Err(e),
+                    Err(e @ (Error::Config { .. } | Error::KeyFieldMismatch { .. })) => {
+                        return Err(e);
+                    }
                     Err(e) => {
                         tracing::warn!(error = %chain(&e), "cannot check the categories' shard counts; retrying");
                         if !backoff.wait_or_stop(&shutdown).await {

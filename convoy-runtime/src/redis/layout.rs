@@ -1,11 +1,14 @@
-//! A category's shard count, recorded in Redis (`convoy:shards:{category}`)
-//! by the first engine, publisher or operator tool that uses the category,
-//! and checked by every other one: a process configured with another count
-//! would put a key's events in another stream, and order would be lost.
+//! A category's shard count and partition key field, recorded in Redis
+//! (`convoy:shards:{category}`, `convoy:key_field:{category}`) by the first
+//! engine, publisher or operator tool that uses the category, and checked
+//! by every other one: a process configured with another count, or
+//! routing by another field (or by none), would put a key's events in
+//! another stream, and order would be lost.
 
 use redis::Value;
 
 use super::connection::Conn;
+use crate::broker::KeyUse;
 use crate::error::Error;
 use crate::names;
 
@@ -46,4 +49,60 @@ pub(crate) async fn recorded_shards(conn: &mut Conn, category: &str) -> Result<O
         .query_async(conn)
         .await
         .map_err(|e| Error::redis(format!("failed to read the shard count of {category}"), e))
+}
+
+/// Records the key field this process uses for `category` unless one is
+/// recorded, and fails when the recorded one differs: a publication or a
+/// consumer of the category by another field, or unkeyed while Redis
+/// records a field, is refused with what to do. Nothing is recorded for a
+/// category this process uses unkeyed.
+pub(crate) async fn check_key_field(
+    conn: &mut Conn,
+    category: &str,
+    used: KeyUse<'_>,
+) -> Result<(), Error> {
+    let key = names::key_field(category);
+    let fail = |e| {
+        Error::redis(
+            format!("failed to check the partition key of {category}"),
+            e,
+        )
+    };
+    let recorded: Option<String> = match used {
+        KeyUse::Field(field) => redis::cmd("SET")
+            .arg(&key)
+            .arg(field)
+            .arg("NX")
+            .arg("GET")
+            .query_async(conn)
+            .await
+            .map_err(fail)?,
+        KeyUse::Unkeyed(_) => redis::cmd("GET")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .map_err(fail)?,
+    };
+    match (used.mismatch(recorded.as_deref()), recorded) {
+        (Some(this), Some(recorded)) => Err(Error::KeyFieldMismatch {
+            category: category.to_owned(),
+            recorded,
+            this,
+            record: key,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `category`'s recorded partition key field, or `None` when nothing
+/// recorded one.
+pub(crate) async fn recorded_key_field(
+    conn: &mut Conn,
+    category: &str,
+) -> Result<Option<String>, Error> {
+    redis::cmd("GET")
+        .arg(names::key_field(category))
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::redis(format!("failed to read the partition key of {category}"), e))
 }

@@ -220,32 +220,47 @@ pub(super) fn check_one_key_per_category(
     d: &Declarations,
     problems: &mut Vec<Problem>,
 ) -> BTreeMap<&'static str, &'static str> {
-    let mut keys: BTreeMap<(HandlerKind, &'static str), (&'static str, &'static str)> =
-        BTreeMap::new();
-    let mut claim =
-        |kind, category: &'static str, who: &'static str, field: &'static str| match keys
-            .get(&(kind, category))
-        {
-            Some(&(other, other_field)) if other_field != field => {
-                problems.push(Problem::KeyConflict {
-                    category: category.to_owned(),
-                    first: (other.to_owned(), other_field.to_owned()),
-                    second: (who.to_owned(), field.to_owned()),
-                });
-            }
-            Some(_) => {}
-            None => {
-                keys.insert((kind, category), (who, field));
-            }
-        };
+    let mut keys: BTreeMap<(HandlerKind, &'static str), (String, &'static str)> = BTreeMap::new();
+    let mut claim = |kind, category: &'static str, who: String, field: &'static str| match keys
+        .get(&(kind, category))
+    {
+        Some((other, other_field)) if *other_field != field => {
+            problems.push(Problem::KeyConflict {
+                category: category.to_owned(),
+                first: (other.clone(), (*other_field).to_owned()),
+                second: (who, field.to_owned()),
+            });
+        }
+        Some(_) => {}
+        None => {
+            keys.insert((kind, category), (who, field));
+        }
+    };
+    // The key a category's aggregate declares comes first: a writer that
+    // links no handler of the category routes by it too.
+    for m in &d.messages {
+        if let (MessageKind::Event, Some(field)) = (m.kind, m.partition_key) {
+            claim(
+                HandlerKind::Event,
+                m.category,
+                format!("the aggregate of `{}`", m.rust_path),
+                field,
+            );
+        }
+    }
     for h in &d.handlers {
         if let Some(field) = h.sequential_by {
-            claim(h.kind, h.category, h.name, field);
+            claim(h.kind, h.category, h.name.to_owned(), field);
         }
     }
     for p in d.process_managers.iter().filter(|p| p.sequential) {
         for h in p.handles {
-            claim(HandlerKind::Event, h.message.category, p.name, h.correlate);
+            claim(
+                HandlerKind::Event,
+                h.message.category,
+                p.name.to_owned(),
+                h.correlate,
+            );
         }
     }
     keys.into_iter()

@@ -137,6 +137,7 @@ mod tests {
         kind: MessageKind::Event,
         category: "order",
         fields: &["order_id", "client_id"],
+        partition_key: None,
     };
     const SHIPPED: MessageDescriptor = MessageDescriptor {
         type_name: "Shipped",
@@ -144,6 +145,7 @@ mod tests {
         kind: MessageKind::Event,
         category: "order",
         fields: &["order_id"],
+        partition_key: None,
     };
     static A: HandlerDescriptor = HandlerDescriptor {
         name: "t::A",

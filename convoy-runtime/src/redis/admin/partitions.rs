@@ -6,6 +6,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::super::connection::read_by_slot;
+use super::super::layout::recorded_key_field;
 use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
 use super::{Admin, AdminError};
 use crate::error::Error;
@@ -50,6 +51,12 @@ pub struct Totals {
 pub struct CategoryReport {
     /// The category.
     pub category: String,
+    /// The shard count Redis records for the category (the default when
+    /// none is recorded yet).
+    pub shards: u32,
+    /// The partition key field Redis records for the category (`None`:
+    /// none recorded, so no process used it partitioned yet).
+    pub key_field: Option<String>,
     /// The registered consumer groups (handlers), sorted.
     pub groups: Vec<String>,
     /// One row per key and group, sorted by key then group.
@@ -97,8 +104,12 @@ impl Admin {
             }
             totals.behind_halts += r.behind_halt.unwrap_or(0);
         }
+        let mut c = self.conn.clone();
+        let key_field = recorded_key_field(&mut c, category).await?;
         Ok(CategoryReport {
             category: category.to_owned(),
+            shards,
+            key_field,
             groups,
             partitions: rows,
             totals,
