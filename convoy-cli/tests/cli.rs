@@ -950,3 +950,52 @@ async fn the_command_line_works_on_a_redis_cluster() {
         [("skip", "c1"), ("dead_letter", "c2"), ("replay", "c2")]
     );
 }
+
+/// The CLI reads the configuration as the engine does: the environment
+/// overrides `CONVOY__SECTION__KEY` (and `CONVOY_BROKER_URL`) apply, with
+/// or without a configuration file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_applies_the_engine_s_environment_overrides() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let dir = server.dir();
+    // No --redis-url, no domain.toml: the URL from CONVOY__BROKER__URL.
+    let r = run_convoy(
+        dir,
+        &["partitions", "ledger"],
+        &[("CONVOY__BROKER__URL", &url)],
+    )
+    .await
+    .ok();
+    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+    let r = run_convoy(
+        dir,
+        &["partitions", "ledger"],
+        &[("CONVOY_BROKER_URL", &url)],
+    )
+    .await
+    .ok();
+    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+    // Over a file that names the inline broker.
+    std::fs::write(dir.join("domain.toml"), "[broker]\nurl = \"inline\"\n").expect("write");
+    let r = run_convoy(dir, &["partitions", "ledger"], &[]).await;
+    assert_eq!(r.code, 1, "the file alone names no Redis: {r:?}");
+    let r = run_convoy(
+        dir,
+        &["partitions", "ledger"],
+        &[("CONVOY__BROKER__URL", &url)],
+    )
+    .await
+    .ok();
+    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+    // An override that is not a key is the engine's error too.
+    let r = run_convoy(
+        dir,
+        &["partitions", "ledger"],
+        &[("CONVOY__BROKER__NO_SUCH_KEY", "1")],
+    )
+    .await;
+    assert_ne!(r.code, 0, "{r:?}");
+    assert!(r.stderr.contains("no_such_key"), "{r:?}");
+    std::fs::remove_file(dir.join("domain.toml")).ok();
+}

@@ -38,6 +38,8 @@ pub async fn run_convoy(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run 
         .current_dir(dir)
         .env("USER", "test-op")
         .env_remove("CONVOY_REDIS_URL")
+        .env_remove("CONVOY_BROKER_URL")
+        .env_remove("CONVOY__BROKER__URL")
         .env_remove("CONVOY_POSTGRES_URL")
         .env_remove("RUST_BACKTRACE")
         .envs(env.iter().copied())
