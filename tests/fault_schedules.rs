@@ -1156,11 +1156,13 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// The bounded run of the normal test suite: 30 schedules, half with
-/// `max_unacked = 1`, half with `5` (`CONVOY_FAULT_BASE` shifts the seeds).
+/// `max_unacked = 1`, half with `5` (`CONVOY_FAULT_BASE` shifts the seeds,
+/// `CONVOY_FAULT_BOUNDED` sets the count: the Valkey pass runs fewer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
     let base = env_u64("CONVOY_FAULT_BASE").unwrap_or(1);
-    run_all("bounded", base..base + BOUNDED_SCHEDULES).await;
+    let n = env_u64("CONVOY_FAULT_BOUNDED").unwrap_or(BOUNDED_SCHEDULES);
+    run_all("bounded", base..base + n).await;
 }
 
 /// One schedule again: `CONVOY_FAULT_SEED=n`. Does nothing without it.

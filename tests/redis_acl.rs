@@ -34,6 +34,11 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
     for rule in acl::rules(&["ledger"]) {
         setuser.arg(rule);
     }
+    // On servers with `CLIENT SETINFO` (Redis 7.2+, Valkey) the client
+    // names itself on connect: `acl::COMMANDS` says to allow it there.
+    if server.kind() == convoy_runtime::testing::ServerKind::Valkey {
+        setuser.arg("+client|setinfo");
+    }
     let _: () = setuser.query_async(&mut root).await.expect("ACL SETUSER");
     let url = format!("redis://app:s3cret@127.0.0.1:{}/", server.port());
 

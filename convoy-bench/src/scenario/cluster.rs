@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use convoy_runtime::redis::keys;
-use convoy_runtime::testing::RedisCluster;
+use convoy_runtime::testing::{RedisCluster, ServerKind};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio_util::sync::CancellationToken;
@@ -192,7 +192,7 @@ impl Side {
 
 /// Runs both targets, convoy once per `max_unacked` and the baseline once
 /// per target.
-pub async fn run(env: &mut Env, args: &ClusterArgs) -> Result<Section> {
+pub async fn run(env: &mut Env, args: &ClusterArgs, kind: ServerKind) -> Result<Section> {
     if args.cluster_events == 0 || args.cluster_keys == 0 || args.cluster_instances == 0 {
         bail!("--cluster-events, --cluster-keys and --cluster-instances must be above 0");
     }
@@ -204,7 +204,7 @@ pub async fn run(env: &mut Env, args: &ClusterArgs) -> Result<Section> {
         "cluster",
         format!("starting a cluster of {masters} masters"),
     );
-    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start(masters, 0))
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_on(kind, masters, 0))
         .await
         .context("starting the cluster panicked")?
         .map_err(|e| anyhow!("cannot start the Redis Cluster: {e}"))?;

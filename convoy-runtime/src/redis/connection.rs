@@ -338,9 +338,15 @@ impl Connection {
                             .await
                             .map_err(|e| self.connect_error(e))?;
                         self.refuse_a_cluster_node(&mut c).await?;
-                        Ok(Conn::Shared(c))
+                        let mut conn = Conn::Shared(c);
+                        self.check_server_version(&mut conn).await?;
+                        Ok(conn)
                     }
-                    Client::Cluster { .. } => self.cluster(self.response_timeout).await,
+                    Client::Cluster { .. } => {
+                        let mut conn = self.cluster(self.response_timeout).await?;
+                        self.check_server_version(&mut conn).await?;
+                        Ok(conn)
+                    }
                 }
             })
             .await
@@ -384,6 +390,27 @@ impl Connection {
         Ok(())
     }
 
+    /// A server older than convoy needs is refused at connect, naming its
+    /// version and the floor, rather than failing at the first script
+    /// that uses a newer command.
+    async fn check_server_version(&self, c: &mut Conn) -> Result<(), Error> {
+        let info: String = match redis::cmd("INFO").arg("server").query_async(c).await {
+            Ok(i) => i,
+            // An ACL user may not run INFO; a missing command then says
+            // enough at its first use.
+            Err(_) => return Ok(()),
+        };
+        check_version(&info).map_err(|found| Error::Config {
+            file: "<server>".into(),
+            message: format!(
+                "{} runs {found}, older than convoy needs: Redis {}.{} or later (or Valkey 7.2 or later) for Lua scripting, streams with XAUTOCLAIM and SET with both NX and GET; upgrade the server",
+                self.url(),
+                MIN_REDIS.0,
+                MIN_REDIS.1
+            ),
+        })
+    }
+
     /// A dedicated connection for blocking reads (on a cluster, a cluster
     /// connection of its own, so a blocked read holds up nothing else).
     pub(crate) async fn blocking(&self) -> Result<Conn, Error> {
@@ -424,5 +451,54 @@ mod tests {
     #[test]
     fn plain_urls_open() {
         open_client("redis://h:1/", None, "").expect("no TLS needed");
+    }
+}
+
+/// The oldest Redis convoy runs on (`SET key value NX GET`: 7.0). Valkey
+/// reports the Redis version it is compatible with (7.2.4 for every Valkey
+/// so far) as `redis_version`.
+pub(crate) const MIN_REDIS: (u32, u32) = (7, 0);
+
+/// Checks `INFO server` text against [`MIN_REDIS`]; `Err` names the server
+/// and version found. Text without a version passes (an unknown server
+/// fails at its first missing command instead).
+pub(crate) fn check_version(info: &str) -> Result<(), String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let Some(version) = field("redis_version") else {
+        return Ok(());
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found >= MIN_REDIS {
+        return Ok(());
+    }
+    Err(match field("valkey_version") {
+        Some(v) => format!("Valkey {v}"),
+        None => format!("Redis {version}"),
+    })
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::check_version;
+
+    #[test]
+    fn a_server_older_than_redis_7_is_refused_by_name_and_version() {
+        assert!(check_version("# Server\r\nredis_version:7.0.15\r\n").is_ok());
+        assert!(check_version("redis_version:7.2.4\r\nvalkey_version:9.1.2\r\n").is_ok());
+        assert!(check_version("redis_version:8.2.1\r\n").is_ok());
+        assert_eq!(
+            check_version("# Server\r\nredis_version:6.2.14\r\nredis_mode:standalone\r\n"),
+            Err("Redis 6.2.14".to_owned())
+        );
+        assert_eq!(
+            check_version("redis_version:5.0.7\r\n"),
+            Err("Redis 5.0.7".to_owned())
+        );
+        assert!(check_version("no version here").is_ok());
     }
 }

@@ -1,12 +1,13 @@
-//! A local Redis Cluster: real `redis-server` processes in cluster mode on
-//! free ports, joined by `redis-cli --cluster create`.
+//! A local Redis Cluster: real `redis-server` (or `valkey-server`, see
+//! [`ServerKind`]) processes in cluster mode on free ports, joined by
+//! `redis-cli --cluster create`.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::TestingError;
 use super::process::free_port;
-use super::server::RedisServer;
+use super::server::{RedisServer, ServerKind};
 
 /// How long [`RedisCluster::start`] waits for `cluster_state:ok`.
 const FORM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -28,6 +29,16 @@ impl RedisCluster {
     /// cluster (slots spread evenly over the masters) and waits until every
     /// node reports `cluster_state:ok`.
     pub fn start(masters: usize, replicas: usize) -> Result<RedisCluster, TestingError> {
+        RedisCluster::start_on(ServerKind::from_env()?, masters, replicas)
+    }
+
+    /// [`RedisCluster::start`] with every node running `kind` (rather than
+    /// the server `CONVOY_TEST_SERVER` names).
+    pub fn start_on(
+        kind: ServerKind,
+        masters: usize,
+        replicas: usize,
+    ) -> Result<RedisCluster, TestingError> {
         if masters < 3 {
             return Err(TestingError::Cluster {
                 reason: format!("a Redis Cluster needs at least 3 masters, not {masters}"),
@@ -38,6 +49,7 @@ impl RedisCluster {
             let bus = free_port()?;
             nodes.push(
                 RedisServer::builder()
+                    .server(kind)
                     .arg("--cluster-enabled")
                     .arg("yes")
                     .arg("--cluster-config-file")

