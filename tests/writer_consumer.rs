@@ -191,6 +191,25 @@ async fn handled(server: &RedisServer) -> BTreeMap<String, Vec<u64>> {
     out
 }
 
+/// A consumer engine of [`History`] in this process, once it recorded the
+/// category's key.
+async fn start_consumer(server: &RedisServer) -> convoy_runtime::EngineHandle {
+    let history = History {
+        redis: server.client().expect("client"),
+    };
+    let consumer = domain(test_config(&server.url()), "consumer")
+        .handler(history)
+        .init()
+        .expect("consumer")
+        .engine()
+        .spawn();
+    wait_until(WAIT, "the consumer records the key", || async {
+        recorded_key(server).await.is_some()
+    })
+    .await;
+    consumer
+}
+
 async fn recorded_key(server: &RedisServer) -> Option<String> {
     let mut c = server.connection().await.expect("connect");
     c.get(convoy_runtime::redis::keys::key_field("stock"))
@@ -237,19 +256,7 @@ async fn a_writer_that_links_no_handler_routes_by_the_declared_key_and_a_consume
 async fn a_writer_declaring_another_key_is_refused_at_start_and_at_commit_with_nothing_published() {
     let server = RedisServer::start().expect("start redis-server");
     let url = server.url();
-    let history = History {
-        redis: server.client().expect("client"),
-    };
-    let consumer = domain(test_config(&url), "consumer")
-        .handler(history)
-        .init()
-        .expect("consumer")
-        .engine()
-        .spawn();
-    wait_until(WAIT, "the consumer records the key", || async {
-        recorded_key(&server).await.is_some()
-    })
-    .await;
+    let consumer = start_consumer(&server).await;
 
     // The writer knows the category by its message types: partitioned by
     // `warehouse` here.
@@ -359,19 +366,7 @@ async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pendi
         tx.commit().await.expect("commit");
     }
     // The consumer starts and records `sku`.
-    let history = History {
-        redis: server.client().expect("client"),
-    };
-    let consumer = domain(test_config(&url), "consumer")
-        .handler(history)
-        .init()
-        .expect("consumer")
-        .engine()
-        .spawn();
-    wait_until(WAIT, "the consumer records the key", || async {
-        recorded_key(&server).await.is_some()
-    })
-    .await;
+    let consumer = start_consumer(&server).await;
     // A relay (an engine of the unaware writer's domain) meets the rows.
     let relay = writer.engine().spawn();
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -959,35 +959,23 @@ async fn the_cli_applies_the_engine_s_environment_overrides() {
     let server = RedisServer::start().expect("start redis-server");
     let url = server.url();
     let dir = server.dir();
-    // No --redis-url, no domain.toml: the URL from CONVOY__BROKER__URL.
-    let r = run_convoy(
-        dir,
-        &["partitions", "ledger"],
-        &[("CONVOY__BROKER__URL", &url)],
-    )
-    .await
-    .ok();
-    assert!(r.stdout.contains("no live partitions"), "{r:?}");
-    let r = run_convoy(
-        dir,
-        &["partitions", "ledger"],
-        &[("CONVOY_BROKER_URL", &url)],
-    )
-    .await
-    .ok();
-    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+    let lists = |var: &'static str| {
+        let url = url.clone();
+        async move {
+            let r = run_convoy(dir, &["partitions", "ledger"], &[(var, &url)])
+                .await
+                .ok();
+            assert!(r.stdout.contains("no live partitions"), "{var}: {r:?}");
+        }
+    };
+    // No --redis-url, no domain.toml: the URL from the environment.
+    lists("CONVOY__BROKER__URL").await;
+    lists("CONVOY_BROKER_URL").await;
     // Over a file that names the inline broker.
     std::fs::write(dir.join("domain.toml"), "[broker]\nurl = \"inline\"\n").expect("write");
     let r = run_convoy(dir, &["partitions", "ledger"], &[]).await;
     assert_eq!(r.code, 1, "the file alone names no Redis: {r:?}");
-    let r = run_convoy(
-        dir,
-        &["partitions", "ledger"],
-        &[("CONVOY__BROKER__URL", &url)],
-    )
-    .await
-    .ok();
-    assert!(r.stdout.contains("no live partitions"), "{r:?}");
+    lists("CONVOY__BROKER__URL").await;
     // An override that is not a key is the engine's error too.
     let r = run_convoy(
         dir,
