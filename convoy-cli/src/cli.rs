@@ -105,6 +105,14 @@ pub enum Command {
     /// (`{s}{category}:{key}:dlq`, `s` the key's shard) and acknowledge
     /// it; the partition resumes with its next event.
     DeadLetter(HeadArgs),
+    /// Run a halted partition's head again, in place, after fixing what
+    /// made it fail: the halt and the head's failure count are cleared and
+    /// nothing is acknowledged, so the owner runs that same head (attempt
+    /// 1) and then the events behind it: the key's order is kept (skip and
+    /// dead-letter move past the head instead). With --all-halted (and
+    /// --handler), every partition of the category halted for that
+    /// handler, after one confirmation.
+    Retry(RetryArgs),
     /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
     /// else the category's `{s}{category}:dlq` (ordinary handlers').
     Dlq {
@@ -259,7 +267,53 @@ pub fn key_value(key: &str, hex: bool) -> Result<String, String> {
     })
 }
 
-/// Arguments of `skip` and `dead-letter`.
+/// Arguments of `retry`: one partition's, or `--all-halted`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key, e.g. a client id (hexadecimal with --key-hex);
+    /// not with --all-halted.
+    #[arg(required_unless_present = "all_halted", conflicts_with = "all_halted")]
+    pub key: Option<String>,
+    /// KEY is hexadecimal: the key's UTF-8 bytes.
+    #[arg(long, requires = "key")]
+    pub key_hex: bool,
+    /// The handler (consumer group); required with --all-halted.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// Act on a partition that is not halted (on its head): its owner is
+    /// fenced out first, and the next owner runs the head again.
+    #[arg(long, conflicts_with = "all_halted")]
+    pub force: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Every partition of the category halted for --handler, each on the
+    /// head it is halted on (never forced), after one confirmation.
+    #[arg(long, requires = "handler")]
+    pub all_halted: bool,
+}
+
+impl RetryArgs {
+    /// One partition's retry as a head action (`None` with --all-halted).
+    pub fn one(&self) -> Option<HeadArgs> {
+        Some(HeadArgs {
+            category: self.category.clone(),
+            key: KeyArg {
+                key: self.key.clone()?,
+                key_hex: self.key_hex,
+            },
+            handler: HandlerArg {
+                handler: self.handler.handler.clone(),
+            },
+            force: self.force,
+            yes: self.yes,
+        })
+    }
+}
+
+/// Arguments of `skip`, `dead-letter` and `retry`.
 #[derive(Debug, Args)]
 pub struct HeadArgs {
     /// The category.

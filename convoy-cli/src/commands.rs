@@ -9,7 +9,7 @@ use convoy_runtime::config::{redact_url, url_secrets};
 use convoy_runtime::key::Escaped;
 use convoy_runtime::redis::admin::{Admin, AdminError, HeadOp, HeadRequest};
 
-use crate::cli::{Cli, Command, Connection, HeadArgs};
+use crate::cli::{Cli, Command, Connection, HeadArgs, RetryArgs};
 use crate::{outbox, render};
 
 /// Why a command failed.
@@ -220,6 +220,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Skip(args) => head_action(&admin, HeadOp::Skip, &args, &who).await?,
         Command::DeadLetter(args) => head_action(&admin, HeadOp::DeadLetter, &args, &who).await?,
+        Command::Retry(args) => match args.one() {
+            Some(one) => head_action(&admin, HeadOp::Retry, &one, &who).await?,
+            None => retry_all_halted(&admin, &args, &who).await?,
+        },
         Command::Dlq {
             category,
             key,
@@ -324,6 +328,7 @@ async fn head_action(
     let action = match op {
         HeadOp::Skip => "skip",
         HeadOp::DeadLetter => "dead-letter",
+        HeadOp::Retry => "retry",
     };
     if i.status.halt_reason.as_deref() == Some("not a stream") {
         // Halted because its key held another type: once the operator fixed
@@ -408,6 +413,74 @@ async fn head_action(
         )
         .await?;
     Ok(render::head_outcome(category, &i.status, &outcome))
+}
+
+/// `convoy retry CATEGORY --all-halted --handler NAME`: every partition of
+/// the category halted for the handler, each retried in place on the head
+/// it is halted on (a partition whose head moved meanwhile is left alone
+/// and counted), after one confirmation naming how many.
+async fn retry_all_halted(admin: &Admin, args: &RetryArgs, who: &str) -> Result<String, CliError> {
+    let category = args.category.as_str();
+    let Some(handler) = args.handler.handler.as_deref() else {
+        return Err(CliError::Usage(
+            "--all-halted needs --handler NAME: the handler whose halted partitions to retry"
+                .to_owned(),
+        ));
+    };
+    let group = admin.resolve_group(category, None, Some(handler)).await?;
+    let report = admin.partitions(category).await?;
+    let halted: Vec<_> = report
+        .partitions
+        .iter()
+        .filter(|p| p.group == group && p.halted)
+        .collect();
+    if halted.is_empty() {
+        return Ok(format!(
+            "no partition of {} is halted for handler {}\n",
+            render::text(category),
+            render::text(&group)
+        ));
+    }
+    confirm(
+        &format!(
+            "Run the halted head again, in place, in {} partitions of {} for handler {}?",
+            halted.len(),
+            render::text(category),
+            render::text(&group)
+        ),
+        args.yes,
+        "retry",
+    )?;
+    let (mut done, mut left) = (0, Vec::new());
+    for p in halted {
+        let request = HeadRequest {
+            category,
+            key: &p.key,
+            group: &group,
+            force: false,
+            operator: who,
+            expect_entry: p.halt_entry.as_deref(),
+        };
+        match admin.act_on_head(HeadOp::Retry, &request).await {
+            Ok(_) => done += 1,
+            Err(e) => left.push(format!("{}: {e}", render::key(&p.key))),
+        }
+    }
+    let mut out = format!(
+        "retried {done} halted partitions of {} for handler {} in place (each audited); their owners run the heads again, in order\n",
+        render::text(category),
+        render::text(&group)
+    );
+    if !left.is_empty() {
+        out.push_str(&format!(
+            "{} left alone (their heads moved or they resumed meanwhile):\n",
+            left.len()
+        ));
+        for l in left {
+            out.push_str(&format!("  {l}\n"));
+        }
+    }
+    Ok(out)
 }
 
 /// Asks on the terminal unless `yes`; refuses without a terminal.

@@ -530,7 +530,7 @@ pub fn head_summary(category: &str, i: &Inspection, h: &Head) -> String {
     )
 }
 
-/// The question asked before a skip or dead-letter.
+/// The question asked before a skip, dead-letter or retry.
 pub fn head_question(op: HeadOp, category: &str, i: &Inspection, h: &Head) -> String {
     let p = partition(category, &i.status.key);
     let (entry, group) = (text(&h.entry_id), text(&i.status.group));
@@ -541,6 +541,9 @@ pub fn head_question(op: HeadOp, category: &str, i: &Inspection, h: &Head) -> St
         HeadOp::DeadLetter => format!(
             "Move entry {entry} of {p} to {} for handler {group}?",
             dlq(category, &i.status)
+        ),
+        HeadOp::Retry => format!(
+            "Run entry {entry} of {p} again for handler {group}, in place (the key's order is kept)?"
         ),
     }
 }
@@ -560,10 +563,23 @@ pub fn force_warning(i: &Inspection) -> String {
     format!("WARNING: --force on a partition that is not halted on this head: {owner}.\n")
 }
 
-/// What a skip or dead-letter of the unit `s` did.
+/// What a skip, dead-letter or retry of the unit `s` did.
 pub fn head_outcome(category: &str, s: &PartitionStatus, o: &HeadOutcome) -> String {
     let p = partition(category, &s.key);
     let (entry, group) = (text(&o.entry_id), text(&s.group));
+    if o.op == HeadOp::Retry {
+        let mut out = format!(
+            "cleared the halt of {p} for handler {group}: its owner runs entry {entry} again (attempt 1), then the events behind it, in order\n"
+        );
+        if let Some(token) = &o.fenced {
+            out.push_str(&format!(
+                "fenced out the owner's lease {}: the next owner takes the unit at a newer generation and runs the head again\n",
+                text(token)
+            ));
+        }
+        out.push_str(&format!("audit record {}\n", text(&o.audit_id)));
+        return out;
+    }
     let mut out = match (&o.op, &o.dlq_id) {
         (HeadOp::DeadLetter, Some(id)) => format!(
             "moved entry {entry} of {p} to {} as {} for handler {group}",

@@ -987,3 +987,105 @@ async fn the_cli_applies_the_engine_s_environment_overrides() {
     assert!(r.stderr.contains("no_such_key"), "{r:?}");
     std::fs::remove_file(dir.join("domain.toml")).ok();
 }
+
+/// After the bug that halted a key is fixed, `convoy retry` runs the halted
+/// head again in place: the key resumes in order, the head handled (not
+/// skipped, not moved). `--all-halted` does it for every halted partition
+/// of a handler. Each retry is audited; a running partition is refused
+/// without --force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    let keys = ["c0", "c1", "c2", "c3"];
+    let mut events = Vec::new();
+    for seq in 0..6 {
+        for key in keys {
+            events.push(posted(key, seq, key != "c0" && seq == 2));
+        }
+    }
+    s.publish(&events).await;
+    wait_until(WAIT, "c1, c2 and c3 halt on their #2", || async {
+        let mut all = s.seen("c0").len() == 6;
+        for key in ["c1", "c2", "c3"] {
+            all &= s.halted_on(key).await.is_some() && s.seen(key).len() == 2;
+        }
+        all
+    })
+    .await;
+
+    // Not confirmed: refused, nothing changed. A key that is not halted
+    // (drained here): refused.
+    let r = s.convoy(&["retry", "ledger", "c1"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("pass --yes"), "{r:?}");
+    let r = s.convoy(&["retry", "ledger", "c0", "--yes"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("has no event to act on"), "{r:?}");
+
+    // The fix is deployed: the handler no longer fails on the poison.
+    s.poison.store(false, Ordering::SeqCst);
+    let r = s.convoy(&["retry", "ledger", "c1", "--yes"]).await.ok();
+    assert!(r.stderr.contains("head "), "the head is shown: {r:?}");
+    assert!(r.stdout.contains("cleared the halt"), "{r:?}");
+    assert!(r.stdout.contains("runs entry"), "{r:?}");
+    let in_order = |key: &str| (0..6).map(|n| format!("{key}#{n}")).collect::<Vec<_>>();
+    wait_until(WAIT, "c1 resumes with its #2", || async {
+        s.seen("c1") == in_order("c1")
+    })
+    .await;
+    assert!(s.halted_on("c1").await.is_none());
+
+    let r = s
+        .convoy(&[
+            "retry",
+            "ledger",
+            "--all-halted",
+            "--handler",
+            "Recorder",
+            "--yes",
+        ])
+        .await
+        .ok();
+    assert!(r.stdout.contains("retried 2 halted partitions"), "{r:?}");
+    wait_until(WAIT, "c2 and c3 resume in order", || async {
+        s.seen("c2") == in_order("c2") && s.seen("c3") == in_order("c3")
+    })
+    .await;
+    for key in keys {
+        assert_eq!(s.seen(key), in_order(key), "{key}: each once, in order");
+    }
+    let r = s
+        .convoy(&[
+            "retry",
+            "ledger",
+            "--all-halted",
+            "--handler",
+            "Recorder",
+            "--yes",
+        ])
+        .await
+        .ok();
+    assert!(
+        r.stdout.contains("no partition of ledger is halted"),
+        "{r:?}"
+    );
+
+    let audit = s.convoy(&["audit", "--json"]).await.ok().json();
+    let retries: Vec<&Value> = audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter(|r| r["fields"]["op"] == "retry")
+        .collect();
+    assert_eq!(retries.len(), 3, "{audit}");
+    for r in retries {
+        assert_eq!(r["fields"]["operator"], "test-op", "{r}");
+        assert_eq!(r["fields"]["forced"], "0", "{r}");
+        assert!(
+            r["fields"]["entry"].as_str().is_some_and(|e| !e.is_empty()),
+            "{r}"
+        );
+    }
+    engine.shutdown().await.expect("shutdown");
+}

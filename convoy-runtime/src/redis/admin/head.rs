@@ -1,5 +1,6 @@
-//! Skipping a halted unit's head, or moving it to the key's dead letter
-//! stream (one script, `head_action.lua`, atomic against the owner).
+//! Skipping a halted unit's head, moving it to the key's dead letter
+//! stream, or retrying it in place (one script, `head_action.lua`, atomic
+//! against the owner).
 
 use serde::Serialize;
 
@@ -8,7 +9,7 @@ use crate::envelope::now_ms;
 use crate::names;
 use crate::redis::scripts::head_action::{HeadActed, HeadAction};
 
-/// Skip or dead-letter.
+/// Skip, dead-letter or retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HeadOp {
@@ -16,14 +17,19 @@ pub enum HeadOp {
     Skip,
     /// Copy the head to `{s}{category}:{key}:dlq`, then acknowledge it.
     DeadLetter,
+    /// Clear the halt and the head's failure count: its owner runs the
+    /// same head again, in place, so the key's order is kept (after the
+    /// bug that halted it is fixed).
+    Retry,
 }
 
 impl HeadOp {
-    /// `skip` or `dead_letter` (as in the audit stream).
+    /// `skip`, `dead_letter` or `retry` (as in the audit stream).
     pub fn as_str(self) -> &'static str {
         match self {
             HeadOp::Skip => "skip",
             HeadOp::DeadLetter => "dead_letter",
+            HeadOp::Retry => "retry",
         }
     }
 }
@@ -124,6 +130,25 @@ impl Admin {
     ) -> Result<HeadOutcome, AdminError> {
         let req = HeadRequest::new(category, key, group, force, operator);
         self.act_on_head(HeadOp::DeadLetter, &req).await
+    }
+
+    /// Runs the unit's halted head again, in place: clears the halt and
+    /// the head's failure count, acknowledging nothing, so the owner
+    /// resumes with that same head (attempt 1) and the key's order is
+    /// kept. For after the bug that halted it is fixed (a skip or a dead
+    /// letter would lose or move the event). The same checks as
+    /// [`Admin::skip`]; with `force` on a running partition the owner is
+    /// fenced out and the next owner runs the head again.
+    pub async fn retry(
+        &self,
+        category: &str,
+        key: &str,
+        group: &str,
+        force: bool,
+        operator: &str,
+    ) -> Result<HeadOutcome, AdminError> {
+        let req = HeadRequest::new(category, key, group, force, operator);
+        self.act_on_head(HeadOp::Retry, &req).await
     }
 
     /// Skip or dead-letter, optionally only if the head is still the entry

@@ -1,7 +1,9 @@
 -- Operator action on a partition's head for one consumer group, atomic
--- against the owner (every owner operation is a script too): skip it, or
--- move it to the key's dead letter stream (ARGV[8] = 'skip' or
--- 'dead_letter'). A dead letter carries the head's fields plus `dlq_group`,
+-- against the owner (every owner operation is a script too): skip it, move
+-- it to the key's dead letter stream, or retry it in place (ARGV[8] =
+-- 'skip', 'dead_letter' or 'retry'). A retry acknowledges nothing: it
+-- clears the halt and the head's failure count, so the owner runs the same
+-- head again (attempt 1) and the key's order is kept. A dead letter carries the head's fields plus `dlq_group`,
 -- `dlq_source`, `dlq_entry`, `dlq_error`, `dlq_time` and `dlq_operator`.
 --
 -- KEYS[1] unit state hash, KEYS[2] lease, KEYS[3] primary stream,
@@ -148,7 +150,7 @@ end
 
 local stream = streams[lane]
 local entry = redis.call('XRANGE', stream, head, head)
-if op == 'dead_letter' and #entry == 0 then
+if (op == 'dead_letter' or op == 'retry') and #entry == 0 then
   return {'deleted', head}
 end
 
@@ -187,6 +189,19 @@ if op == 'dead_letter' then
   copy[#copy + 1] = 'dlq_operator'
   copy[#copy + 1] = ARGV[3]
   dlq = redis.call('XADD', KEYS[7], '*', unpack(copy))
+end
+
+if op == 'retry' then
+  -- Nothing acknowledged or moved: the head stays where it is, pending
+  -- (or next to deliver), and its owner (or, when forced, the next owner
+  -- after the reclaim) runs it again.
+  redis.call('HDEL', unit, 'halted', 'halt_reason', 'halt_error', 'halt_since',
+    'halt_entry', 'head', 'attempts')
+  redis.call('HSET', unit, 'active', ARGV[4])
+  local audit = redis.call('XADD', KEYS[6], '*', 'op', op, 'category', ARGV[5],
+    'key', ARGV[6], 'group', group, 'entry', head, 'operator', ARGV[3],
+    'time', ARGV[4], 'forced', forced, 'stream', stream, 'fenced', fenced)
+  return {'ok', head, lane, forced, fenced, 0, audit, pending and 1 or 0}
 end
 
 local done = 1

@@ -1,4 +1,4 @@
-//! `head_action.lua`: an operator's skip or dead-letter of a unit's head,
+//! `head_action.lua`: an operator's skip, dead-letter or retry of a unit's head,
 //! atomic against the owner.
 
 use super::{SCRIPTS, Status, call};
@@ -8,12 +8,12 @@ use crate::redis::connection::Conn;
 use crate::redis::unit::Unit;
 use crate::redis::wake;
 
-/// Skips (`op = "skip"`) or dead-letters (`op = "dead_letter"`) the head
+/// Skips (`op = "skip"`), dead-letters (`op = "dead_letter"`) or retries in place (`op = "retry"`) the head
 /// of the unit's single category for its group.
 #[derive(Debug)]
 pub(crate) struct HeadAction<'a> {
     pub(crate) unit: &'a Unit,
-    /// `skip` or `dead_letter`.
+    /// `skip`, `dead_letter` or `retry`.
     pub(crate) op: &'a str,
     /// Act on a unit that is not halted on its head, fencing its owner out.
     pub(crate) force: bool,
