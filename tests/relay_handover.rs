@@ -124,13 +124,21 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
             uow.commit().await.expect("commit");
         }
     };
-    raise(vec![Posted::new("a", 0)]).await;
+    // Keys in several shards: the take-over must cover every one.
+    let keys = ["a", "b", "c", "d", "e"];
+    let shards: std::collections::BTreeSet<u32> = keys.iter().map(|k| names::shard(k)).collect();
+    assert!(
+        shards.len() >= 3,
+        "the keys span several shards: {shards:?}"
+    );
+    let round = |n: u64| keys.iter().map(|k| Posted::new(k, n)).collect::<Vec<_>>();
+    raise(round(0)).await;
     old.process_batch_as(&shared(1))
         .await
         .expect("the old leader publishes before the handover");
 
     // 1. The new leader reads R and is held up.
-    raise((1..4).map(|n| Posted::new("a", n)).collect()).await;
+    raise((1..4).flat_map(round).collect()).await;
     let reading = held.read.notified();
     let successor = {
         let new = new.clone();
@@ -143,7 +151,7 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
     // 2. The old leader publishes R, then R' (whose first seq trims R out
     //    of the dedup set).
     let first = old.process_batch_as(&shared(1)).await;
-    raise((4..6).map(|n| Posted::new("a", n)).collect()).await;
+    raise((4..6).flat_map(round).collect()).await;
     let second = old.process_batch_as(&shared(1)).await;
 
     // 3. The new leader publishes what it read, then what is left.
@@ -156,17 +164,19 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
         .await
         .expect("the new leader drains");
 
-    let seen = entries(&redis, "a").await;
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "rows published under two stream entries: {twice:?} (old leader's batches: {first:?}, {second:?})"
-    );
-    assert_eq!(
-        seen.keys().cloned().collect::<Vec<_>>(),
-        (0..6).map(|n| format!("a#{n}")).collect::<Vec<_>>(),
-        "every row reached its stream, in commit order"
-    );
+    for key in keys {
+        let seen = entries(&redis, key).await;
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "rows published under two stream entries: {twice:?} (old leader's batches: {first:?}, {second:?})"
+        );
+        assert_eq!(
+            seen.keys().cloned().collect::<Vec<_>>(),
+            (0..6).map(|n| format!("{key}#{n}")).collect::<Vec<_>>(),
+            "every row reached its stream"
+        );
+    }
     for r in [first, second] {
         assert!(
             matches!(r, Err(Error::PublisherReplaced { newer: 2, .. })),
@@ -185,39 +195,41 @@ async fn a_replaced_relay_cannot_publish_rows_its_successor_read_even_when_the_s
             .expect("PTTL");
         assert_eq!(ttl, -1, "{key} exists and does not expire");
     }
-    // Each entry carries its identity: the outbox's name and the row's seq,
-    // increasing along the key's stream.
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(names::stream("ledger", "a"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .expect("XRANGE");
-    let origins: Vec<convoy_runtime::Origin> = entries
-        .ids
-        .iter()
-        .map(|e| {
-            let wire: String = e.get("origin").expect("an origin field");
-            convoy_runtime::Origin::parse(&wire).expect("producer#seq")
-        })
-        .collect();
-    assert!(
-        origins.iter().all(|o| o.producer == "outbox/shared"),
-        "{origins:?}"
-    );
-    assert!(
-        origins.windows(2).all(|w| w[0].seq < w[1].seq),
-        "{origins:?}"
-    );
-    let in_order: Vec<String> = support::pg::stream_of(&redis.url(), "a")
-        .await
-        .iter()
-        .map(Posted::id)
-        .collect();
-    assert_eq!(
-        in_order,
-        (0..6).map(|n| format!("a#{n}")).collect::<Vec<_>>(),
-        "the stream holds the key's rows once each, in commit order"
-    );
+    for key in keys {
+        // Each entry carries its identity: the outbox's name and the row's
+        // seq, increasing along the key's stream.
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(names::stream("ledger", key))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE");
+        let origins: Vec<convoy_runtime::Origin> = entries
+            .ids
+            .iter()
+            .map(|e| {
+                let wire: String = e.get("origin").expect("an origin field");
+                convoy_runtime::Origin::parse(&wire).expect("producer#seq")
+            })
+            .collect();
+        assert!(
+            origins.iter().all(|o| o.producer == "outbox/shared"),
+            "{origins:?}"
+        );
+        assert!(
+            origins.windows(2).all(|w| w[0].seq < w[1].seq),
+            "{origins:?}"
+        );
+        let in_order: Vec<String> = support::pg::stream_of(&redis.url(), key)
+            .await
+            .iter()
+            .map(Posted::id)
+            .collect();
+        assert_eq!(
+            in_order,
+            (0..6).map(|n| format!("{key}#{n}")).collect::<Vec<_>>(),
+            "the stream holds the key's rows once each, in commit order"
+        );
+    }
 }

@@ -70,6 +70,17 @@ struct StockCounted {
     n: u64,
 }
 
+/// Another category of the same writer, never partitioned.
+#[derive(Aggregate)]
+#[aggregate(category = "audit")]
+struct AuditTrail;
+
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = AuditTrail)]
+struct Noted {
+    note: String,
+}
+
 /// The consumer's projector: records each event it handles in a Redis
 /// list per SKU (`handled:{sku}`), in the order it handled them.
 struct History {
@@ -362,6 +373,10 @@ async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pendi
             n,
         })
         .expect("raise");
+        uow.raise(Noted {
+            note: format!("counted {n}"),
+        })
+        .expect("raise");
         uow.commit_in(&mut tx).await.expect("commit_in");
         tx.commit().await.expect("commit");
     }
@@ -370,15 +385,27 @@ async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pendi
     // A relay (an engine of the unaware writer's domain) meets the rows.
     let relay = writer.engine().spawn();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        writer.outbox().pending(10).await.expect("pending").len(),
-        3,
-        "the rows stay pending"
+    let pending = writer.outbox().pending(10).await.expect("pending");
+    assert_eq!(pending.len(), 3, "the stock rows stay pending: {pending:?}");
+    assert!(
+        pending
+            .iter()
+            .all(|r| r.envelope.category == "stock" && r.attempts > 0),
+        "their failures counted: {pending:?}"
     );
     assert_eq!(
         base_stream_len(&server).await,
         0,
         "nothing published unkeyed"
+    );
+    let mut c = server.connection().await.expect("connect");
+    let audit: u64 = c
+        .xlen(support::names::base_stream("audit"))
+        .await
+        .expect("xlen");
+    assert_eq!(
+        audit, 3,
+        "the other category's rows are published all the same"
     );
     relay.shutdown().await.expect("shutdown");
     consumer.shutdown().await.expect("shutdown");

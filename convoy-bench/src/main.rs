@@ -65,7 +65,7 @@ struct Cli {
     /// (valkey-server: $CONVOY_VALKEY_SERVER, else on PATH; `bash
     /// .ci/valkey.sh` installs it). Default: $CONVOY_TEST_SERVER, else
     /// redis.
-    #[arg(long, global = true, value_parser = ["redis", "valkey"])]
+    #[arg(long, global = true, value_parser = ["redis", "valkey"], conflicts_with = "redis_url")]
     server: Option<String>,
 }
 

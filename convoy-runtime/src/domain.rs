@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::broker::{Broker, Capabilities, InlineBroker, check_raised};
+use crate::broker::{Broker, Capabilities, InlineBroker, RaisedCheck};
 use crate::config::Config;
 use crate::envelope::{Envelope, Priority};
 use crate::error::{Error, Problems};
@@ -41,6 +41,8 @@ struct Inner {
     registry: Arc<Registry>,
     policy: Arc<KeyPolicy>,
     broker: Arc<dyn Broker>,
+    /// Raised events' categories against the broker's records.
+    raised_check: RaisedCheck,
     outbox: OutboxHandle,
     event_handlers: Vec<HandlerEntry>,
     command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
@@ -68,7 +70,7 @@ impl Domain {
     pub fn unit_of_work(&self) -> UnitOfWork {
         UnitOfWork::new(
             self.inner.outbox.clone(),
-            self.inner.broker.clone(),
+            self.inner.raised_check.clone(),
             self.inner.policy.clone(),
         )
     }
@@ -113,7 +115,10 @@ impl Domain {
                         ),
                     })?;
                 let raised = ctx.take_raised();
-                check_raised(&*self.inner.broker, raised.key_fields().to_vec()).await?;
+                self.inner
+                    .raised_check
+                    .check(raised.key_fields().to_vec())
+                    .await?;
                 self.inner.outbox.append(raised.into_envelopes()).await?;
                 Ok(*reply)
             }
@@ -431,6 +436,7 @@ impl DomainBuilder {
                 config,
                 registry: Arc::new(registry),
                 policy: Arc::new(policy),
+                raised_check: RaisedCheck::new(broker.clone()),
                 broker,
                 outbox: OutboxHandle::new(outbox),
                 event_handlers: self.event_handlers,
@@ -452,12 +458,11 @@ struct PmFactory {
 /// process runs is reported as a warning, not an error: one `domain.toml`
 /// serves every binary of a service (a writer that runs no handler, and
 /// consumers that run some), and the settings apply where the handler
-/// runs. Returns the names warned about.
-fn check_handler_settings(config: &Config, run: &[&str]) -> Vec<String> {
+/// runs.
+fn check_handler_settings(config: &Config, run: &[&str]) {
     let mut known: Vec<&str> = run.to_vec();
     known.sort_unstable();
     known.dedup();
-    let mut unused = Vec::new();
     for name in config.handlers.keys() {
         if !run.contains(&name.as_str()) {
             tracing::warn!(
@@ -469,10 +474,8 @@ fn check_handler_settings(config: &Config, run: &[&str]) -> Vec<String> {
                     known.join(", ")
                 }
             );
-            unused.push(name.clone());
         }
     }
-    unused
 }
 
 /// The categories of a sequential process manager must have one shard

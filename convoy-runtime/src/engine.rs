@@ -63,6 +63,7 @@ impl Engine {
             outbox.wake().clone(),
         )
         .shards(&self.domain.config().broker)
+        .message_types(self.domain.registry().messages())
     }
 
     /// What the broker consumes: the domain's handlers and process

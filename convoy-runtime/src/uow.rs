@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::broker::{Broker, check_raised};
+use crate::broker::RaisedCheck;
 use crate::envelope::Priority;
 use crate::error::Error;
 use crate::key::KeyPolicy;
@@ -16,7 +16,7 @@ use crate::raise::PendingEvents;
 /// Dropping it without `commit` discards the events.
 pub struct UnitOfWork {
     outbox: OutboxHandle,
-    broker: Arc<dyn Broker>,
+    check: RaisedCheck,
     policy: Arc<KeyPolicy>,
     pending: PendingEvents,
     correlation_id: Option<String>,
@@ -33,16 +33,11 @@ impl std::fmt::Debug for UnitOfWork {
 
 impl UnitOfWork {
     /// A unit of work committing to `outbox`, checking keys with `policy`
-    /// (and, before it commits, each raised category's key against what
-    /// `broker` records).
-    pub(crate) fn new(
-        outbox: OutboxHandle,
-        broker: Arc<dyn Broker>,
-        policy: Arc<KeyPolicy>,
-    ) -> Self {
+    /// (and, before it commits, each raised category's key with `check`).
+    pub(crate) fn new(outbox: OutboxHandle, check: RaisedCheck, policy: Arc<KeyPolicy>) -> Self {
         UnitOfWork {
             outbox,
-            broker,
+            check,
             policy,
             pending: PendingEvents::default(),
             correlation_id: None,
@@ -112,7 +107,7 @@ impl UnitOfWork {
                 broker: "memory outbox".into(),
                 hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
             })?;
-        check_raised(&*self.broker, self.pending.key_fields().to_vec()).await?;
+        self.check.check(self.pending.key_fields().to_vec()).await?;
         let envelopes = self.pending.into_envelopes();
         outbox.insert_in(tx, &envelopes).await?;
         Ok(envelopes.len())
@@ -128,7 +123,7 @@ impl UnitOfWork {
     /// field than this process routes it by (or by a field it carries while
     /// this process routes it without a key).
     pub async fn commit(self) -> Result<usize, Error> {
-        check_raised(&*self.broker, self.pending.key_fields().to_vec()).await?;
+        self.check.check(self.pending.key_fields().to_vec()).await?;
         let envelopes = self.pending.into_envelopes();
         let n = envelopes.len();
         self.outbox.append(envelopes).await?;

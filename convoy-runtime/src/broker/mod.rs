@@ -117,26 +117,70 @@ impl KeyUse<'_> {
     }
 }
 
-/// Checks each `(category, key field or none, message fields)` of raised
-/// events with [`Broker::check_category`], once each. A mismatch fails; a
-/// broker that cannot answer now does not (the relay checks again before
-/// it publishes), so raising and committing never wait on the broker.
-pub(crate) async fn check_raised(broker: &dyn Broker, raised: Vec<RaisedKey>) -> Result<(), Error> {
-    for (category, field, fields) in raised {
-        let used = field.map_or(KeyUse::Unkeyed(fields), KeyUse::Field);
-        let check = tokio::time::timeout(RAISED_CHECK, broker.check_category(category, used));
-        match check.await {
-            Ok(Err(e @ Error::KeyFieldMismatch { .. })) => return Err(e),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %crate::error::chain(&e), category, "partition key not checked now; the relay checks it before publishing");
-            }
-            Ok(Ok(())) | Err(_) => {}
-        }
-    }
-    Ok(())
+/// The check of raised events' categories against what the broker records
+/// ([`Broker::check_category`]), made before a commit. Cheap to clone: one
+/// per domain, shared by its units of work.
+#[derive(Clone)]
+pub(crate) struct RaisedCheck {
+    broker: Arc<dyn Broker>,
+    /// When the broker last could not answer (ms since the Unix epoch; 0:
+    /// never).
+    failed_at: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// How long a commit waits for the broker's answer about a category's key.
+impl std::fmt::Debug for RaisedCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaisedCheck").finish_non_exhaustive()
+    }
+}
+
+impl RaisedCheck {
+    /// The check against `broker`.
+    pub(crate) fn new(broker: Arc<dyn Broker>) -> Self {
+        RaisedCheck {
+            broker,
+            failed_at: Arc::default(),
+        }
+    }
+
+    /// Checks each `(category, key field or none, message fields)` of
+    /// raised events, once each. A mismatch fails; a broker that cannot
+    /// answer within [`RAISED_CHECK`] in all does not (the relay checks
+    /// again before it publishes), and then commits skip the check for
+    /// [`RAISED_CHECK_PAUSE`], so raising and committing never wait long
+    /// on a broker that is down.
+    pub(crate) async fn check(&self, raised: Vec<RaisedKey>) -> Result<(), Error> {
+        use std::sync::atomic::Ordering;
+        let since = self.failed_at.load(Ordering::Relaxed);
+        let pause = RAISED_CHECK_PAUSE.as_millis() as u64;
+        if since != 0 && crate::envelope::now_ms().saturating_sub(since) < pause {
+            return Ok(());
+        }
+        let checks = async {
+            for (category, field, fields) in raised {
+                let used = field.map_or(KeyUse::Unkeyed(fields), KeyUse::Field);
+                self.broker.check_category(category, used).await?;
+            }
+            Ok::<(), Error>(())
+        };
+        let failed = match tokio::time::timeout(RAISED_CHECK, checks).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e @ Error::KeyFieldMismatch { .. })) => return Err(e),
+            Ok(Err(e)) => crate::error::chain(&e),
+            Err(_) => format!("no answer within {RAISED_CHECK:?}"),
+        };
+        self.failed_at
+            .store(crate::envelope::now_ms(), Ordering::Relaxed);
+        tracing::debug!(error = %failed, "partition keys not checked at commit; the relay checks them before publishing");
+        Ok(())
+    }
+}
+
+/// How long commits skip the check after the broker could not answer.
+const RAISED_CHECK_PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a commit waits, in all, for the broker's answers about its
+/// categories' keys.
 const RAISED_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A failed publish: how many publications of the batch went out, in order,

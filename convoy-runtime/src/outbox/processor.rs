@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,9 @@ pub struct OutboxProcessor {
     /// [`Broker::take_over`]); a batch of another is preceded by its take
     /// over.
     taken_over: std::sync::Mutex<Option<Producer>>,
+    /// The Rust field names of the message types the domain knows, by wire
+    /// name (for the unkeyed-publication check).
+    message_fields: BTreeMap<&'static str, &'static [&'static str]>,
 }
 
 impl std::fmt::Debug for OutboxProcessor {
@@ -73,7 +77,19 @@ impl OutboxProcessor {
             producer,
             wake,
             taken_over: std::sync::Mutex::new(None),
+            message_fields: BTreeMap::new(),
         }
+    }
+
+    /// The message types the domain knows (their Rust field names judge
+    /// an unkeyed publication; a type not given here is judged by its
+    /// payload's JSON field names).
+    pub fn message_types(
+        mut self,
+        types: impl IntoIterator<Item = &'static crate::message::MessageDescriptor>,
+    ) -> Self {
+        self.message_fields = types.into_iter().map(|m| (m.type_name, m.fields)).collect();
+        self
     }
 
     /// Shards per category (`[broker] shards` and `category_shards`; the
@@ -160,26 +176,87 @@ impl OutboxProcessor {
         }
         // A category the broker records as partitioned by a field is never
         // published without a key for an event that carries the field (a
-        // writer that knew no key raised it): the batch fails and its
-        // records stay pending, loudly. Checked once per category and
-        // shape in this process (unkeyed shapes again every few seconds).
+        // writer that knew no key raised it): those records stay pending,
+        // loudly (their failures counted), and the rest of the batch goes
+        // out. Checked once per category and shape in this process
+        // (unkeyed shapes again every few seconds).
+        let mut refused = self.refused_unkeyed(&batch).await?;
+        if !refused.is_empty() {
+            let (out, kept): (Vec<Publication>, Vec<Publication>) = batch
+                .into_iter()
+                .partition(|p| refused.iter().any(|(c, _)| *c == p.envelope.category));
+            for p in &out {
+                self.store.record_failure(p.seq).await?;
+            }
+            if kept.is_empty() {
+                metrics::outbox_publish_failed();
+                let (_, first) = refused.swap_remove(0);
+                return Err(first);
+            }
+            for (category, e) in &refused {
+                tracing::error!(category = %Escaped(category), error = %chain(e), "outbox records of this category stay pending; the rest are published");
+            }
+            batch = kept;
+        }
+        let result = self.publish_batch(producer, &batch, settled).await;
+        if result.is_err() {
+            // Redis may have lost the take-over (a restart from an
+            // everysec AOF, a failover): take over again before the next
+            // read.
+            *self
+                .taken_over
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        result
+    }
+
+    /// The categories of `batch`'s unkeyed publications that the broker
+    /// records as partitioned by a field those events carry, with the
+    /// refusal. A type this domain knows is judged by its Rust fields (a
+    /// serde rename cannot hide the field); another by its payload's.
+    async fn refused_unkeyed(&self, batch: &[Publication]) -> Result<Vec<(String, Error)>, Error> {
         let mut shapes: Vec<(&str, Vec<String>)> = Vec::new();
         for p in batch.iter().filter(|p| p.partition.is_none()) {
-            let shape = (
-                p.envelope.category.as_str(),
-                payload_fields(&p.envelope.payload),
-            );
+            let fields = match self.message_fields.get(p.envelope.type_name.as_str()) {
+                Some(f) => f.iter().map(|s| (*s).to_owned()).collect(),
+                None => payload_fields(&p.envelope.payload),
+            };
+            let shape = (p.envelope.category.as_str(), fields);
             if !shapes.contains(&shape) {
                 shapes.push(shape);
             }
         }
+        let mut refused: Vec<(String, Error)> = Vec::new();
         for (category, fields) in &shapes {
+            if refused.iter().any(|(c, _)| c == category) {
+                continue;
+            }
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-            self.broker
+            match self
+                .broker
                 .check_category(category, KeyUse::Unkeyed(&fields))
-                .await?;
+                .await
+            {
+                Ok(()) => {}
+                Err(e @ Error::KeyFieldMismatch { .. }) => {
+                    refused.push(((*category).to_owned(), e))
+                }
+                Err(e) => return Err(e),
+            }
         }
-        match self.broker.publish(producer, &batch).await {
+        Ok(refused)
+    }
+
+    /// Publishes `batch` (records already routed) and settles what went
+    /// out; `settled` records were settled before (abandoned).
+    async fn publish_batch(
+        &self,
+        producer: &Producer,
+        batch: &[Publication],
+        settled: usize,
+    ) -> Result<usize, Error> {
+        match self.broker.publish(producer, batch).await {
             Ok(()) => {
                 let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
                 self.store.mark_published(&seqs).await?;

@@ -394,13 +394,23 @@ impl Connection {
     /// version and the floor, rather than failing at the first script
     /// that uses a newer command.
     async fn check_server_version(&self, c: &mut Conn) -> Result<(), Error> {
-        let info: String = match redis::cmd("INFO").arg("server").query_async(c).await {
-            Ok(i) => i,
+        // One node's text, or (on a cluster) every master's, by node.
+        let reply: redis::Value = match redis::cmd("INFO").arg("server").query_async(c).await {
+            Ok(v) => v,
             // An ACL user may not run INFO; a missing command then says
             // enough at its first use.
             Err(_) => return Ok(()),
         };
-        check_version(&info).map_err(|found| Error::Config {
+        let texts: Vec<String> = match reply {
+            redis::Value::Map(nodes) => nodes
+                .into_iter()
+                .filter_map(|(_, v)| redis::from_redis_value::<String>(v).ok())
+                .collect(),
+            other => redis::from_redis_value::<String>(other)
+                .into_iter()
+                .collect(),
+        };
+        texts.iter().try_for_each(|t| check_version(t)).map_err(|found| Error::Config {
             file: "<server>".into(),
             message: format!(
                 "{} runs {found}, older than convoy needs: Redis {}.{} or later (or Valkey 7.2 or later) for Lua scripting, streams with XAUTOCLAIM and SET with both NX and GET; upgrade the server",

@@ -104,6 +104,11 @@ impl Registry {
         self.messages.get(type_name).copied()
     }
 
+    /// Every message type, by wire name.
+    pub fn messages(&self) -> impl Iterator<Item = &'static MessageDescriptor> + '_ {
+        self.messages.values().copied()
+    }
+
     /// Every validated handler, sorted by name.
     pub fn handlers(&self) -> &[&'static HandlerDescriptor] {
         &self.handlers

@@ -56,6 +56,12 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
+if forever and #ARGV == 3 then
+  -- A take-over (no records): keys kept with a TTL by an older convoy
+  -- are kept for good from now on.
+  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', KEYS[2])
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
 local a = 4
 local written = 0
