@@ -107,11 +107,11 @@ pub enum Command {
     DeadLetter(HeadArgs),
     /// Run a halted partition's head again, in place, after fixing what
     /// made it fail: the halt and the head's failure count are cleared and
-    /// nothing is acknowledged, so the owner runs that same head (attempt
-    /// 1) and then the events behind it: the key's order is kept (skip and
-    /// dead-letter move past the head instead). With --all-halted (and
-    /// --handler), every partition of the category halted for that
-    /// handler, after one confirmation.
+    /// nothing is acknowledged, so the owner runs that same head (as its
+    /// first attempt) and then the events behind it: the key's order is
+    /// kept (skip and dead-letter move past the head instead). With
+    /// `--all-halted` and `--handler`, every partition of the category
+    /// halted for that handler, after one confirmation.
     Retry(RetryArgs),
     /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
     /// else the category's `{s}{category}:dlq` (ordinary handlers').
