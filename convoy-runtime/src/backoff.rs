@@ -73,7 +73,7 @@ pub(crate) async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool
 }
 
 /// A delay between half of `d` and `d`, at random.
-fn jitter(d: Duration) -> Duration {
+pub(crate) fn jitter(d: Duration) -> Duration {
     // Every `RandomState` is keyed afresh: a cheap random number without a
     // generator to share.
     let r = std::collections::hash_map::RandomState::new()

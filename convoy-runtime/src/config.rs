@@ -32,6 +32,8 @@
 //! max_retries = 3
 //! initial_backoff_ms = 100
 //! max_backoff_ms = 10000
+//! max_transient_backoff_ms = 30000 # a dependency down: retried until it is back
+//! outage_threshold = 3             # keys failing so at once pause the handler
 //!
 //! [handlers."ledger-projector"]    # by handler name
 //! concurrency = 8                  # events in flight at once on this instance
@@ -699,6 +701,16 @@ pub struct RetryConfig {
     pub initial_backoff_ms: u64,
     /// The longest back-off (back-off doubles up to it).
     pub max_backoff_ms: u64,
+    /// The longest back-off of a *transient* failure (a dependency of the
+    /// handler is down): such an event is retried for as long as it
+    /// fails, never counted toward `max_retries`, the wait doubling from
+    /// `initial_backoff_ms` up to this, jittered.
+    pub max_transient_backoff_ms: u64,
+    /// How many keys of one handler failing transiently at once make the
+    /// handler pause on this instance (an outage): it then starts no new
+    /// event for any of its keys but one probe at a time, until a probe
+    /// succeeds. `0` never pauses.
+    pub outage_threshold: u32,
 }
 
 impl Default for RetryConfig {
@@ -707,11 +719,25 @@ impl Default for RetryConfig {
             max_retries: 3,
             initial_backoff_ms: 100,
             max_backoff_ms: 10_000,
+            max_transient_backoff_ms: 30_000,
+            outage_threshold: 3,
         }
     }
 }
 
 impl RetryConfig {
+    /// The nominal back-off after `failures` transient failures in a row
+    /// (doubling from `initial_backoff_ms` up to
+    /// `max_transient_backoff_ms`; callers jitter it).
+    pub fn transient_backoff(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(30);
+        let ms = self
+            .initial_backoff_ms
+            .saturating_mul(1u64 << exp)
+            .min(self.max_transient_backoff_ms);
+        Duration::from_millis(ms)
+    }
+
     /// The back-off before attempt `attempt + 1`, after `attempt` failures.
     pub fn backoff(&self, failures: u32) -> Duration {
         let exp = failures.saturating_sub(1).min(30);
@@ -904,6 +930,22 @@ impl Config {
             1,
             3_600_000,
             "ms (1 ms to 1 h)",
+        )?;
+        in_range(
+            RETRY,
+            "max_transient_backoff_ms",
+            r.max_transient_backoff_ms,
+            1,
+            3_600_000,
+            "ms (1 ms to 1 h)",
+        )?;
+        in_range(
+            RETRY,
+            "outage_threshold",
+            u64::from(r.outage_threshold),
+            0,
+            100_000,
+            "keys (0: never pause)",
         )?;
         if r.initial_backoff_ms > r.max_backoff_ms {
             return Err(format!(
@@ -1533,7 +1575,10 @@ mod tests {
             max_retries: 5,
             initial_backoff_ms: 100,
             max_backoff_ms: 350,
+            max_transient_backoff_ms: 500,
+            ..RetryConfig::default()
         };
+        assert_eq!(r.transient_backoff(4), Duration::from_millis(500));
         assert_eq!(r.backoff(1), Duration::from_millis(100));
         assert_eq!(r.backoff(2), Duration::from_millis(200));
         assert_eq!(r.backoff(3), Duration::from_millis(350));

@@ -35,6 +35,22 @@ pub struct Engine {
     domain: Domain,
     shutdown_timeout: Duration,
     health: Arc<HealthState>,
+    checks: Vec<ReadinessCheck>,
+}
+
+/// A user's readiness check: its name and what runs it.
+#[derive(Clone)]
+struct ReadinessCheck {
+    name: &'static str,
+    run: Arc<dyn Fn() -> crate::future::BoxFuture<'static, Result<(), String>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for ReadinessCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadinessCheck")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Engine {
@@ -43,7 +59,41 @@ impl Engine {
             domain,
             shutdown_timeout: Duration::from_secs(30),
             health: Arc::default(),
+            checks: Vec::new(),
         }
+    }
+
+    /// Adds a readiness check of the handlers' own dependencies (a
+    /// database pool, a service): [`EngineHandle::health`] runs it (at
+    /// most 2 s) and [`Health::is_ready`] is false while it fails, so a
+    /// readiness probe stops sending work to an instance whose handlers
+    /// cannot reach what they need.
+    ///
+    /// ```no_run
+    /// # async fn ping() -> Result<(), std::io::Error> { Ok(()) }
+    /// # async fn run(domain: convoy_runtime::Domain) {
+    /// // With sqlx: `let pool = pool.clone(); async move {
+    /// // sqlx::query("SELECT 1").execute(&pool).await.map(|_| ()) }`
+    /// let engine = domain
+    ///     .engine()
+    ///     .readiness_check("database", || async { ping().await })
+    ///     .spawn();
+    /// # }
+    /// ```
+    pub fn readiness_check<F, Fut, E>(mut self, name: &'static str, check: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        self.checks.push(ReadinessCheck {
+            name,
+            run: Arc::new(move || {
+                let fut = check();
+                Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
+            }),
+        });
+        self
     }
 
     /// How long a graceful shutdown may take before in-flight work is
@@ -153,6 +203,7 @@ impl Engine {
             timeout: self.shutdown_timeout,
             broker,
             health: self.health,
+            checks: self.checks,
         }
     }
 
@@ -187,6 +238,7 @@ pub struct EngineHandle {
     timeout: Duration,
     broker: Arc<dyn Broker>,
     health: Arc<HealthState>,
+    checks: Vec<ReadinessCheck>,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -203,7 +255,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A running engine's health, from [`EngineHandle::health`]: what a
 /// readiness probe needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {
     /// The broker answered a ping just now (within 2 s); always true for
@@ -216,16 +268,27 @@ pub struct Health {
     pub owned_units: usize,
     /// How many of those are halted (a head failed after its retries, or
     /// with a permanent error) and wait for an operator
-    /// (`convoy skip` / `convoy dead-letter`).
+    /// (`convoy retry`, `convoy skip` / `convoy dead-letter`).
     pub halted_units: usize,
+    /// Handlers paused on this instance because `outage_threshold` of their
+    /// keys failed with transient errors at once (a dependency is down);
+    /// they resume by themselves when a probe succeeds.
+    pub paused_handlers: Vec<String>,
+    /// The readiness checks ([`Engine::readiness_check`]) that failed, with
+    /// why.
+    pub failed_checks: Vec<(String, String)>,
 }
 
 impl Health {
-    /// Ready to work: connected and running. A halted unit does not make an
-    /// instance unready (restarting it would not help); alert on
+    /// Ready to work: connected and running, no handler paused by an
+    /// outage, every readiness check passing. A halted unit does not make
+    /// an instance unready (restarting it would not help); alert on
     /// [`Health::any_halted`] instead.
     pub fn is_ready(&self) -> bool {
-        self.connected && self.running
+        self.connected
+            && self.running
+            && self.paused_handlers.is_empty()
+            && self.failed_checks.is_empty()
     }
 
     /// Whether any owned unit is halted.
@@ -237,7 +300,9 @@ impl Health {
 impl EngineHandle {
     /// The engine's health now: whether the broker answers (one ping, at
     /// most 2 s), whether the consumers run, how many units this instance
-    /// owns and how many of them are halted. Serve it as a readiness probe:
+    /// owns and how many of them are halted, which handlers an outage
+    /// paused, and which readiness checks fail (each at most 2 s). Serve
+    /// it as a readiness probe:
     ///
     /// ```no_run
     /// # async fn probe(engine: &convoy_runtime::EngineHandle) -> u16 {
@@ -250,11 +315,24 @@ impl EngineHandle {
             tokio::time::timeout(PING_TIMEOUT, self.broker.ping()).await,
             Ok(Ok(()))
         );
+        let mut failed_checks = Vec::new();
+        for c in &self.checks {
+            match tokio::time::timeout(PING_TIMEOUT, (c.run)()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => failed_checks.push((c.name.to_owned(), why)),
+                Err(_) => failed_checks.push((
+                    c.name.to_owned(),
+                    format!("no answer within {PING_TIMEOUT:?}"),
+                )),
+            }
+        }
         Health {
             connected,
             running: !self.token.is_cancelled() && !self.consumer_task.is_finished(),
             owned_units: self.health.owned(),
             halted_units: self.health.halted_units(),
+            paused_handlers: self.health.paused_handlers(),
+            failed_checks,
         }
     }
 

@@ -379,27 +379,47 @@ impl Context {
 ///
 /// # Error classes
 ///
-/// An error is *transient* unless the handler says otherwise: the event is
-/// retried in place with back-off (`[server.retry]`), then a partitioned
-/// handler halts the partition and an ordinary handler dead-letters the
-/// event. An error made with [`HandlerError::permanent`] says that no retry
-/// can succeed (a malformed event, a rule the event breaks): a partitioned
-/// handler halts the partition at once, an ordinary handler dead-letters
-/// the event at once, without retrying.
+/// - **Default**: the event is retried in place with back-off
+///   (`[server.retry]`) up to `max_retries` times, then a partitioned
+///   handler halts the partition and an ordinary handler dead-letters the
+///   event.
+/// - **Transient** ([`HandlerError::transient`]): a dependency of the
+///   handler is down (its database, a service), not the event at fault.
+///   The event is retried with capped exponential back-off and jitter
+///   (`max_transient_backoff_ms`) for as long as it lasts, never counted
+///   toward `max_retries` and never halting. When `outage_threshold` keys
+///   of one handler fail so at once, the handler *pauses* on that instance
+///   (see the engine's health) and probes with one event at a time until
+///   one succeeds. An error converted with `?` from a connection-level
+///   error of `sqlx` (pool timed out or closed, I/O, TLS) or of `redis`
+///   (I/O, connection refused or dropped, timeout, cluster down) is
+///   transient by itself.
+/// - **Permanent** ([`HandlerError::permanent`]): no retry can succeed (a
+///   malformed event, a rule the event breaks): a partitioned handler halts
+///   the partition at once, an ordinary handler dead-letters the event at
+///   once.
 ///
 /// Like `anyhow::Error`, it deliberately does not implement
 /// `std::error::Error` itself so that the blanket conversion is possible.
 pub struct HandlerError {
     inner: Box<dyn std::error::Error + Send + Sync + 'static>,
-    permanent: bool,
+    class: ErrorClass,
+}
+
+/// How a failure is retried (see [the error classes](HandlerError#error-classes)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorClass {
+    Default,
+    Transient,
+    Permanent,
 }
 
 impl HandlerError {
-    /// A (transient) handler error with a message.
+    /// A handler error with a message (of the default class).
     pub fn msg(message: impl fmt::Display) -> Self {
         HandlerError {
             inner: message.to_string().into(),
-            permanent: false,
+            class: ErrorClass::Default,
         }
     }
 
@@ -409,13 +429,30 @@ impl HandlerError {
     pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         HandlerError {
             inner: error.into(),
-            permanent: true,
+            class: ErrorClass::Permanent,
+        }
+    }
+
+    /// A transient error: a dependency is down, not the event at fault; it
+    /// is retried for as long as the outage lasts and never halts (see
+    /// [the error classes](HandlerError#error-classes)).
+    pub fn transient(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        HandlerError {
+            inner: error.into(),
+            class: ErrorClass::Transient,
         }
     }
 
     /// Whether the error was made with [`HandlerError::permanent`].
     pub fn is_permanent(&self) -> bool {
-        self.permanent
+        self.class == ErrorClass::Permanent
+    }
+
+    /// Whether the error is transient: made with
+    /// [`HandlerError::transient`], or converted from a connection-level
+    /// `sqlx` or `redis` error.
+    pub fn is_transient(&self) -> bool {
+        self.class == ErrorClass::Transient
     }
 
     /// The underlying error (downcast it to the handler's own error type
@@ -435,11 +472,37 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
     fn from(error: E) -> Self {
-        HandlerError {
-            inner: error.into(),
-            permanent: false,
-        }
+        let inner = error.into();
+        let class = if is_outage(&*inner) {
+            ErrorClass::Transient
+        } else {
+            ErrorClass::Default
+        };
+        HandlerError { inner, class }
     }
+}
+
+/// Whether `e` is a connection-level error of a dependency: the database
+/// or Redis cannot be reached now, the event is not at fault.
+fn is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(r) = e.downcast_ref::<redis::RedisError>() {
+        return r.is_io_error()
+            || r.is_connection_refusal()
+            || r.is_connection_dropped()
+            || r.is_timeout()
+            || r.is_cluster_error();
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(p) = e.downcast_ref::<sqlx::Error>() {
+        return matches!(
+            p,
+            sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+        );
+    }
+    false
 }
 
 impl fmt::Debug for HandlerError {

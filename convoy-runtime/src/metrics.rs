@@ -22,6 +22,8 @@
 //! | `convoy_outbox_published_total` | counter | | outbox records this process published |
 //! | `convoy_outbox_publish_failures_total` | counter | | failed publish calls of this process's outbox relay |
 //! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
+//! | `convoy_handler_paused` | gauge | `handler` | 1 while the handler is paused on this instance: `outage_threshold` of its keys failed with transient errors at once (a dependency is down); it probes with one event at a time |
+//! | `convoy_handler_paused_seconds_total` | counter | `handler` | time the handler spent paused on this instance |
 
 use std::time::Duration;
 
@@ -51,6 +53,10 @@ pub const PARTITION_WARNING: &str = "convoy_partition_warning";
 pub const MISSING_ENTRIES: &str = "convoy_missing_entries_total";
 /// Counter: times Redis was seen to have lost convoy's state.
 pub const STATE_LOST: &str = "convoy_state_lost_total";
+/// `convoy_handler_paused`.
+pub const HANDLER_PAUSED: &str = "convoy_handler_paused";
+/// `convoy_handler_paused_seconds_total`.
+pub const HANDLER_PAUSED_SECONDS: &str = "convoy_handler_paused_seconds_total";
 
 /// Gauge: outbox backlog.
 pub const OUTBOX_PENDING: &str = "convoy_outbox_pending";
@@ -135,6 +141,15 @@ pub(crate) fn partitions(category: &'static str, n: usize, over_threshold: bool)
     } else {
         0.0
     });
+}
+
+pub(crate) fn paused(handler: &'static str, on: bool) {
+    ::metrics::gauge!(HANDLER_PAUSED, "handler" => handler).set(if on { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn paused_for(handler: &'static str, took: Duration) {
+    ::metrics::counter!(HANDLER_PAUSED_SECONDS, "handler" => handler)
+        .increment(took.as_secs_f64().round() as u64);
 }
 
 pub(crate) fn halted(handler: &'static str) {

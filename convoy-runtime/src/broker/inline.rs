@@ -126,6 +126,16 @@ impl InlineBroker {
                     .await
                 {
                     Ok(_) => break,
+                    Err(e) if e.is_transient() => {
+                        // A dependency is down: retried for as long as it
+                        // lasts, never dead-lettered.
+                        tracing::debug!(handler = sub.name, id = %Escaped(&envelope.id), attempt, error = %Escaped(&e.to_string()), "transient failure; retrying");
+                        tokio::time::sleep(crate::backoff::jitter(
+                            retry.transient_backoff(attempt),
+                        ))
+                        .await;
+                        attempt = attempt.saturating_add(1);
+                    }
                     Err(e) if attempt > retry.max_retries || e.is_permanent() => {
                         let why = if e.is_permanent() {
                             "handler returned a permanent error"

@@ -18,6 +18,7 @@
 //! unit of work.
 
 mod inline;
+pub(crate) mod outage;
 mod plan;
 
 pub use inline::{DeadLetter, InlineBroker};

@@ -162,6 +162,8 @@ impl Subscription {
 pub(crate) struct HealthState {
     owned: AtomicUsize,
     halted: AtomicUsize,
+    /// Handlers paused on this instance by an outage of a dependency.
+    paused: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
 }
 
 impl HealthState {
@@ -186,6 +188,29 @@ impl HealthState {
                 .halted
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         }
+    }
+
+    /// A handler paused (`true`) or resumed (`false`) on this instance.
+    pub(crate) fn paused(&self, handler: &'static str, on: bool) {
+        let mut p = self
+            .paused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if on {
+            p.insert(handler);
+        } else {
+            p.remove(handler);
+        }
+    }
+
+    /// The handlers paused now, sorted.
+    pub(crate) fn paused_handlers(&self) -> Vec<String> {
+        self.paused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|h| (*h).to_owned())
+            .collect()
     }
 
     /// Units owned now.

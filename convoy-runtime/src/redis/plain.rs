@@ -264,6 +264,16 @@ impl PlainConsumer {
                     self.ack(stream, &entry.id).await?;
                     return Ok(true);
                 }
+                Err(e) if e.is_transient() => {
+                    // A dependency is down, not the event at fault: retried
+                    // for as long as it lasts, never dead-lettered.
+                    let wait = crate::backoff::jitter(retry.transient_backoff(attempt));
+                    tracing::debug!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %Escaped(&e.to_string()), "transient failure; retrying");
+                    if sleep_or_stop(wait, shutdown).await {
+                        return Ok(false);
+                    }
+                    attempt = attempt.saturating_add(1);
+                }
                 Err(e) if attempt > retry.max_retries || e.is_permanent() => {
                     let why = if e.is_permanent() {
                         "handler returned a permanent error"

@@ -25,6 +25,7 @@ use super::scripts::release::{Held, Release, Released};
 use super::unit::Unit;
 use super::wake;
 use crate::backoff::Backoff;
+use crate::broker::outage::Outage;
 use crate::broker::{ConsumerPlan, Subscription};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
@@ -64,6 +65,9 @@ pub(crate) struct Shared {
     pub(crate) deadline: AtomicU64,
     /// Where workers queue their fenced acknowledgements.
     pub(crate) acks: mpsc::UnboundedSender<acks::AckRequest>,
+    /// The handler's transient failures on this instance: an outage
+    /// pauses it (see [`Outage`]).
+    pub(crate) outage: Outage,
 }
 
 impl Shared {
@@ -223,6 +227,11 @@ impl Coordinator {
             .collect();
         // Handlers of one subscription running at once on this instance.
         let in_flight = plan.config.concurrency(plan.subscriptions[index].name);
+        let outage = Outage::new(
+            plan.subscriptions[index].name,
+            &plan.config.server.retry,
+            plan.health.clone(),
+        );
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         Coordinator {
             shared: Arc::new(Shared {
@@ -237,6 +246,7 @@ impl Coordinator {
                 incarnation: Mutex::new(Arc::from("")),
                 deadline: AtomicU64::new(0),
                 acks: acks_tx,
+                outage,
             }),
             acks: Some(acks_rx),
             exits: rx,

@@ -35,7 +35,8 @@ use super::super::scripts::rest::{Rest, Rested};
 use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, jitter};
+use crate::broker::outage::Admission;
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::{Fence, HandlerError, Position};
@@ -157,7 +158,9 @@ pub(super) fn spawn(
             let token = w.token.to_string();
             let health = w.s.plan.health.clone();
             let halted = w.halted_flag();
+            let shared = w.s.clone();
             let maybe_held = w.run().await;
+            shared.outage.forget(&key, false);
             if halted.load(Ordering::SeqCst) {
                 health.halted(false);
             }
@@ -479,6 +482,7 @@ impl Worker {
         let unit = self.unit.clone();
         let stream = unit.stream(at);
         let retry = self.s.plan.config.server.retry.clone();
+        let mut transient = 0;
         loop {
             if self.stop.is_cancelled() {
                 return Step::Exit(Exit::Release);
@@ -503,6 +507,17 @@ impl Worker {
                 _ => 0,
             };
             let attempt = failures + 1;
+            // A paused handler (an outage of its dependency) starts no
+            // event but its one probe; the lease is kept meanwhile.
+            let admission = tokio::select! {
+                _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
+                a = self.s.outage.admit() => a,
+            };
+            let probe = admission == Admission::Probe;
+            if self.past_deadline() {
+                self.s.outage.forget(&unit.key, probe);
+                return Step::Exit(Exit::Expired);
+            }
             let origin = unit.lane(at);
             let result = match entry.envelope(stream).and_then(|env| {
                 env.check_origin(stream, &entry.id, &origin.category, Some(&unit.key))
@@ -535,7 +550,33 @@ impl Worker {
                 }
                 Err(e) => Err(HandlerError::from(e)),
             };
+            match &result {
+                Ok(_) => self.s.outage.succeeded(&unit.key, probe),
+                Err(err) if err.is_transient() => {
+                    self.s.outage.failed(&unit.key, probe, &err.to_string());
+                }
+                Err(_) => self.s.outage.forget(&unit.key, probe),
+            }
             match result {
+                Err(err) if err.is_transient() => {
+                    // A dependency is down, not the event at fault: the
+                    // same event again after a capped, jittered back-off,
+                    // for as long as it lasts; never counted, never halting.
+                    transient += 1;
+                    let wait = jitter(retry.transient_backoff(transient));
+                    tracing::debug!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, retry_in_ms = wait.as_millis() as u64, error = %Escaped(&err.to_string()), "transient failure; retrying the head in place");
+                    if transient == 1 {
+                        // What was handled before waits no longer for its
+                        // acknowledgement.
+                        if let Err(exit) = self.flush().await {
+                            return Step::Exit(exit);
+                        }
+                    }
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
                 Ok(_) => {
                     return match self.done(at, &entry.id).await {
                         Ok(()) => {

@@ -1,0 +1,179 @@
+//! Outage, not poison: the handler's own database stopped for seconds with
+//! a backlog in the streams halts no key. Its errors are transient (a
+//! `sqlx` pool timeout or I/O error, converted with `?`), retried for as
+//! long as the outage lasts and never counted toward `max_retries`; the
+//! handler pauses on the instance and the engine is not ready meanwhile
+//! (its readiness check pings the database); afterwards every event is
+//! handled once, in order per key. A real poison event still halts its own
+//! key only.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use convoy_runtime::testing::{PgServer, RedisServer};
+use convoy_runtime::{Aggregate, Domain, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use support::{test_config, wait_until};
+
+const KEYS: u64 = 8;
+const PER_KEY: u64 = 15;
+/// The key whose event `POISON_AT` is poison.
+const POISONED: &str = "k7";
+const POISON_AT: u64 = 3;
+
+#[derive(Aggregate)]
+#[aggregate(category = "meter")]
+struct Meter;
+
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Meter)]
+struct Read {
+    key: String,
+    n: u64,
+    poison: bool,
+}
+
+/// Writes each event's effect to PostgreSQL; fails (default class) on a
+/// poison event.
+struct Projector {
+    pool: PgPool,
+}
+
+#[event_handler(part_of = Meter, sequential_by = "key")]
+impl Projector {
+    #[handle]
+    async fn read(&self, e: Read) -> Result<(), HandlerError> {
+        if e.poison {
+            return Err(HandlerError::msg(format!("poison event {}#{}", e.key, e.n)));
+        }
+        sqlx::query("INSERT INTO effects (key, n) VALUES ($1, $2)")
+            .bind(&e.key)
+            .bind(e.n as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn effects(pool: &PgPool) -> Option<Vec<(String, i64)>> {
+    sqlx::query_as("SELECT key, n FROM effects ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_with_a_backlog_halts_no_key_and_every_event_is_handled_once_in_order() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let mut pg = PgServer::start().expect("start PostgreSQL");
+    let db = pg.create_database("app").expect("database");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&db)
+        .expect("pool");
+    sqlx::query(
+        "CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, n bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("table");
+    // Two retries, fast: a database outage counted as failures would halt
+    // every key within a second.
+    let mut config = test_config(&redis.url());
+    config.server.retry.max_transient_backoff_ms = 400;
+    let domain = Domain::builder()
+        .config(config)
+        .instance_id("e0")
+        .handler(Projector { pool: pool.clone() })
+        .without_discovery()
+        .init()
+        .expect("init");
+    let ping = pool.clone();
+    let engine = domain
+        .engine()
+        .readiness_check("postgres", move || {
+            let pool = ping.clone();
+            async move { sqlx::query("SELECT 1").execute(&pool).await.map(|_| ()) }
+        })
+        .spawn();
+    wait_until(Duration::from_secs(15), "the engine is ready", || async {
+        engine.health().await.is_ready()
+    })
+    .await;
+
+    // The database goes down, then the backlog is published.
+    pg.stop().expect("stop PostgreSQL");
+    let mut uow = domain.unit_of_work();
+    for n in 0..PER_KEY {
+        for k in 0..KEYS {
+            let key = format!("k{k}");
+            let poison = key == POISONED && n == POISON_AT;
+            uow.raise(Read { key, n, poison }).expect("raise");
+        }
+    }
+    uow.commit().await.expect("commit");
+
+    // Down for 10 s: the handler pauses, the engine is not ready, no key
+    // halts but the poisoned one.
+    let (mut saw_paused, mut saw_check_failing) = (false, false);
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(10) {
+        let h = engine.health().await;
+        saw_paused |= h.paused_handlers.iter().any(|p| p.ends_with("Projector"));
+        saw_check_failing |= h.failed_checks.iter().any(|(name, _)| name == "postgres");
+        assert!(
+            !h.is_ready() || down.elapsed() < Duration::from_secs(2),
+            "not ready while the database is down: {h:?}"
+        );
+        assert!(h.halted_units <= 1, "only the poisoned key may halt: {h:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(saw_paused, "the handler paused on the outage");
+    assert!(
+        saw_check_failing,
+        "the readiness check saw the database down"
+    );
+    pg.restart().expect("restart PostgreSQL");
+
+    let expected = (KEYS - 1) * PER_KEY + POISON_AT;
+    wait_until(
+        Duration::from_secs(60),
+        "every event handled after the outage",
+        || async {
+            effects(&pool)
+                .await
+                .is_some_and(|e| e.len() as u64 >= expected)
+        },
+    )
+    .await;
+    wait_until(Duration::from_secs(15), "ready again", || async {
+        let h = engine.health().await;
+        h.is_ready() && h.paused_handlers.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows = effects(&pool).await.expect("effects");
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let ns: Vec<i64> = rows
+            .iter()
+            .filter(|(r, _)| *r == key)
+            .map(|(_, n)| *n)
+            .collect();
+        let want = if key == POISONED { POISON_AT } else { PER_KEY };
+        assert_eq!(
+            ns,
+            (0..want as i64).collect::<Vec<_>>(),
+            "{key}: each event once, in order"
+        );
+    }
+    let h = engine.health().await;
+    assert_eq!(
+        h.halted_units, 1,
+        "the poison event halted its own key only: {h:?}"
+    );
+    engine.shutdown().await.expect("shutdown");
+}
