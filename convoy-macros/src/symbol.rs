@@ -171,7 +171,7 @@ mod tests {
         );
         assert_eq!(
             unknown_argument("x", AGGREGATE_ARGS),
-            "unknown argument `x`; expected `category`"
+            "unknown argument `x`; expected `category` or `partition_key`"
         );
         assert_eq!(
             unknown_argument("kind", MESSAGE_ARGS),

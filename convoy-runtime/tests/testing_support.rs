@@ -144,31 +144,49 @@ fn missing_binary_is_an_error_not_a_skip() -> TestResult {
 
     // The default lookup, with PATH pointing to the empty directory, in a
     // child process so this process's environment stays untouched.
-    let mut command = current_test_command("missing_binary_child")?;
-    command
-        .env(CHILD_ROLE, "missing-binary")
-        .env("PATH", &empty);
-    let mut child = ChildEngine::spawn(&mut command)?;
-    let status = child.wait_timeout(Duration::from_secs(60))?;
+    // Both servers: redis-server, and valkey-server with
+    // CONVOY_TEST_SERVER=valkey (whatever this run's server is).
+    for (role, server) in [("missing-binary", "redis"), ("missing-valkey", "valkey")] {
+        let mut command = current_test_command("missing_binary_child")?;
+        command
+            .env(CHILD_ROLE, role)
+            .env("CONVOY_TEST_SERVER", server)
+            .env_remove("CONVOY_VALKEY_SERVER")
+            .env("PATH", &empty);
+        let mut child = ChildEngine::spawn(&mut command)?;
+        let status = child.wait_timeout(Duration::from_secs(60))?;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "child {role} failed: {status:?}"
+        );
+    }
     std::fs::remove_dir_all(&empty)?;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "child failed: {status:?}"
-    );
     Ok(())
 }
 
 /// The child role of `missing_binary_is_an_error_not_a_skip`.
 #[test]
 fn missing_binary_child() {
-    if std::env::var(CHILD_ROLE).as_deref() != Ok("missing-binary") {
-        return;
+    match std::env::var(CHILD_ROLE).as_deref() {
+        Ok("missing-binary") => {
+            let error = RedisServer::start().unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "redis-server was not found on PATH; install it (for example `apt-get install redis-server`)"
+            );
+        }
+        Ok("missing-valkey") => {
+            let error = RedisServer::start().unwrap_err();
+            assert!(error.is_redis_server_missing(), "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("valkey-server `valkey-server` was not found (CONVOY_TEST_SERVER=valkey); install it: `bash .ci/valkey.sh`"),
+                "{error}"
+            );
+        }
+        _ => {}
     }
-    let error = RedisServer::start().unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        "redis-server was not found on PATH; install it (for example `apt-get install redis-server`)"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
