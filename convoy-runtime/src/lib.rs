@@ -82,7 +82,7 @@
 //! | --- | --- | --- |
 //! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config.rs`, `metrics.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, `BoxFuture`, the one retry back-off |
 //! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
-//! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes |
+//! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
 //! | 4. brokers and stores | `broker/inline.rs`, `redis/`, `postgres/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools); the PostgreSQL outbox, its relay and the exactly-once helper (feature `postgres`). A broker never imports the domain, the engine or the unit of work |
 //! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`] |
 //!
@@ -98,9 +98,11 @@
 //! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
 //! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
 //! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `postgres/insert.rs` |
-//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch | `postgres/relay.rs`, `redis/lua/publish.lua` |
+//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `postgres/relay.rs`, `outbox/processor.rs` (`Broker::take_over`), `redis/lua/publish.lua` |
+//! | a category's partition key is the same in every process (declared on the aggregate, recorded in Redis) | `convoy-macros` (compile time), `registry/checks.rs`, `raise.rs`, `redis/layout.rs`, `broker/mod.rs` (`KeyUse`), `outbox/processor.rs` |
+//! | outage, not poison: transient failures retried without counting; a handler pauses on an outage | `handler.rs` (`HandlerError`), `broker/outage.rs`, `redis/partitioned/worker.rs` |
 //! | a re-sent outbox record never makes a second stream entry (dropped by its own seq) | `redis/lua/publish.lua` |
-//! | exactly-once, fenced handler effects in PostgreSQL | `postgres/applied.rs` |
+//! | exactly-once, fenced handler effects in PostgreSQL, by the event's identity (its origin) | `postgres/applied.rs`, `envelope.rs` (`Origin`) |
 //! | operators' actions, atomic against the owner | `redis/admin/` and `redis/lua/head_action.lua` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -378,7 +378,7 @@ fn layer(m: &Module) -> Option<u8> {
             "error" | "key" | "message" | "envelope" | "config" | "metrics" | "future" | "backoff",
         ] => 1,
         ["raise" | "handler" | "process_manager"] | ["registry", ..] => 2,
-        ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan"] => 3,
+        ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan" | "outage"] => 3,
         ["broker", "inline"] | ["redis", ..] | ["postgres", ..] => 4,
         ["domain" | "uow" | "engine" | "signal"] => 5,
         ["testing", ..] | ["private"] => 6,
