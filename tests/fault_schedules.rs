@@ -56,11 +56,12 @@ mod faults;
 mod names;
 #[path = "support/record.rs"]
 mod record;
+#[path = "support/schedule_dir.rs"]
+mod schedule_dir;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -70,6 +71,7 @@ use convoy_runtime::testing::{
 };
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::{Action, Observed, PlanParams, Planned, Rng, StallRecord, Verdict};
+use schedule_dir::{log_dir, write_file};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -828,29 +830,11 @@ impl Outcome {
     }
 }
 
-fn log_dir(seed: u64) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!(
-        "convoy-faults-{}-seed{seed}-{nanos}",
-        std::process::id()
-    ));
-    fs::create_dir_all(&dir).expect("log directory");
-    dir
-}
-
-fn write(dir: &Path, name: &str, text: &str) {
-    if let Ok(mut f) = File::create(dir.join(name)) {
-        let _ = f.write_all(text.as_bytes());
-    }
-}
-
 async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
     let settings = Settings::new(seed, PROXY);
-    let dir = log_dir(seed);
-    write(
+    let dir = log_dir("convoy-faults", seed);
+    write_file(
         &dir,
         "schedule.txt",
         &format!(
@@ -954,15 +938,15 @@ async fn run_schedule(seed: u64) -> Outcome {
     for c in &harness.crashed {
         verdict.violations.push(format!("(engine) {c}"));
     }
-    write(&dir, "timeline.txt", &harness_note);
+    write_file(&dir, "timeline.txt", &harness_note);
     let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
     let rules = harness.rules.clone();
 
     let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
-        write(&dir, "violations.txt", &verdict.violations.join("\n"));
+        write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
         let evidence = evidence(&harness, &publisher, &verdict.keys, &windows).await;
-        write(&dir, "evidence.txt", &evidence);
+        write_file(&dir, "evidence.txt", &evidence);
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), publishing.shutdown()).await;
     tokio::task::spawn_blocking(move || {

@@ -76,13 +76,14 @@
 
 #[path = "support/faults.rs"]
 mod faults;
+#[path = "support/schedule_dir.rs"]
+mod schedule_dir;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::fs::{self, File};
-use std::io::Write as _;
 use std::os::unix::process::ExitStatusExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -92,6 +93,7 @@ use convoy_runtime::redis::RedisBroker;
 use convoy_runtime::testing::{ChildEngine, PgServer, RedisServer, current_test_command};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::Rng;
+use schedule_dir::{log_dir, write_file};
 use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -1855,29 +1857,11 @@ fn replay_command(seed: u64) -> String {
     )
 }
 
-fn log_dir(seed: u64) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!(
-        "convoy-pg-faults-{}-seed{seed}-{nanos}",
-        std::process::id()
-    ));
-    fs::create_dir_all(&dir).expect("log directory");
-    dir
-}
-
-fn write_file(dir: &Path, name: &str, text: &str) {
-    if let Ok(mut f) = File::create(dir.join(name)) {
-        let _ = f.write_all(text.as_bytes());
-    }
-}
-
 /// Runs one schedule: start, faults, heal, drain, check, teardown.
 async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
     let settings = Settings::new(seed);
-    let dir = log_dir(seed);
+    let dir = log_dir("convoy-pg-faults", seed);
     write_file(
         &dir,
         "schedule.txt",
