@@ -174,8 +174,37 @@ async fn child_process() {
                 .await
                 .expect("consumer engine");
         }
+        // Processes that must be refused at start: each prints why.
+        "mismatched-writer" | "mismatched-consumer" => {
+            let builder = domain(test_config(&redis), &role);
+            let d = if role == "mismatched-writer" {
+                builder.register_message(StockMoved::DESCRIPTOR)
+            } else {
+                builder.handler(ByWarehouse)
+            }
+            .init()
+            .expect("init");
+            let run = d.engine().run_until(convoy_runtime::shutdown_signal());
+            match tokio::time::timeout(WAIT, run).await {
+                Ok(Err(e)) => println!("refused: {e}"),
+                Ok(Ok(())) => println!("stopped"),
+                Err(_) => println!("still running"),
+            }
+        }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Runs `role` as a process of its own until it exits; its stdout.
+fn run_to_exit(role: &str, redis: &str) -> String {
+    let out = current_test_command("child_process")
+        .expect("test binary")
+        .env("CONVOY_WC_CHILD", role)
+        .env("CONVOY_REDIS", redis)
+        .stderr(Stdio::null())
+        .output()
+        .expect("run child");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn spawn(role: &str, redis: &str) -> ChildEngine {
@@ -269,27 +298,28 @@ async fn a_writer_declaring_another_key_is_refused_at_start_and_at_commit_with_n
     let url = server.url();
     let consumer = start_consumer(&server).await;
 
-    // The writer knows the category by its message types: partitioned by
-    // `warehouse` here.
+    // A writer process that knows the category by its message types,
+    // partitioned by `warehouse` there: refused at start.
+    let out = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || run_to_exit("mismatched-writer", &url)
+    })
+    .await
+    .expect("join");
+    assert!(out.contains("refused: "), "{out}");
+    assert!(
+        out.contains("category `stock` is partitioned by `sku`") && out.contains("by `warehouse`"),
+        "the error names the category and both fields: {out}"
+    );
+    assert!(
+        out.contains("partition_key = \"sku\""),
+        "and what to do: {out}"
+    );
+    // The same writer in this process cannot commit either.
     let writer = domain(test_config(&url), "writer")
         .register_message(StockMoved::DESCRIPTOR)
         .init()
         .expect("init");
-    let err = tokio::time::timeout(WAIT, writer.engine().run_until(std::future::pending()))
-        .await
-        .expect("refused at once, not run")
-        .expect_err("refused at start");
-    let text = err.to_string();
-    assert!(matches!(err, Error::KeyFieldMismatch { .. }), "{err:?}");
-    assert!(
-        text.contains("category `stock` is partitioned by `sku`")
-            && text.contains("by `warehouse`"),
-        "the error names the category and both fields: {text}"
-    );
-    assert!(
-        text.contains("partition_key = \"sku\""),
-        "and what to do: {text}"
-    );
     let mut uow = writer.unit_of_work();
     uow.raise(StockMoved {
         sku: "sku-0".into(),
@@ -333,18 +363,14 @@ async fn a_consumer_with_another_key_is_refused_at_start() {
     uow.raise(adjustments()[0].clone()).expect("raise");
     uow.commit().await.expect("the first use records the key");
     assert_eq!(recorded_key(&server).await.as_deref(), Some("sku"));
-    let consumer = domain(test_config(&url), "by-warehouse")
-        .handler(ByWarehouse)
-        .init()
-        .expect("init");
-    let err = tokio::time::timeout(WAIT, consumer.engine().run_until(std::future::pending()))
+    // A consumer process partitioning the category by `warehouse`.
+    let out = tokio::task::spawn_blocking(move || run_to_exit("mismatched-consumer", &url))
         .await
-        .expect("refused at once, not run")
-        .expect_err("refused at start");
+        .expect("join");
+    assert!(out.contains("refused: "), "{out}");
     assert!(
-        err.to_string().contains("partitioned by `sku`")
-            && err.to_string().contains("by `warehouse`"),
-        "{err}"
+        out.contains("partitioned by `sku`") && out.contains("by `warehouse`"),
+        "{out}"
     );
 }
 
