@@ -167,6 +167,7 @@ static CONFLICTING: HandlerDescriptor = HandlerDescriptor {
     category: "account",
     sequential_by: Some("account_id"),
     handles: &[<Deposited as Message>::DESCRIPTOR],
+    dead_letter_poison: false,
 };
 
 static MISSING: HandlerDescriptor = HandlerDescriptor {
@@ -175,6 +176,7 @@ static MISSING: HandlerDescriptor = HandlerDescriptor {
     category: "account",
     sequential_by: Some("client_id"),
     handles: &[<Withdrawn as Message>::DESCRIPTOR],
+    dead_letter_poison: false,
 };
 
 #[test]

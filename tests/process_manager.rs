@@ -238,6 +238,7 @@ static AUDITOR: HandlerDescriptor = HandlerDescriptor {
     category: "payment",
     sequential_by: Some("amount"),
     handles: &[<PaymentCaptured as Message>::DESCRIPTOR],
+    dead_letter_poison: false,
 };
 
 #[test]

@@ -113,6 +113,32 @@ pub enum Command {
     /// `--all-halted` and `--handler`, every partition of the category
     /// halted for that handler, after one confirmation.
     Retry(RetryArgs),
+    /// List the gaps `on_poison = "dead_letter"` recorded (a poisoned
+    /// head moved to its key's dead letters while the key went on): key,
+    /// handler, skipped entry and message id, reason, dead letter id. With
+    /// `--ack` and a key, acknowledge the key's gap once reconciled (the
+    /// record is cleared and audited; the dead letter stays).
+    Gaps {
+        /// The category.
+        category: String,
+        /// Only this partition key.
+        key: Option<String>,
+        /// KEY is hexadecimal: the key's UTF-8 bytes.
+        #[arg(long, requires = "key")]
+        key_hex: bool,
+        /// The handler (consumer group), for `--ack`.
+        #[command(flatten)]
+        handler: HandlerArg,
+        /// Acknowledge the key's gap.
+        #[arg(long, requires = "key")]
+        ack: bool,
+        /// Do not ask for confirmation (`--ack`).
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
     /// else the category's `{s}{category}:dlq` (ordinary handlers').
     Dlq {

@@ -220,6 +220,60 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Skip(args) => head_action(&admin, HeadOp::Skip, &args, &who).await?,
         Command::DeadLetter(args) => head_action(&admin, HeadOp::DeadLetter, &args, &who).await?,
+        Command::Gaps {
+            category,
+            key,
+            key_hex,
+            handler,
+            ack,
+            yes,
+            json,
+        } => {
+            let key = key
+                .map(|k| crate::cli::key_value(&k, key_hex))
+                .transpose()
+                .map_err(CliError::Usage)?;
+            match (ack, key) {
+                (true, Some(key)) => {
+                    let group = admin
+                        .resolve_group(&category, Some(&key), handler.handler.as_deref())
+                        .await?;
+                    confirm(
+                        &format!(
+                            "Acknowledge the gap of {}:{} for handler {} (its dead letter stays)?",
+                            render::text(&category),
+                            render::key(&key),
+                            render::text(&group)
+                        ),
+                        yes,
+                        "acknowledge the gap",
+                    )?;
+                    match admin.ack_gap(&category, &key, &group, &who).await? {
+                        Some(entry) => format!(
+                            "gap at entry {} of {}:{} acknowledged for handler {} (audited)\n",
+                            render::text(&entry),
+                            render::text(&category),
+                            render::key(&key),
+                            render::text(&group)
+                        ),
+                        None => format!(
+                            "no gap recorded for {}:{} and handler {}\n",
+                            render::text(&category),
+                            render::key(&key),
+                            render::text(&group)
+                        ),
+                    }
+                }
+                (_, key) => {
+                    let gaps = admin.gaps(&category, key.as_deref()).await?;
+                    if json {
+                        render::json(&gaps)?
+                    } else {
+                        render::gaps(&category, &gaps)
+                    }
+                }
+            }
+        }
         Command::Retry(args) => match args.one() {
             Some(one) => head_action(&admin, HeadOp::Retry, &one, &who).await?,
             None => retry_all_halted(&admin, &args, &who).await?,

@@ -305,10 +305,11 @@ pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
             len,
             p.pending.to_string(),
             p.lag.map_or_else(|| "?".to_owned(), |l| l.to_string()),
-            match (p.halted, p.behind_halt) {
-                (true, Some(n)) => format!("yes, {n} behind"),
-                (true, None) => "yes".to_owned(),
-                (false, _) => "no".to_owned(),
+            match (p.halted, p.behind_halt, &p.gap) {
+                (true, Some(n), _) => format!("yes, {n} behind"),
+                (true, None, _) => "yes".to_owned(),
+                (false, _, Some(_)) => "no (gap)".to_owned(),
+                (false, _, None) => "no".to_owned(),
             },
             if p.halted {
                 truncate(&halt_text(p), CELL)
@@ -604,6 +605,41 @@ pub fn head_outcome(category: &str, s: &PartitionStatus, o: &HeadOutcome) -> Str
     out
 }
 
+/// `convoy gaps`.
+pub fn gaps(category: &str, rows: &[PartitionStatus]) -> String {
+    if rows.is_empty() {
+        return format!("no gaps recorded in category {}\n", text(category));
+    }
+    let mut t = Table::new(&[
+        ("KEY", Align::Left),
+        ("HANDLER", Align::Left),
+        ("ENTRY", Align::Left),
+        ("MESSAGE ID", Align::Left),
+        ("DLQ ID", Align::Left),
+        ("GAPS", Align::Right),
+        ("REASON", Align::Left),
+    ]);
+    for p in rows {
+        let Some(g) = &p.gap else { continue };
+        t.row(vec![
+            truncate(&p.key, KEY_CELL),
+            text(&p.group),
+            text(&g.entry_id),
+            text(&g.message_id),
+            text(&g.dead_letter_id),
+            p.gaps.to_string(),
+            truncate(&g.reason, CELL),
+        ]);
+    }
+    format!(
+        "{}\n{} gaps recorded in category {}; acknowledge one once reconciled: convoy gaps {} <key> --ack\n",
+        t.render(),
+        rows.len(),
+        text(category),
+        text(category)
+    )
+}
+
 /// `convoy dlq`; `stream` is already escaped for the terminal.
 pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
     if letters.is_empty() {
@@ -752,6 +788,8 @@ mod tests {
             halt_entry: halted.then(|| "1764424280000-0".to_owned()),
             attempts: if halted { 3 } else { 0 },
             last_error: halted.then(|| "poison event c1#3".to_owned()),
+            gap: None,
+            gaps: 0,
         }
     }
 

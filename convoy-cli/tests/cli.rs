@@ -1089,3 +1089,148 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     }
     engine.shutdown().await.expect("shutdown");
 }
+
+#[derive(Aggregate)]
+#[aggregate(category = "tab")]
+struct Tab;
+
+/// One note of a tab; the handler always fails on a poison one.
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Tab)]
+struct Noted {
+    key: String,
+    seq: u64,
+    poison: bool,
+}
+
+/// A handler whose poisoned heads go to the key's dead letters with a
+/// recorded gap (the key goes on); it notes the gap its next event sees.
+struct Lenient {
+    seen: Seen,
+}
+
+#[event_handler(part_of = Tab, sequential_by = "key", on_poison = "dead_letter")]
+impl Lenient {
+    #[handle]
+    async fn noted(&self, e: Noted, ctx: &convoy_runtime::Context) -> Result<(), HandlerError> {
+        if e.poison {
+            return Err(HandlerError::msg(format!(
+                "poison note {}#{}",
+                e.key, e.seq
+            )));
+        }
+        let mark = match ctx.gap() {
+            Some(g) => format!("{}#{} after a gap ({})", e.key, e.seq, g.reason),
+            None => format!("{}#{}", e.key, e.seq),
+        };
+        self.seen
+            .lock()
+            .expect("lock")
+            .entry(e.key.clone())
+            .or_default()
+            .push(mark);
+        Ok(())
+    }
+}
+
+/// `on_poison = "dead_letter"`: the poisoned head goes to the key's dead
+/// letters (audited), a gap is recorded, the key goes on and its next
+/// event sees the gap; `convoy gaps` lists it and `--ack` clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_on_poison_records_a_gap_and_the_key_goes_on() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let seen = Seen::default();
+    let domain = Domain::builder()
+        .config(config(&url))
+        .instance_id("e0")
+        .handler(Lenient { seen: seen.clone() })
+        .without_discovery()
+        .init()
+        .expect("init");
+    let engine = domain.engine().spawn();
+    let mut uow = domain.unit_of_work();
+    for seq in 0..5 {
+        for key in ["t0", "t1"] {
+            uow.raise(Noted {
+                key: key.to_owned(),
+                seq,
+                poison: key == "t0" && seq == 2,
+            })
+            .expect("raise");
+        }
+    }
+    uow.commit().await.expect("commit");
+    let got = |key: &str| {
+        seen.lock()
+            .expect("lock")
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until(WAIT, "both keys go on", || async {
+        got("t0").len() == 4 && got("t1").len() == 5
+    })
+    .await;
+    assert_eq!(
+        got("t0"),
+        [
+            "t0#0",
+            "t0#1",
+            "t0#3 after a gap (poison note t0#2)",
+            "t0#4"
+        ]
+    );
+    assert_eq!(got("t1"), ["t1#0", "t1#1", "t1#2", "t1#3", "t1#4"]);
+
+    let dir = server.dir();
+    let run = |args: &'static [&'static str]| {
+        let url = url.clone();
+        async move { convoy(dir, args, Some(&url)).await }
+    };
+    let dlq = run(&["dlq", "tab", "t0", "--json"]).await.ok().json();
+    let letters = dlq.as_array().expect("dead letters");
+    assert_eq!(letters.len(), 1, "{dlq}");
+    let gaps = run(&["gaps", "tab"]).await.ok().stdout;
+    assert!(
+        gaps.contains("t0") && gaps.contains("poison note t0#2"),
+        "{gaps}"
+    );
+    assert!(gaps.contains("1 gaps recorded"), "{gaps}");
+    let partitions = run(&["partitions", "tab"]).await.ok().stdout;
+    assert!(partitions.contains("no (gap)"), "{partitions}");
+    let acked = run(&["gaps", "tab", "t0", "--ack", "--yes"])
+        .await
+        .ok()
+        .stdout;
+    assert!(acked.contains("acknowledged"), "{acked}");
+    let gaps = run(&["gaps", "tab"]).await.ok().stdout;
+    assert!(gaps.contains("no gaps recorded"), "{gaps}");
+    let audit = run(&["audit", "--json"]).await.ok().json();
+    let ops: Vec<(String, String)> = audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| {
+            (
+                r["fields"]["op"].as_str().unwrap_or_default().to_owned(),
+                r["fields"]["operator"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            (
+                "dead_letter".to_owned(),
+                "convoy (on_poison = dead_letter)".to_owned()
+            ),
+            ("gap_ack".to_owned(), "test-op".to_owned())
+        ]
+    );
+    assert!(engine.health().await.halted_units == 0);
+    engine.shutdown().await.expect("shutdown");
+}

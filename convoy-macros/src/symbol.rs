@@ -25,6 +25,8 @@ pub(crate) const NAME: Symbol = Symbol("name");
 pub(crate) const PART_OF: Symbol = Symbol("part_of");
 /// `sequential_by = "field"` in handler attributes.
 pub(crate) const SEQUENTIAL_BY: Symbol = Symbol("sequential_by");
+/// `on_poison = "halt" | "dead_letter"` in `#[event_handler(..)]`.
+pub(crate) const ON_POISON: Symbol = Symbol("on_poison");
 /// `handles = [A, B]` in handler attributes on a struct.
 pub(crate) const HANDLES: Symbol = Symbol("handles");
 /// `reply = Type` in `#[command(..)]`.
@@ -33,7 +35,7 @@ pub(crate) const REPLY: Symbol = Symbol("reply");
 pub(crate) const HANDLE: Symbol = Symbol("handle");
 
 /// The arguments of `#[event_handler(..)]` and `#[command_handler(..)]`.
-pub(crate) const HANDLER_ARGS: &[Symbol] = &[PART_OF, SEQUENTIAL_BY, HANDLES, NAME];
+pub(crate) const HANDLER_ARGS: &[Symbol] = &[PART_OF, SEQUENTIAL_BY, HANDLES, NAME, ON_POISON];
 /// The arguments of `#[aggregate(..)]`.
 pub(crate) const AGGREGATE_ARGS: &[Symbol] = &[CATEGORY, PARTITION_KEY];
 /// The arguments of `#[event(..)]` and `#[command(..)]`.
@@ -167,7 +169,7 @@ mod tests {
         );
         assert_eq!(
             unknown_argument("key", HANDLER_ARGS),
-            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles` or `name`"
+            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles`, `name` or `on_poison`"
         );
         assert_eq!(
             unknown_argument("x", AGGREGATE_ARGS),

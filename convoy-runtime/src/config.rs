@@ -37,6 +37,7 @@
 //!
 //! [handlers."ledger-projector"]    # by handler name
 //! concurrency = 8                  # events in flight at once on this instance
+//! on_poison = "halt"               # or "dead_letter": overrides the handler's
 //!
 //! [server.observability]
 //! handle_span_level = "info"       # the per-event `handle` span: trace, debug, info, warn, error
@@ -237,6 +238,25 @@ pub struct HandlerConfig {
     /// [`DEFAULT_CONCURRENCY`]. Set it to the size of the pool the handler
     /// uses, so that events wait in Redis rather than in front of the pool.
     pub concurrency: Option<usize>,
+    /// What a poisoned head does to its key, overriding the handler's
+    /// `on_poison`: `halt` (wait for an operator) or `dead_letter` (move it
+    /// to the key's dead letters with a recorded gap and go on). Process
+    /// managers always halt.
+    pub on_poison: Option<PoisonPolicy>,
+}
+
+/// `on_poison`: what a head that failed past its retries (or with a
+/// permanent error) does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoisonPolicy {
+    /// The key halts: the head stays pending and nothing behind it runs
+    /// until an operator acts (`convoy retry`, `skip`, `dead-letter`).
+    Halt,
+    /// The head goes to the key's dead letters with a recorded gap, and the
+    /// key goes on with its next event (which sees the gap:
+    /// `Context::gap`).
+    DeadLetter,
 }
 
 /// Shards per category unless configured (`[broker] shards`).
@@ -1024,6 +1044,11 @@ impl Config {
             .get(name)
             .and_then(|h| h.concurrency)
             .unwrap_or(DEFAULT_CONCURRENCY)
+    }
+
+    /// The `[handlers."name"] on_poison` override, if set.
+    pub fn on_poison(&self, name: &str) -> Option<PoisonPolicy> {
+        self.handlers.get(name).and_then(|h| h.on_poison)
     }
 }
 

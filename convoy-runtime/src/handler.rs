@@ -51,6 +51,11 @@ pub struct HandlerDescriptor {
     pub sequential_by: Option<&'static str>,
     /// The message types the handler handles, in declaration order.
     pub handles: &'static [&'static MessageDescriptor],
+    /// `on_poison = "dead_letter"`: after its retries (or a permanent
+    /// error) a partition's head goes to the key's dead letters with a
+    /// recorded gap and the key goes on; `false` (`"halt"`, the default):
+    /// the key halts. `[handlers."name"] on_poison` overrides it.
+    pub dead_letter_poison: bool,
 }
 
 impl HandlerDescriptor {
@@ -172,6 +177,42 @@ impl Position {
     }
 }
 
+/// A gap before the event being handled: the key's previous head failed
+/// past its retries under `on_poison = "dead_letter"` and went to the
+/// key's dead letters instead of halting the key ([`Context::gap`]).
+/// Reconciliation code can act on it; `convoy gaps` lists the gaps still
+/// recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Gap {
+    /// The skipped head's stream entry id.
+    pub entry_id: String,
+    /// The skipped event's message id.
+    pub message_id: String,
+    /// Why it failed (its last error).
+    pub reason: String,
+    /// Its id in the key's dead letter stream.
+    pub dead_letter_id: String,
+}
+
+impl Gap {
+    /// A gap record (made by the consumers).
+    #[doc(hidden)]
+    pub fn new(
+        entry_id: String,
+        message_id: String,
+        reason: String,
+        dead_letter_id: String,
+    ) -> Self {
+        Gap {
+            entry_id,
+            message_id,
+            reason,
+            dead_letter_id,
+        }
+    }
+}
+
 /// What a handler knows about the message it handles.
 pub struct Context {
     handler: &'static str,
@@ -181,6 +222,7 @@ pub struct Context {
     partition_key: Option<String>,
     origin: Option<Origin>,
     fence: Option<Fence>,
+    gap: Option<Gap>,
     attempt: u32,
     dispatched_at: SystemTime,
     policy: Arc<KeyPolicy>,
@@ -225,6 +267,7 @@ impl Context {
             partition_key: envelope.partition_key.clone(),
             origin: envelope.origin.clone(),
             fence: None,
+            gap: None,
             attempt,
             dispatched_at: SystemTime::now(),
             policy,
@@ -267,6 +310,21 @@ impl Context {
     pub fn with_fence(mut self, fence: Fence) -> Self {
         self.fence = Some(fence);
         self
+    }
+
+    /// Sets the gap that precedes this event.
+    #[doc(hidden)]
+    pub fn with_gap(mut self, gap: Option<Gap>) -> Self {
+        self.gap = gap;
+        self
+    }
+
+    /// The gap that precedes this event in its key, when the key's
+    /// previous head was dead-lettered by `on_poison = "dead_letter"` (its
+    /// entry, message id, reason and dead letter id); `None` otherwise.
+    /// Only the event right after the gap sees it.
+    pub fn gap(&self) -> Option<&Gap> {
+        self.gap.as_ref()
     }
 
     /// The handler's name.

@@ -165,7 +165,9 @@ pub use engine::{Engine, EngineHandle, Health};
 pub use envelope::{Envelope, Origin, Priority};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;
-pub use handler::{CommandHandler, Context, EventHandler, Fence, Handle, HandlerError, Position};
+pub use handler::{
+    CommandHandler, Context, EventHandler, Fence, Gap, Handle, HandlerError, Position,
+};
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};
 pub use process_manager::ProcessManager;

@@ -22,6 +22,7 @@
 //! | `convoy_outbox_published_total` | counter | | outbox records this process published |
 //! | `convoy_outbox_publish_failures_total` | counter | | failed publish calls of this process's outbox relay |
 //! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
+//! | `convoy_gaps_total` | counter | `handler` | poisoned heads moved to their key's dead letters with a recorded gap (`on_poison = "dead_letter"`) |
 //! | `convoy_handler_paused` | gauge | `handler` | 1 while the handler is paused on this instance: `outage_threshold` of its keys failed with transient errors at once (a dependency is down); it probes with one event at a time |
 //! | `convoy_handler_paused_seconds_total` | counter | `handler` | time the handler spent paused on this instance |
 
@@ -53,6 +54,8 @@ pub const PARTITION_WARNING: &str = "convoy_partition_warning";
 pub const MISSING_ENTRIES: &str = "convoy_missing_entries_total";
 /// Counter: times Redis was seen to have lost convoy's state.
 pub const STATE_LOST: &str = "convoy_state_lost_total";
+/// `convoy_gaps_total`.
+pub const GAPS: &str = "convoy_gaps_total";
 /// `convoy_handler_paused`.
 pub const HANDLER_PAUSED: &str = "convoy_handler_paused";
 /// `convoy_handler_paused_seconds_total`.
@@ -141,6 +144,10 @@ pub(crate) fn partitions(category: &'static str, n: usize, over_threshold: bool)
     } else {
         0.0
     });
+}
+
+pub(crate) fn gap(handler: &'static str) {
+    ::metrics::counter!(GAPS, "handler" => handler).increment(1);
 }
 
 pub(crate) fn paused(handler: &'static str, on: bool) {

@@ -13,7 +13,7 @@ use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, token};
 
 use crate::ctxt::Ctxt;
 use crate::message::{Kind, aggregate_path};
-use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, NAME, PART_OF, SEQUENTIAL_BY};
+use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, NAME, ON_POISON, PART_OF, SEQUENTIAL_BY};
 use crate::tokens::{field_ident, not_yet, rest_of_value};
 
 mod kw {
@@ -21,6 +21,7 @@ mod kw {
     syn::custom_keyword!(sequential_by);
     syn::custom_keyword!(handles);
     syn::custom_keyword!(name);
+    syn::custom_keyword!(on_poison);
 }
 
 /// The arguments of a handler attribute.
@@ -34,6 +35,9 @@ pub(crate) struct Args {
     /// `name = "ledger-projector"`: the handler's stable name (checked in
     /// `check`).
     pub(crate) name: Option<LitStr>,
+    /// `on_poison = "dead_letter"` (`true`) or `"halt"` (`false`, the
+    /// default), with the literal.
+    pub(crate) on_poison: Option<(bool, LitStr)>,
 }
 
 /// The partition key field named by `sequential_by = "..."`.
@@ -70,6 +74,7 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
     let mut sequential_by = None;
     let mut handles = None;
     let mut name = None;
+    let mut on_poison = None;
     while !input.is_empty() {
         let lookahead = input.lookahead1();
         if lookahead.peek(kw::part_of) {
@@ -101,6 +106,11 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
                 });
             }
             name = Some(input.parse()?);
+        } else if lookahead.peek(kw::on_poison) {
+            let key: kw::on_poison = input.parse()?;
+            not_yet(&on_poison, key.span, ON_POISON)?;
+            input.parse::<Token![=]>()?;
+            on_poison = Some(poison_policy(kind, key.span, input)?);
         } else if input.peek(Ident::peek_any) {
             let unknown = input.call(Ident::parse_any)?;
             let name = unknown.unraw().to_string();
@@ -130,7 +140,34 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
         sequential_by,
         handles,
         name,
+        on_poison,
     })
+}
+
+/// Parses the value of `on_poison`: `"halt"` or `"dead_letter"` (event
+/// handlers only: a command is answered, never halted).
+fn poison_policy(kind: Kind, key: Span, input: ParseStream<'_>) -> syn::Result<(bool, LitStr)> {
+    let message = "`on_poison` is \"halt\" (the default: the key waits for an operator) or \"dead_letter\" (the head goes to the key's dead letters with a recorded gap and the key goes on)";
+    if kind == Kind::Command {
+        return Err(syn::Error::new(
+            key,
+            "`on_poison` is for event handlers: a command handler answers its caller and never halts",
+        ));
+    }
+    if !input.peek(LitStr) {
+        let value = rest_of_value(input)?;
+        return Err(if value.is_empty() {
+            input.error(message)
+        } else {
+            syn::Error::new_spanned(value, message)
+        });
+    }
+    let lit: LitStr = input.parse()?;
+    match lit.value().as_str() {
+        "halt" => Ok((false, lit)),
+        "dead_letter" => Ok((true, lit)),
+        _ => Err(syn::Error::new(lit.span(), message)),
+    }
 }
 
 /// Parses the value of `sequential_by`: a field name in double quotes.

@@ -41,6 +41,8 @@ pub(crate) struct Handler<'a> {
     pub(crate) part_of: &'a Path,
     /// `sequential_by = "..."`.
     pub(crate) sequential_by: Option<&'a KeyField>,
+    /// `on_poison = "dead_letter"`.
+    pub(crate) dead_letter_poison: bool,
     /// The handled message types, in declaration order.
     pub(crate) handled: Vec<Handled<'a>>,
 }
@@ -109,6 +111,7 @@ pub(crate) fn validate<'a>(
         explicit_name,
         part_of: &args.part_of,
         sequential_by: args.sequential_by.as_ref(),
+        dead_letter_poison: args.on_poison.as_ref().is_some_and(|(d, _)| *d),
         handled,
     })
 }

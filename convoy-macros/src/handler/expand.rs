@@ -45,6 +45,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
 
+    let dead_letter_poison = handler.dead_letter_poison;
     let consts: Vec<_> = (0..handler.handled.len())
         .map(|i| format_ident!("__CONVOY_MESSAGE_{}", i))
         .collect();
@@ -126,6 +127,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                     category: __CONVOY_CATEGORY,
                     sequential_by: #sequential_by,
                     handles: &[#(#consts.descriptor),*],
+                    dead_letter_poison: #dead_letter_poison,
                 };
 
             ::convoy_runtime::__private::inventory::submit! {

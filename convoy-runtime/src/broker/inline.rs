@@ -122,6 +122,7 @@ impl InlineBroker {
                         None,
                         Some(position.clone()),
                         std::time::SystemTime::now(),
+                        None,
                     )
                     .await
                 {

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::handler::{
-    Context, Dispatch, Dispatched, Fence, HandlerDescriptor, HandlerError, Position,
+    Context, Dispatch, Dispatched, Fence, Gap, HandlerDescriptor, HandlerError, Position,
 };
 use crate::key::Escaped;
 use crate::key::KeyPolicy;
@@ -49,6 +49,9 @@ pub struct Subscription {
     pub(crate) reads_base: bool,
     /// The handled types read from `{category}` (without a key).
     pub(crate) unkeyed: Vec<&'static MessageDescriptor>,
+    /// The handler's `on_poison = "dead_letter"` (false for process
+    /// managers: they always halt).
+    pub(crate) dead_letter_poison: bool,
     pub(crate) metrics: HandlerMetrics,
 }
 
@@ -101,6 +104,7 @@ impl Subscription {
             reads_partitions: d.handles.iter().any(keyed),
             reads_base: d.handles.iter().any(|m| !keyed(m)),
             unkeyed: d.handles.iter().filter(|m| !keyed(m)).copied().collect(),
+            dead_letter_poison: d.dead_letter_poison,
             metrics: HandlerMetrics::new(d.name),
         }
     }
@@ -129,6 +133,7 @@ impl Subscription {
                 reads_partitions: true,
                 reads_base: false,
                 unkeyed: Vec::new(),
+                dead_letter_poison: false,
                 metrics: HandlerMetrics::new(d.name),
             }];
         }
@@ -148,6 +153,7 @@ impl Subscription {
                     reads_partitions: here.clone().any(keyed),
                     reads_base: here.clone().any(|h| !keyed(h)),
                     unkeyed: here.filter(|h| !keyed(h)).map(|h| h.message).collect(),
+                    dead_letter_poison: false,
                     metrics: HandlerMetrics::new(d.name),
                 }
             })
@@ -307,6 +313,7 @@ impl ConsumerPlan {
         fence: Option<Fence>,
         position: Option<Position>,
         dispatched_at: std::time::SystemTime,
+        gap: Option<Gap>,
     ) -> Result<Dispatched, HandlerError> {
         let span = handle_span(
             self.config.server.observability.handle_span_level.level(),
@@ -324,7 +331,8 @@ impl ConsumerPlan {
             }
             let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone())
                 .with_dispatched_at(dispatched_at)
-                .with_outbox(self.outbox.store().clone());
+                .with_outbox(self.outbox.store().clone())
+                .with_gap(gap);
             if let Some(f) = fence {
                 ctx = ctx.with_fence(f);
             }

@@ -254,6 +254,7 @@ impl PlainConsumer {
                             None,
                             None,
                             std::time::SystemTime::now(),
+                            None,
                         )
                         .await
                 }

@@ -158,6 +158,7 @@ mod tests {
         category: "order",
         sequential_by: Some("client_id"),
         handles: &[&PLACED, &SHIPPED],
+        dead_letter_poison: false,
     };
     static B: HandlerDescriptor = HandlerDescriptor {
         name: "t::B",
@@ -165,6 +166,7 @@ mod tests {
         category: "order",
         sequential_by: Some("order_id"),
         handles: &[&PLACED],
+        dead_letter_poison: false,
     };
     static C: HandlerDescriptor = HandlerDescriptor {
         name: "t::C",
@@ -172,6 +174,7 @@ mod tests {
         category: "order",
         sequential_by: Some("order_id"),
         handles: &[&PLACED, &SHIPPED],
+        dead_letter_poison: false,
     };
 
     const REDIS: BrokerFacts<'static> = BrokerFacts {

@@ -83,6 +83,7 @@
 mod audit;
 mod dlq;
 mod error;
+mod gaps;
 mod head;
 mod inspect;
 mod outbox;
@@ -96,7 +97,7 @@ pub use head::{HeadOp, HeadOutcome, HeadRequest};
 pub use inspect::{Head, Inspection};
 pub use outbox::{OutboxOp, OutboxOutcome};
 pub use partitions::{CategoryReport, Totals};
-pub use status::PartitionStatus;
+pub use status::{GapRecord, PartitionStatus};
 
 /// The stream operator actions are recorded in.
 pub use crate::names::AUDIT_STREAM;

@@ -72,6 +72,28 @@ pub struct PartitionStatus {
     pub attempts: u64,
     /// The last handler error recorded for the unit.
     pub last_error: Option<String>,
+    /// The last gap recorded for the key (`on_poison = "dead_letter"`
+    /// moved a poisoned head to the key's dead letters), until an operator
+    /// acknowledges it (`convoy gaps --ack`).
+    pub gap: Option<GapRecord>,
+    /// Gaps recorded for the key since it was first owned.
+    pub gaps: u64,
+}
+
+/// A gap recorded beside a unit: the head that `on_poison =
+/// "dead_letter"` moved to the key's dead letters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GapRecord {
+    /// The skipped entry.
+    pub entry_id: String,
+    /// The skipped event's message id.
+    pub message_id: String,
+    /// Its last error.
+    pub reason: String,
+    /// When it was moved (ms since the Unix epoch).
+    pub time_ms: u64,
+    /// Its id in the key's dead letter stream.
+    pub dead_letter_id: String,
 }
 
 impl Admin {
@@ -260,5 +282,13 @@ pub(super) fn status(
         halt_entry: halted.then(|| non_empty(unit, "halt_entry")).flatten(),
         attempts: num("attempts").unwrap_or(0),
         last_error: non_empty(unit, "last_error"),
+        gap: non_empty(unit, "gap_entry").map(|entry_id| GapRecord {
+            entry_id,
+            message_id: non_empty(unit, "gap_message").unwrap_or_default(),
+            reason: non_empty(unit, "gap_reason").unwrap_or_default(),
+            time_ms: num("gap_time").unwrap_or(0),
+            dead_letter_id: non_empty(unit, "gap_dlq").unwrap_or_default(),
+        }),
+        gaps: num("gaps").unwrap_or(0),
     }
 }

@@ -28,6 +28,7 @@ use super::super::reply::Entry;
 use super::super::scripts::ack::Acked;
 use super::super::scripts::claim::{Claim, Claimed};
 use super::super::scripts::fail::{Fail, Failed};
+use super::super::scripts::head_action::{HeadActed, HeadAction};
 use super::super::scripts::read::{Read, ReadReply, Which};
 use super::super::scripts::reap::{Reap, Reaped};
 use super::super::scripts::release::{Held, Release, Released};
@@ -37,9 +38,10 @@ use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::backoff::{Backoff, jitter};
 use crate::broker::outage::Admission;
+use crate::config::PoisonPolicy;
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
-use crate::handler::{Fence, HandlerError, Position};
+use crate::handler::{Fence, Gap, HandlerError, Position};
 use crate::key::Escaped;
 
 /// Entries read per fenced read from the primary lane.
@@ -107,6 +109,9 @@ struct Worker {
     trim_owed: Option<(At, String)>,
     /// The lane a read looks at first (rotates between categories).
     rotate: usize,
+    /// A gap the next event's handler sees (`on_poison = "dead_letter"`
+    /// moved the head before it to the key's dead letters).
+    gap: Option<Gap>,
 }
 
 pub(super) fn spawn(
@@ -123,6 +128,7 @@ pub(super) fn spawn(
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
         rotate: 0,
+        gap: None,
         s,
         unit: Arc::new(unit),
         fence,
@@ -545,6 +551,7 @@ impl Worker {
                                 entry_id: entry.id.clone(),
                             }),
                             dispatched_at,
+                            self.gap.clone(),
                         )
                         .await
                 }
@@ -578,6 +585,7 @@ impl Worker {
                     }
                 }
                 Ok(_) => {
+                    self.gap = None;
                     return match self.done(at, &entry.id).await {
                         Ok(()) => {
                             self.head = None;
@@ -596,6 +604,12 @@ impl Worker {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
                         self.failures_recorded = true;
+                        if halted && self.dead_letters_poison() {
+                            return match self.dead_letter_poison(stream, entry, n, &err).await {
+                                Ok(()) => Step::Done,
+                                Err(exit) => Step::Exit(exit),
+                            };
+                        }
                         if halted {
                             let why = if err.is_permanent() {
                                 "the handler returned a permanent error"
@@ -625,6 +639,114 @@ impl Worker {
                 },
             }
         }
+    }
+
+    /// Whether this handler's poisoned heads go to the key's dead letters
+    /// (`on_poison = "dead_letter"`, or `[handlers."name"] on_poison`)
+    /// rather than halting the key. Process managers always halt.
+    fn dead_letters_poison(&self) -> bool {
+        let sub = self.s.sub();
+        if sub.categories.len() != 1 || sub.scope == crate::names::CORRELATION_SCOPE {
+            return false;
+        }
+        match self.s.plan.config.on_poison(sub.name) {
+            Some(p) => p == PoisonPolicy::DeadLetter,
+            None => sub.dead_letter_poison,
+        }
+    }
+
+    /// The head failed past its retries (fail.lua halted the unit on it):
+    /// moves it to the key's dead letters with its reason, attempts and
+    /// handler (one script, atomic against everyone else, audited), records
+    /// the gap beside the unit, and goes on: the next event's handler sees
+    /// the gap.
+    async fn dead_letter_poison(
+        &mut self,
+        stream: &str,
+        entry: &Entry,
+        attempts: u32,
+        err: &HandlerError,
+    ) -> Result<(), Exit> {
+        let reason = err.to_string();
+        let message_id = entry.envelope(stream).map(|e| e.id).unwrap_or_default();
+        let mut backoff = Backoff::retry(Duration::from_millis(500));
+        let dlq_id = loop {
+            if self.past_deadline() {
+                return Err(Exit::Expired);
+            }
+            let acted = match self.s.redis.shared().await {
+                Ok(mut c) => {
+                    HeadAction {
+                        unit: &self.unit,
+                        op: "dead_letter",
+                        force: false,
+                        operator: "convoy (on_poison = dead_letter)",
+                        expect_entry: Some(&entry.id),
+                        now_ms: now_ms(),
+                    }
+                    .run(&mut c)
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match acted {
+                Ok(HeadActed::Done { dlq_id, .. }) => break dlq_id.unwrap_or_default(),
+                Ok(other) => {
+                    // Someone else acted on the head first (an operator):
+                    // nothing of ours to record; read on.
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, outcome = ?other, "the poisoned head was not dead-lettered by its owner");
+                    self.set_halted(false);
+                    self.head = None;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "dead-lettering the poisoned head failed; retrying");
+                    backoff.wait().await;
+                }
+            }
+        };
+        let now = now_ms();
+        if let Ok(mut c) = self.s.redis.shared().await {
+            let record: Result<(), _> = redis::pipe()
+                .cmd("HSET")
+                .arg(&*self.unit.state)
+                .arg("gap_entry")
+                .arg(&entry.id)
+                .arg("gap_message")
+                .arg(&message_id)
+                .arg("gap_reason")
+                .arg(&reason)
+                .arg("gap_time")
+                .arg(now)
+                .arg("gap_dlq")
+                .arg(&dlq_id)
+                .ignore()
+                .cmd("HINCRBY")
+                .arg(&*self.unit.state)
+                .arg("gaps")
+                .arg(1)
+                .ignore()
+                .query_async(&mut c)
+                .await;
+            if let Err(e) = record {
+                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %e, "the gap could not be recorded beside the unit (the dead letter and its audit record hold it)");
+            }
+        }
+        tracing::error!(
+            handler = self.group(),
+            key = ?Escaped(&self.unit.key),
+            entry = %entry.id,
+            attempts,
+            dead_letter = %dlq_id,
+            error = %Escaped(&reason),
+            "poisoned head moved to the key's dead letters with a recorded gap (on_poison = dead_letter); the key goes on with its next event"
+        );
+        crate::metrics::gap(self.group());
+        self.gap = Some(Gap::new(entry.id.clone(), message_id, reason, dlq_id));
+        self.set_halted(false);
+        self.head = None;
+        self.failures_recorded = false;
+        Ok(())
     }
 
     /// Records a handled entry; acknowledges once `max_unacked` are waiting.
