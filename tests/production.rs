@@ -847,6 +847,7 @@ async fn concurrency_per_handler_is_configurable() {
         "ledger-projector".into(),
         convoy_runtime::config::HandlerConfig {
             concurrency: Some(2),
+            ..Default::default()
         },
     );
     let domain = Domain::builder()

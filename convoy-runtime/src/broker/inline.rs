@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::plan::ConsumerPlan;
+use super::plan::{Attempt, ConsumerPlan};
 use super::{Broker, Capabilities, Producer, Publication, PublishError};
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -118,11 +118,10 @@ impl InlineBroker {
                     .invoke(
                         sub,
                         envelope,
-                        attempt,
-                        None,
-                        Some(position.clone()),
-                        std::time::SystemTime::now(),
-                        None,
+                        Attempt {
+                            position: Some(position.clone()),
+                            ..Attempt::new(attempt)
+                        },
                     )
                     .await
                 {

@@ -23,7 +23,7 @@ mod plan;
 
 pub use inline::{DeadLetter, InlineBroker};
 pub(crate) use plan::HealthState;
-pub use plan::{ConsumerPlan, Subscription};
+pub use plan::{Attempt, ConsumerPlan, Subscription};
 
 use std::any::Any;
 use std::sync::Arc;

@@ -230,6 +230,36 @@ impl HealthState {
     }
 }
 
+/// One attempt of an event, as its handler's [`Context`] describes it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Attempt {
+    /// Which attempt, from 1.
+    pub number: u32,
+    /// The fence of the partition being consumed (a leased unit).
+    pub fence: Option<Fence>,
+    /// Where the event sits, when a key's events are delivered one at a
+    /// time.
+    pub position: Option<Position>,
+    /// When the engine dispatched it.
+    pub dispatched_at: std::time::SystemTime,
+    /// The gap before it (`on_poison = "dead_letter"`).
+    pub gap: Option<Gap>,
+}
+
+impl Attempt {
+    /// Attempt `number`, dispatched now, with nothing else known.
+    pub fn new(number: u32) -> Self {
+        Attempt {
+            number,
+            fence: None,
+            position: None,
+            dispatched_at: std::time::SystemTime::now(),
+            gap: None,
+        }
+    }
+}
+
 /// Everything a broker needs to consume for a domain: the subscriptions,
 /// the configuration, this instance's id, and [`ConsumerPlan::invoke`] to
 /// run one event through a subscription's handler.
@@ -309,12 +339,15 @@ impl ConsumerPlan {
         &self,
         sub: &Subscription,
         envelope: &Envelope,
-        attempt: u32,
-        fence: Option<Fence>,
-        position: Option<Position>,
-        dispatched_at: std::time::SystemTime,
-        gap: Option<Gap>,
+        attempt: Attempt,
     ) -> Result<Dispatched, HandlerError> {
+        let Attempt {
+            number: attempt,
+            fence,
+            position,
+            dispatched_at,
+            gap,
+        } = attempt;
         let span = handle_span(
             self.config.server.observability.handle_span_level.level(),
             sub,

@@ -12,7 +12,7 @@ use super::reply::{Entry, entries, first_stream_entries};
 use super::scripts::dead_letter::DeadLetter;
 use super::scripts::plain_ack::PlainAck;
 use crate::backoff::{Backoff, sleep_or_stop};
-use crate::broker::{ConsumerPlan, Subscription};
+use crate::broker::{Attempt, ConsumerPlan, Subscription};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::HandlerError;
@@ -247,15 +247,7 @@ impl PlainConsumer {
             }) {
                 Ok(env) => {
                     self.plan
-                        .invoke(
-                            self.sub(),
-                            &env,
-                            attempt,
-                            None,
-                            None,
-                            std::time::SystemTime::now(),
-                            None,
-                        )
+                        .invoke(self.sub(), &env, Attempt::new(attempt))
                         .await
                 }
                 Err(e) => Err(HandlerError::from(e)),

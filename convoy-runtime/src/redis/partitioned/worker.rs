@@ -37,6 +37,7 @@ use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::backoff::{Backoff, jitter};
+use crate::broker::Attempt;
 use crate::broker::outage::Admission;
 use crate::config::PoisonPolicy;
 use crate::envelope::now_ms;
@@ -544,14 +545,16 @@ impl Worker {
                         .invoke(
                             self.s.sub(),
                             &env,
-                            attempt,
-                            Some(self.fence.clone()),
-                            Some(Position {
-                                stream: stream.to_owned(),
-                                entry_id: entry.id.clone(),
-                            }),
-                            dispatched_at,
-                            self.gap.clone(),
+                            Attempt {
+                                fence: Some(self.fence.clone()),
+                                position: Some(Position {
+                                    stream: stream.to_owned(),
+                                    entry_id: entry.id.clone(),
+                                }),
+                                dispatched_at,
+                                gap: self.gap.clone(),
+                                ..Attempt::new(attempt)
+                            },
                         )
                         .await
                 }
