@@ -18,7 +18,9 @@
 //! proxy: every connection cut, all traffic paused, the replies of one of
 //! convoy's scripts (read, ack, claim, fail, acquire, release, reap,
 //! publish) or of a plain command (SET, XREAD, SSCAN) delayed past the
-//! response timeout or dropped after Redis ran the request.
+//! response timeout or dropped after Redis ran the request. In half the
+//! schedules the handlers' own dependency is also down for 0.5-3 s: every
+//! key fails with `HandlerError::transient` meanwhile, none may halt.
 //!
 //! The checks, per key, from the record server: (1) every committed event
 //! was handled to completion at least once; (2) nothing handled out of
@@ -132,6 +134,13 @@ impl FaultRecording {
         let invoked = ctx.dispatched_at();
         let id = event_id(&e.client_id, e.seq);
         let mut rng = Rng::new(self.seed ^ hash(&id));
+        if self.record.dependency_down().await {
+            // The schedule's dependency outage: every key fails
+            // transiently, none may halt, the handler pauses and resumes.
+            return Err(HandlerError::transient(std::io::Error::other(format!(
+                "dependency down while handling {id}"
+            ))));
+        }
         if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
             return Err(HandlerError::msg(format!("transient failure of {id}")));
         }
@@ -166,6 +175,10 @@ struct Settings {
     /// Percent of units of work that raise a burst of events at once.
     burst_percent: u64,
     faults: Vec<Planned>,
+    /// The handlers' dependency down (transient failures of every key):
+    /// from, for how long; drawn from its own fork, so the other faults of
+    /// a seed are the ones they were before it existed.
+    dependency_outage: Option<(Duration, Duration)>,
 }
 
 impl Settings {
@@ -188,7 +201,12 @@ impl Settings {
                 proxy,
             },
         );
+        let mut o = root.fork(3);
+        let dependency_outage = o
+            .chance(50)
+            .then(|| (o.ms(0, PHASE.as_millis() as u64), o.ms(500, 3_000)));
         Settings {
+            dependency_outage,
             seed,
             max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
             keys,
@@ -202,11 +220,18 @@ impl Settings {
     }
 
     fn fault_list(&self) -> String {
-        let items: Vec<String> = self
+        let mut items: Vec<String> = self
             .faults
             .iter()
             .map(|p| format!("@{}ms {}", p.at.as_millis(), p.fault))
             .collect();
+        if let Some((from, length)) = self.dependency_outage {
+            items.push(format!(
+                "@{}ms the handlers' dependency down for {} ms (transient failures)",
+                from.as_millis(),
+                length.as_millis()
+            ));
+        }
         format!("[{}]", items.join("; "))
     }
 
@@ -867,6 +892,22 @@ async fn run_schedule(seed: u64) -> Outcome {
         .expect("publisher domain");
     let publishing = publisher.engine().spawn();
 
+    if let Some((from, length)) = settings.dependency_outage {
+        let client = redis::Client::open(record_url.as_str()).expect("record client");
+        let key = format!("convoy-test:{}:dependency-down", harness.ns);
+        tokio::spawn(async move {
+            tokio::time::sleep(from).await;
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let _: Result<(), _> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("1")
+                    .arg("PX")
+                    .arg(length.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await;
+            }
+        });
+    }
     let timeline = faults::timeline(&settings.faults);
     let faults_task = tokio::task::spawn_blocking(move || {
         harness.run(&timeline);

@@ -92,6 +92,20 @@ impl Record {
         format!("convoy-test:{}:{suffix}", self.ns)
     }
 
+    /// Whether the handlers' dependency is down now (the schedule's
+    /// dependency outage: a key with a TTL in the record server). An
+    /// unanswered check says "up": the record server is never faulted.
+    pub async fn dependency_down(&self) -> bool {
+        let Ok(mut c) = self.conn().await else {
+            return false;
+        };
+        let down: Result<Option<String>, _> = redis::cmd("GET")
+            .arg(self.key("dependency-down"))
+            .query_async(&mut c)
+            .await;
+        matches!(down, Ok(Some(_)))
+    }
+
     async fn conn(&self) -> Result<ConnectionManager, redis::RedisError> {
         self.conn
             .get_or_try_init(|| {
