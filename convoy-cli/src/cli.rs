@@ -153,8 +153,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Put a dead letter back at the tail of its partition, on purpose.
-    /// Every handler of the category receives it again.
+    /// Put a dead letter back into its partition, on purpose. `--at tail`
+    /// (the default): after the events already in the partition, and every
+    /// handler of the category receives it again; it runs out of its
+    /// original order. `--at head`: before every event the handler that
+    /// dead-lettered it (or --handler) has not finished, so the key's order
+    /// is restored (after a mistaken dead-letter); refused when another
+    /// handler already read those events, or when the partition has an
+    /// event in flight and is not halted on it (unless --force).
     Replay {
         /// The category.
         category: String,
@@ -163,6 +169,15 @@ pub enum Command {
         key: KeyArg,
         /// The dead letter's id (from `convoy dlq`).
         entry_id: String,
+        /// Where it goes: `tail` or `head`.
+        #[arg(long, value_parser = ["tail", "head"], default_value = "tail")]
+        at: String,
+        /// With `--at head`: the handler it goes before the events of.
+        #[command(flatten)]
+        handler: HandlerArg,
+        /// With `--at head`: fence a running owner out first.
+        #[arg(long)]
+        force: bool,
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,

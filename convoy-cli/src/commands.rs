@@ -303,6 +303,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             category,
             key,
             entry_id,
+            at,
+            handler,
+            force,
             yes,
         } => {
             let key = key.value().map_err(CliError::Usage)?;
@@ -317,13 +320,27 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .into());
             };
             let handlers = admin.groups(&category).await?.len();
+            let head = at == "head";
             confirm(
-                &render::replay_question(&category, &key, letter, handlers),
+                &render::replay_question(&category, &key, letter, handlers, head),
                 yes,
                 "replay",
             )?;
-            let o = admin.replay(&category, &key, &entry_id, &who).await?;
-            render::replay_outcome(&o)
+            let o = if head {
+                admin
+                    .replay_at_head(
+                        &category,
+                        &key,
+                        &entry_id,
+                        handler.handler.as_deref(),
+                        &who,
+                        force,
+                    )
+                    .await?
+            } else {
+                admin.replay(&category, &key, &entry_id, &who).await?
+            };
+            render::replay_outcome(&o, head)
         }
         Command::Audit { limit, json } => {
             let records = admin.audit(limit).await?;

@@ -682,7 +682,13 @@ pub fn dead_letters(stream: &str, letters: &[DeadLetter]) -> String {
 }
 
 /// The question asked before a replay.
-pub fn replay_question(category: &str, k: &str, l: &DeadLetter, handlers: usize) -> String {
+pub fn replay_question(
+    category: &str,
+    k: &str,
+    l: &DeadLetter,
+    handlers: usize,
+    head: bool,
+) -> String {
     let what = match &l.envelope {
         Some(e) => format!("{} (message {})", text(&e.type_name), text(&e.id)),
         None => "an undecodable entry".to_owned(),
@@ -694,6 +700,13 @@ pub fn replay_question(category: &str, k: &str, l: &DeadLetter, handlers: usize)
         format!("the handlers of category {category} receive it again")
     };
     let p = format!("{category}:{}", key(k));
+    if head {
+        return format!(
+            "Replay dead letter {} of {}, {what}, to the head of {p}? It runs before every event its handler has not finished (those are moved behind it), restoring the key's order.",
+            text(&l.dlq_id),
+            stream(&l.stream)
+        );
+    }
     format!(
         "Replay dead letter {} of {}, {what}, to the tail of {p}? It runs after the events already in the partition, and {who}.",
         text(&l.dlq_id),
@@ -702,10 +715,15 @@ pub fn replay_question(category: &str, k: &str, l: &DeadLetter, handlers: usize)
 }
 
 /// What a replay did.
-pub fn replay_outcome(o: &ReplayOutcome) -> String {
+pub fn replay_outcome(o: &ReplayOutcome, head: bool) -> String {
     format!(
-        "replayed dead letter {} to the tail of {} as entry {} and woke the partition's owners\naudit record {}\n",
+        "replayed dead letter {} to the {} of {} as entry {} and woke the partition's owners\naudit record {}\n",
         text(&o.dlq_id),
+        if head {
+            "head (the events not yet handled moved behind it)"
+        } else {
+            "tail"
+        },
         stream(&o.stream),
         text(&o.entry_id),
         text(&o.audit_id)

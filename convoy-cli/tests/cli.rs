@@ -1234,3 +1234,61 @@ async fn dead_letter_on_poison_records_a_gap_and_the_key_goes_on() {
     assert!(engine.health().await.halted_units == 0);
     engine.shutdown().await.expect("shutdown");
 }
+
+/// A dead letter put back at the head restores the key's order: a head
+/// dead-lettered by mistake (the key then halts on the next event, which
+/// needed it) goes back before that event, and the key resumes in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_at_head_restores_the_order_after_a_mistaken_dead_letter() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    let events: Vec<Posted> = (0..7).map(|n| posted("c1", n, n == 3 || n == 4)).collect();
+    s.publish(&events).await;
+    wait_until(WAIT, "c1 halts on #3", || async {
+        s.halted_on("c1").await.is_some() && s.seen("c1").len() == 3
+    })
+    .await;
+    s.convoy(&["dead-letter", "ledger", "c1", "--yes"])
+        .await
+        .ok();
+    wait_until(WAIT, "c1 halts again, on #4", || async {
+        let h = s.halted_on("c1").await;
+        h.is_some() && h != Some(String::new()) && s.seen("c1").len() == 3
+    })
+    .await;
+    // The fix: #3 and #4 no longer fail; #3 must run before #4.
+    s.poison.store(false, Ordering::SeqCst);
+    let letters = s
+        .convoy(&["dlq", "ledger", "c1", "--json"])
+        .await
+        .ok()
+        .json();
+    let id = letters[0]["dlq_id"].as_str().expect("dlq id").to_owned();
+    let r = s
+        .convoy(&["replay", "ledger", "c1", &id, "--at", "head", "--yes"])
+        .await
+        .ok();
+    assert!(r.stdout.contains("to the head"), "{r:?}");
+    wait_until(WAIT, "c1 resumes in order", || async {
+        s.seen("c1").len() == 7
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 3, 4, 5, 6]));
+    let audit = s.convoy(&["audit", "--json"]).await.ok().json();
+    let replays: Vec<&Value> = audit
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter(|r| r["fields"]["op"] == "replay")
+        .collect();
+    assert_eq!(replays.len(), 1, "{audit}");
+    assert_eq!(replays[0]["fields"]["at"], "head", "{audit}");
+    assert!(
+        s.convoy(&["dlq", "ledger", "c1", "--json"])
+            .await
+            .ok()
+            .json()[0]
+            .is_null()
+    );
+    engine.shutdown().await.expect("shutdown");
+}

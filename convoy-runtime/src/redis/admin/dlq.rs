@@ -9,7 +9,7 @@ use super::{Admin, AdminError};
 use crate::envelope::{Envelope, now_ms};
 use crate::names;
 use crate::redis::reply::Entry;
-use crate::redis::scripts::replay::{Replay, Replayed};
+use crate::redis::scripts::replay::{Replay, ReplayHead, Replayed, ReplayedHead};
 
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -113,6 +113,87 @@ impl Admin {
             }),
             Replayed::Empty => Err(not("holds no event fields".to_owned())),
             Replayed::WrongKey { key: other } => Err(not(format!("is an event of key {other:?}"))),
+        }
+    }
+}
+
+impl Admin {
+    /// Puts dead letter `dlq_id` back at the **head** of its partition for
+    /// `group` (the handler that dead-lettered it when `None`): before every
+    /// event that handler has not finished, so the key's order is restored
+    /// after a mistaken dead-letter (a replay at the tail goes after them).
+    /// Refused, changing nothing, when another handler of the category
+    /// already read those events, or when the partition has an event in
+    /// flight and is not halted on it (without `force`, which fences the
+    /// owner out first). Audited; a gap recorded for this dead letter is
+    /// cleared.
+    pub async fn replay_at_head(
+        &self,
+        category: &str,
+        key: &str,
+        dlq_id: &str,
+        group: Option<&str>,
+        operator: &str,
+        force: bool,
+    ) -> Result<ReplayOutcome, AdminError> {
+        super::check_category(category)?;
+        let shards = self.shards(category).await?;
+        let shard = names::shard_of(key, shards);
+        let stream = names::partition_dlq(shard, category, key);
+        let missing = || AdminError::NoSuchDeadLetter {
+            category: category.to_owned(),
+            key: key.to_owned(),
+            stream: stream.clone(),
+            id: dlq_id.to_owned(),
+        };
+        let group = match group {
+            Some(g) => g.to_owned(),
+            None => self
+                .dlq(category, Some(key))
+                .await?
+                .into_iter()
+                .find(|l| l.dlq_id == dlq_id)
+                .ok_or_else(missing)?
+                .group
+                .ok_or_else(|| AdminError::NotReplayable {
+                    category: category.to_owned(),
+                    key: key.to_owned(),
+                    stream: stream.clone(),
+                    id: dlq_id.to_owned(),
+                    problem: "names no handler (dlq_group): pass --handler".to_owned(),
+                })?,
+        };
+        let scope = self.scope(&group, category).await?;
+        let unit = self.unit(&group, &scope, category, key, shards);
+        let mut c = self.conn.clone();
+        let replayed = ReplayHead {
+            unit: &unit,
+            category,
+            dlq_id,
+            operator,
+            force,
+            now_ms: now_ms(),
+        }
+        .run(&mut c)
+        .await
+        .map_err(|e| AdminError::from_script("replay", e))?;
+        match replayed {
+            ReplayedHead::Done {
+                entry_id, audit_id, ..
+            } => Ok(ReplayOutcome {
+                dlq_id: dlq_id.to_owned(),
+                entry_id,
+                stream: names::partition_stream(shard, category, key),
+                audit_id,
+            }),
+            ReplayedHead::Missing => Err(missing()),
+            ReplayedHead::Refused(problem) => Err(AdminError::NotReplayable {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                stream: stream.clone(),
+                id: dlq_id.to_owned(),
+                problem,
+            }),
         }
     }
 }

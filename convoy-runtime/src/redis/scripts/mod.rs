@@ -61,6 +61,7 @@ pub(crate) struct Scripts {
     pub(crate) save_state: Script,
     pub(crate) head_action: Script,
     pub(crate) replay: Script,
+    pub(crate) replay_head: Script,
 }
 
 #[cfg(feature = "testing")]
@@ -83,6 +84,7 @@ impl Scripts {
             "save_state" => &self.save_state,
             "head_action" => &self.head_action,
             "replay" => &self.replay,
+            "replay_head" => &self.replay_head,
             _ => return None,
         })
     }
@@ -111,6 +113,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     save_state: Script::new(include_str!("../lua/save_state.lua")),
     head_action: fenced(include_str!("../lua/head_action.lua")),
     replay: Script::new(include_str!("../lua/replay.lua")),
+    replay_head: Script::new(include_str!("../lua/replay_head.lua")),
 });
 
 /// Why a fenced script refused to act (the codes of `fence.lua`).
