@@ -52,6 +52,9 @@ pub struct Subscription {
     /// The handler's `on_poison = "dead_letter"` (false for process
     /// managers: they always halt).
     pub(crate) dead_letter_poison: bool,
+    /// A process manager's subscription (its poisoned heads always halt,
+    /// whatever the configuration says).
+    pub(crate) process_manager: bool,
     pub(crate) metrics: HandlerMetrics,
 }
 
@@ -105,6 +108,7 @@ impl Subscription {
             reads_base: d.handles.iter().any(|m| !keyed(m)),
             unkeyed: d.handles.iter().filter(|m| !keyed(m)).copied().collect(),
             dead_letter_poison: d.dead_letter_poison,
+            process_manager: false,
             metrics: HandlerMetrics::new(d.name),
         }
     }
@@ -134,6 +138,7 @@ impl Subscription {
                 reads_base: false,
                 unkeyed: Vec::new(),
                 dead_letter_poison: false,
+                process_manager: true,
                 metrics: HandlerMetrics::new(d.name),
             }];
         }
@@ -154,6 +159,7 @@ impl Subscription {
                     reads_base: here.clone().any(|h| !keyed(h)),
                     unkeyed: here.filter(|h| !keyed(h)).map(|h| h.message).collect(),
                     dead_letter_poison: false,
+                    process_manager: true,
                     metrics: HandlerMetrics::new(d.name),
                 }
             })

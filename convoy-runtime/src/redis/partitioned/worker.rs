@@ -649,7 +649,7 @@ impl Worker {
     /// rather than halting the key. Process managers always halt.
     fn dead_letters_poison(&self) -> bool {
         let sub = self.s.sub();
-        if sub.categories.len() != 1 || sub.scope == crate::names::CORRELATION_SCOPE {
+        if sub.process_manager {
             return false;
         }
         match self.s.plan.config.on_poison(sub.name) {
