@@ -306,7 +306,7 @@ mod tests {
         );
         assert_eq!(
             error(Kind::Event, quote!(part_of = Order, key = "client_id")),
-            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles` or `name`"
+            "unknown argument `key`; expected `part_of`, `sequential_by`, `handles`, `name` or `on_poison`"
         );
     }
 
@@ -380,7 +380,7 @@ mod tests {
     fn non_identifier_arguments_list_the_valid_ones() {
         assert_eq!(
             error(Kind::Event, quote!("order")),
-            "expected one of: `part_of`, `sequential_by`, `handles`, `name`"
+            "expected one of: `part_of`, `sequential_by`, `handles`, `name`, `on_poison`"
         );
     }
 }
