@@ -216,32 +216,39 @@ impl OutboxProcessor {
     /// refusal. A type this domain knows is judged by its Rust fields (a
     /// serde rename cannot hide the field); another by its payload's.
     async fn refused_unkeyed(&self, batch: &[Publication]) -> Result<Vec<(String, Error)>, Error> {
-        let mut shapes: Vec<(&str, Vec<String>)> = Vec::new();
+        // One shape per (category, type) of the batch's unkeyed records:
+        // compared by name, so a record costs no allocation; an unknown
+        // type's payload is parsed once.
+        let mut shapes: Vec<(&str, &str, &str)> = Vec::new();
         for p in batch.iter().filter(|p| p.partition.is_none()) {
-            let fields = match self.message_fields.get(p.envelope.type_name.as_str()) {
-                Some(f) => f.iter().map(|s| (*s).to_owned()).collect(),
-                None => payload_fields(&p.envelope.payload),
-            };
-            let shape = (p.envelope.category.as_str(), fields);
-            if !shapes.contains(&shape) {
-                shapes.push(shape);
+            let e = &p.envelope;
+            if !shapes
+                .iter()
+                .any(|(c, t, _)| *c == e.category && *t == e.type_name)
+            {
+                shapes.push((&e.category, &e.type_name, &e.payload));
             }
         }
         let mut refused: Vec<(String, Error)> = Vec::new();
-        for (category, fields) in &shapes {
+        for (category, type_name, payload) in shapes {
             if refused.iter().any(|(c, _)| c == category) {
                 continue;
             }
-            let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+            let parsed;
+            let fields: Vec<&str> = match self.message_fields.get(type_name) {
+                Some(f) => f.to_vec(),
+                None => {
+                    parsed = payload_fields(payload);
+                    parsed.iter().map(String::as_str).collect()
+                }
+            };
             match self
                 .broker
                 .check_category(category, KeyUse::Unkeyed(&fields))
                 .await
             {
                 Ok(()) => {}
-                Err(e @ Error::KeyFieldMismatch { .. }) => {
-                    refused.push(((*category).to_owned(), e))
-                }
+                Err(e @ Error::KeyFieldMismatch { .. }) => refused.push((category.to_owned(), e)),
                 Err(e) => return Err(e),
             }
         }
