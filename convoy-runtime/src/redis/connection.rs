@@ -2,17 +2,18 @@
 //! commands and scripts (reconnecting on one server, following the topology
 //! on a cluster), and dedicated connections for blocking reads.
 
-use std::time::Duration;
-
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
-use redis::Value;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::OnceCell;
 
 use crate::config::{cluster_nodes, redact_url};
@@ -173,8 +174,8 @@ pub(crate) enum Conn {
     Shared(ConnectionManager),
     /// A dedicated connection to one server (blocking reads).
     Node(MultiplexedConnection),
-    /// A connection to a cluster.
-    Cluster(ClusterConnection),
+    /// A connection to a cluster, rebuilt when it wedges.
+    Cluster(Recovering),
 }
 
 impl ConnectionLike for Conn {
@@ -208,6 +209,154 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// Failures in a row (timeouts, dropped or refused connections) after
+/// which a cluster connection is rebuilt, if a new one answers.
+const REBUILD_AFTER: u32 = 3;
+
+/// The least time between two attempts to rebuild a cluster connection.
+const REBUILD_EVERY: Duration = Duration::from_secs(1);
+
+/// A cluster connection that is rebuilt when it keeps failing while the
+/// cluster answers a new one. redis-rs's cluster connection can wedge for
+/// good after every connection of the process was killed at once (it logs
+/// `async cluster client recovery: beginning reconnect to initial nodes`
+/// and every command times out from then on, while the cluster is
+/// healthy): after [`REBUILD_AFTER`] failures in a row, a new connection is
+/// made from the seed nodes and, if it answers `PING`, replaces the old one
+/// for every clone of this handle. Clones share the connection.
+#[derive(Clone)]
+pub(crate) struct Recovering {
+    inner: Arc<RecoveringInner>,
+}
+
+struct RecoveringInner {
+    client: ClusterClient,
+    /// The URL with its password hidden (for logs).
+    url: String,
+    current: RwLock<ClusterConnection>,
+    /// Failures in a row.
+    failures: AtomicU32,
+    /// When the last rebuild was tried (one attempt at a time).
+    rebuilt: tokio::sync::Mutex<Option<Instant>>,
+    /// How long a new connection may take to answer.
+    timeout: Duration,
+}
+
+impl Recovering {
+    async fn connect(
+        client: ClusterClient,
+        url: String,
+        timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let conn = client.get_async_connection().await?;
+        Ok(Recovering {
+            inner: Arc::new(RecoveringInner {
+                client,
+                url,
+                current: RwLock::new(conn),
+                failures: AtomicU32::new(0),
+                rebuilt: tokio::sync::Mutex::new(None),
+                timeout,
+            }),
+        })
+    }
+
+    fn current(&self) -> ClusterConnection {
+        match self.inner.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Counts a call's outcome: a success ends a run of failures; a
+    /// failure of the connection itself extends it and, past
+    /// [`REBUILD_AFTER`], rebuilds the connection.
+    async fn observe(&self, failed: Option<&RedisError>) {
+        let Some(e) = failed else {
+            self.inner.failures.store(0, Ordering::Relaxed);
+            return;
+        };
+        let wedging = e.is_timeout()
+            || e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.kind() == ErrorKind::ClusterConnectionNotFound;
+        if !wedging {
+            return;
+        }
+        let n = self.inner.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= REBUILD_AFTER {
+            self.rebuild(n).await;
+        }
+    }
+
+    /// Makes a new connection from the seed nodes and, if it answers,
+    /// puts it in place of the current one. One attempt at a time, at
+    /// most one per [`REBUILD_EVERY`].
+    async fn rebuild(&self, failures: u32) {
+        let Ok(mut last) = self.inner.rebuilt.try_lock() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < REBUILD_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let inner = &self.inner;
+        let fresh = tokio::time::timeout(inner.timeout, async {
+            let mut c = inner.client.get_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut c).await?;
+            Ok::<_, RedisError>(c)
+        })
+        .await;
+        match fresh {
+            Ok(Ok(c)) => {
+                match inner.current.write() {
+                    Ok(mut g) => *g = c,
+                    Err(poisoned) => *poisoned.into_inner() = c,
+                }
+                inner.failures.store(0, Ordering::Relaxed);
+                crate::metrics::reconnected();
+                tracing::warn!(url = %inner.url, failures, "rebuilt the Redis Cluster connection: it failed {failures} times in a row while a new one answers");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(url = %inner.url, error = %e, "the Redis Cluster does not answer a new connection either; keeping the current one");
+            }
+            Err(_) => {
+                tracing::debug!(url = %inner.url, "the Redis Cluster does not answer a new connection in time; keeping the current one");
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Recovering {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut c = self.current();
+            let r = c.req_packed_command(cmd).await;
+            self.observe(r.as_ref().err()).await;
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut c = self.current();
+            let r = c.req_packed_commands(pipeline, offset, count).await;
+            self.observe(r.as_ref().err()).await;
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 impl Conn {
     /// Whether this is a cluster connection.
     pub(crate) fn is_cluster(&self) -> bool {
@@ -215,14 +364,88 @@ impl Conn {
     }
 }
 
+/// How long a command that Redis refused before running it (a cluster's
+/// `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a replica's `READONLY`, a
+/// server still `LOADING`) is sent again, within one operation, beyond the
+/// retries redis-rs makes itself: a slot migration or a failover costs a
+/// retry, not an error.
+pub(crate) const REFUSED_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether Redis refuses commands with an error of this kind without
+/// running them, so they can be sent again whatever they do.
+fn refused_before_running(kind: Option<ServerErrorKind>) -> bool {
+    matches!(
+        kind,
+        Some(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::BusyLoading
+        )
+    )
+}
+
+/// Whether `e` refused a command Redis did not run (see
+/// [`REFUSED_RETRY`]).
+pub(crate) fn refused(e: &RedisError) -> bool {
+    match e.kind() {
+        ErrorKind::Server(kind) => refused_before_running(Some(kind)),
+        _ => false,
+    }
+}
+
+/// Paces the sending again of a command Redis refused without running it
+/// (see [`REFUSED_RETRY`]): a short back-off, for that long in all.
+pub(crate) struct Refusals {
+    start: Instant,
+    wait: Duration,
+}
+
+impl Refusals {
+    /// From now on.
+    pub(crate) fn new() -> Self {
+        Refusals {
+            start: Instant::now(),
+            wait: Duration::from_millis(20),
+        }
+    }
+
+    /// Waits before the refused command is sent again; `false` (without
+    /// waiting) once [`REFUSED_RETRY`] is spent.
+    pub(crate) async fn again(&mut self, refusal: &(dyn std::fmt::Display + Sync)) -> bool {
+        if self.start.elapsed() + self.wait >= REFUSED_RETRY {
+            return false;
+        }
+        tracing::debug!(error = %refusal, "Redis refused a command before running it; sending it again");
+        tokio::time::sleep(self.wait).await;
+        self.wait = (self.wait * 2).min(Duration::from_millis(250));
+        true
+    }
+}
+
 /// Runs `cmds` (each with the key it routes by) and returns their replies in
 /// order: one pipeline on a single server; on a cluster, one pipeline per
 /// hash slot, sent at once (a cluster refuses a pipeline spanning slots).
-/// Not atomic either way; an error reply fails the whole call.
+/// Not atomic either way; an error reply fails the whole call. The
+/// commands must be safe to run twice: a slot's pipeline that a migration
+/// or failover redirects is sent again command by command.
 pub(crate) async fn query_by_slot(
     conn: &mut Conn,
     cmds: Vec<(String, redis::Cmd)>,
 ) -> redis::RedisResult<Vec<Value>> {
+    by_slot(conn, cmds, false).await.into_iter().collect()
+}
+
+/// [`query_by_slot`], with each command's own outcome: a slot whose
+/// pipeline failed fails its commands only, so a caller can go on with
+/// the shards that answered (a heartbeat during one master's failover).
+pub(crate) async fn query_each_slot(
+    conn: &mut Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+) -> Vec<redis::RedisResult<Value>> {
     by_slot(conn, cmds, false).await
 }
 
@@ -234,44 +457,110 @@ pub(crate) async fn read_by_slot(
     conn: &mut Conn,
     cmds: Vec<(String, redis::Cmd)>,
 ) -> redis::RedisResult<Vec<Value>> {
-    by_slot(conn, cmds, true).await
+    by_slot(conn, cmds, true).await.into_iter().collect()
 }
 
 async fn by_slot(
     conn: &mut Conn,
     cmds: Vec<(String, redis::Cmd)>,
     keep_errors: bool,
-) -> redis::RedisResult<Vec<Value>> {
+) -> Vec<redis::RedisResult<Value>> {
     let n = cmds.len();
     let cluster = conn.is_cluster();
-    let mut slots: HashMap<Option<Slot>, (redis::Pipeline, Vec<usize>)> = HashMap::new();
+    let mut slots: HashMap<Option<Slot>, (Vec<redis::Cmd>, Vec<usize>)> = HashMap::new();
     for (i, (key, c)) in cmds.into_iter().enumerate() {
         let slot = cluster.then(|| Slot::for_key(key.as_bytes()));
-        let (pipe, at) = slots.entry(slot).or_insert_with(|| {
-            let mut p = redis::pipe();
-            if keep_errors {
-                p.ignore_errors();
-            }
-            (p, Vec::new())
-        });
-        pipe.add_command(c);
+        let (slot_cmds, at) = slots.entry(slot).or_default();
+        slot_cmds.push(c);
         at.push(i);
     }
-    let runs = slots.into_values().map(|(pipe, at)| {
+    let runs = slots.into_values().map(|(slot_cmds, at)| {
         let mut c = conn.clone();
         async move {
-            let replies: Vec<Value> = pipe.query_async(&mut c).await?;
-            Ok::<_, redis::RedisError>((at, replies))
+            let replies = one_slot(&mut c, slot_cmds, keep_errors, cluster).await;
+            (at, replies)
         }
     });
-    let mut out = vec![Value::Nil; n];
-    for r in futures::future::join_all(runs).await {
-        let (at, replies) = r?;
-        for (i, v) in at.into_iter().zip(replies) {
-            out[i] = v;
+    let mut out: Vec<redis::RedisResult<Value>> = vec![Ok(Value::Nil); n];
+    for (at, replies) in futures::future::join_all(runs).await {
+        match replies {
+            Ok(replies) => {
+                for (i, v) in at.into_iter().zip(replies) {
+                    out[i] = Ok(v);
+                }
+            }
+            Err(e) => {
+                for i in at {
+                    out[i] = Err(e.clone());
+                }
+            }
         }
     }
-    Ok(out)
+    out
+}
+
+/// One slot's commands: one pipeline, sent again while Redis refuses it
+/// without running it. On a cluster, a pipeline still refused by a
+/// redirection (a slot migrating key by key answers `ASK` for the keys
+/// already moved and runs the others, which one pipeline cannot follow) is
+/// sent again command by command, each following its own redirection.
+async fn one_slot(
+    conn: &mut Conn,
+    cmds: Vec<redis::Cmd>,
+    keep_errors: bool,
+    cluster: bool,
+) -> redis::RedisResult<Vec<Value>> {
+    let mut pipe = redis::pipe();
+    if keep_errors {
+        pipe.ignore_errors();
+    }
+    for c in &cmds {
+        pipe.add_command(c.clone());
+    }
+    let mut refusals = Refusals::new();
+    let e = loop {
+        match pipe.query_async::<Vec<Value>>(conn).await {
+            Ok(replies) => return Ok(replies),
+            Err(e) if refused(&e) && !cluster => {
+                if !refusals.again(&e).await {
+                    return Err(e);
+                }
+            }
+            Err(e) if refused(&e) => break e,
+            Err(e) => return Err(e),
+        }
+    };
+    tracing::debug!(error = %e, "a pipeline was redirected; sending its commands one by one");
+    let runs = cmds.iter().map(|cmd| {
+        let mut c = conn.clone();
+        async move { one_command(&mut c, cmd, keep_errors).await }
+    });
+    futures::future::join_all(runs).await.into_iter().collect()
+}
+
+/// One command, sent again while Redis refuses it without running it; with
+/// `keep_errors`, any other error reply is returned as the value.
+async fn one_command(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+    keep_errors: bool,
+) -> redis::RedisResult<Value> {
+    let mut refusals = Refusals::new();
+    loop {
+        let v = conn.req_packed_command(cmd).await?;
+        let refusal = match &v {
+            Value::ServerError(e) if refused_before_running(e.kind()) => e.to_string(),
+            Value::ServerError(_) if !keep_errors => return v.extract_error(),
+            _ => return Ok(v),
+        };
+        if !refusals.again(&refusal).await {
+            return if keep_errors {
+                Ok(v)
+            } else {
+                v.extract_error()
+            };
+        }
+    }
 }
 
 /// A Redis server's or cluster's client, and its connections (made on first
@@ -361,8 +650,8 @@ impl Connection {
             });
         };
         let client = client.map_err(|e| self.connect_error(e))?;
-        client
-            .get_async_connection()
+        let timeout = self.response_timeout.max(Duration::from_secs(1));
+        Recovering::connect(client, self.url(), timeout)
             .await
             .map(Conn::Cluster)
             .map_err(|e| self.connect_error(e))

@@ -17,7 +17,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{Conn, Connection, query_by_slot};
+use super::connection::{Conn, Connection, query_by_slot, query_each_slot};
 use super::layout;
 use super::reply::{int, text};
 use super::scripts::acquire::{self, Acquire, Acquired};
@@ -54,15 +54,17 @@ pub(crate) struct Shared {
     pub(crate) shards: u32,
     /// This instance's liveness key for the group, per shard (by index).
     pub(crate) alive: Arc<[String]>,
-    /// The value the liveness key holds: new every time this instance
-    /// registers (at start and after its liveness lapsed), so leases taken
-    /// in an earlier incarnation are dead for everyone even though the
-    /// liveness key exists again.
-    incarnation: Mutex<Arc<str>>,
-    /// The local lease deadline (monotonic ms) shared by every unit: the
-    /// time the last successful liveness renewal was sent, plus the TTL,
-    /// minus a margin. No worker starts an event past it.
-    pub(crate) deadline: AtomicU64,
+    /// The value the liveness key of each shard holds: new every time this
+    /// instance registers (at start) or its liveness lapsed in the shard,
+    /// so leases taken in an earlier incarnation are dead for everyone even
+    /// though the liveness key exists again.
+    incarnations: Mutex<Vec<Arc<str>>>,
+    /// The local lease deadline (monotonic ms) of the units of each shard:
+    /// the time the last successful liveness renewal in the shard was sent,
+    /// plus the TTL, minus a margin. No worker starts an event past it. Per
+    /// shard, so a failover of one master (every shard it serves failing
+    /// its heartbeat) stops only the units of those shards.
+    deadlines: Box<[AtomicU64]>,
     /// Where workers queue their fenced acknowledgements.
     pub(crate) acks: mpsc::UnboundedSender<acks::AckRequest>,
     /// The handler's transient failures on this instance: an outage
@@ -71,18 +73,47 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The current incarnation (see the field).
-    pub(crate) fn incarnation(&self) -> Arc<str> {
-        match self.incarnation.lock() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+    /// The current incarnation in `shard` (see the field).
+    pub(crate) fn incarnation(&self, shard: u32) -> Arc<str> {
+        let g = match self.incarnations.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        g.get(shard as usize)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(""))
+    }
+
+    /// Starts a new incarnation in `shards`.
+    fn new_incarnation(&self, shards: impl IntoIterator<Item = u32>) {
+        let inc: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
+        let mut g = match self.incarnations.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for shard in shards {
+            if let Some(slot) = g.get_mut(shard as usize) {
+                *slot = inc.clone();
+            }
         }
     }
 
-    fn set_incarnation(&self, inc: Arc<str>) {
-        match self.incarnation.lock() {
-            Ok(mut g) => *g = inc,
-            Err(poisoned) => *poisoned.into_inner() = inc,
+    /// The local lease deadline of `shard`'s units (monotonic ms; 0 when
+    /// none).
+    pub(crate) fn deadline(&self, shard: u32) -> u64 {
+        self.deadlines
+            .get(shard as usize)
+            .map_or(0, |d| d.load(Ordering::SeqCst))
+    }
+
+    /// Moves `shard`'s deadline to that of a renewal sent at `sent` (0:
+    /// passed).
+    fn set_deadline(&self, shard: u32, sent: Option<u64>) {
+        if let Some(d) = self.deadlines.get(shard as usize) {
+            d.store(
+                sent.map_or(0, |at| self.deadline_from(at)),
+                Ordering::SeqCst,
+            );
         }
     }
 
@@ -204,6 +235,9 @@ pub(crate) struct Coordinator {
     instances: Vec<String>,
     live: usize,
     partitions: usize,
+    /// What the last heartbeat read of each (category, shard), by the
+    /// category's place in the subscription.
+    counts: HashMap<(usize, u32), Counts>,
     warned: bool,
 }
 
@@ -243,8 +277,8 @@ impl Coordinator {
                 exits: tx,
                 shards,
                 alive,
-                incarnation: Mutex::new(Arc::from("")),
-                deadline: AtomicU64::new(0),
+                incarnations: Mutex::new(vec![Arc::from(""); shards as usize]),
+                deadlines: (0..shards).map(|_| AtomicU64::new(0)).collect(),
                 acks: acks_tx,
                 outage,
             }),
@@ -263,6 +297,7 @@ impl Coordinator {
             instances: Vec::new(),
             live: 1,
             partitions: 0,
+            counts: HashMap::new(),
             warned: false,
         }
     }
@@ -381,6 +416,20 @@ impl Coordinator {
             }
             layout::check_shards(&mut conn, c, configured).await?;
         }
+        query_by_slot(&mut conn, self.group_records())
+            .await
+            .map_err(|e| Error::redis("failed to register the consumer group", e))?;
+        s.new_incarnation(0..s.shards);
+        // The shards of the last incarnation get the new one at once, so
+        // the leases taken before are dead for everyone now.
+        let previous = std::mem::take(&mut self.registered);
+        self.declare_alive(&mut conn, &previous).await
+    }
+
+    /// The commands that record the group for its categories in every
+    /// shard (idempotent).
+    fn group_records(&self) -> Vec<(String, redis::Cmd)> {
+        let s = &self.shared;
         let mut cmds = Vec::new();
         for c in s.categories() {
             for shard in 0..s.shards {
@@ -400,22 +449,12 @@ impl Coordinator {
             cmd.arg(&key).arg(CORRELATION_SCOPE);
             cmds.push((key, cmd));
         }
-        query_by_slot(&mut conn, cmds)
-            .await
-            .map_err(|e| Error::redis("failed to register the consumer group", e))?;
-        let sent = mono_ms();
-        s.set_incarnation(Arc::from(uuid::Uuid::new_v4().simple().to_string()));
-        // The shards of the last incarnation get the new one at once, so
-        // the leases taken before are dead for everyone now.
-        let previous = std::mem::take(&mut self.registered);
-        self.declare_alive(&mut conn, &previous).await?;
-        s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
-        Ok(())
+        cmds
     }
 
-    /// Declares this instance alive, in its current incarnation, in the
-    /// `shards` it has not declared itself alive in yet (before it takes
-    /// units there).
+    /// Declares this instance alive, in each shard's current incarnation,
+    /// in the `shards` it has not declared itself alive in yet (before it
+    /// takes units there); the shards that answered get their deadline.
     async fn declare_alive(
         &mut self,
         conn: &mut Conn,
@@ -426,22 +465,34 @@ impl Coordinator {
         if new.is_empty() {
             return Ok(());
         }
-        let inc = s.incarnation();
         let ttl = s.ttl().as_millis() as u64;
         let cmds = new
             .iter()
             .map(|shard| {
                 let key = s.alive(*shard).to_owned();
                 let mut cmd = redis::cmd("SET");
-                cmd.arg(&key).arg(&*inc).arg("PX").arg(ttl);
+                cmd.arg(&key)
+                    .arg(&*s.incarnation(*shard))
+                    .arg("PX")
+                    .arg(ttl);
                 (key, cmd)
             })
             .collect();
-        query_by_slot(conn, cmds)
-            .await
-            .map_err(|e| Error::redis("failed to declare this instance alive", e))?;
-        self.registered.extend(new);
-        Ok(())
+        let sent = mono_ms();
+        let mut failed = None;
+        for (shard, r) in new.iter().zip(query_each_slot(conn, cmds).await) {
+            match r {
+                Ok(_) => {
+                    s.set_deadline(*shard, Some(sent));
+                    self.registered.insert(*shard);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            None => Ok(()),
+            Some(e) => Err(Error::redis("failed to declare this instance alive", e)),
+        }
     }
 
     /// Runs full discovery for at least `how_long`.
@@ -510,16 +561,13 @@ impl Coordinator {
             self.prune();
         }
         let s = self.shared.clone();
-        let renewed = match self.heartbeat().await {
-            Ok(r) => r,
+        match self.heartbeat().await {
+            Ok(lapsed) if lapsed.is_empty() => {}
+            Ok(lapsed) => self.lapsed(lapsed).await,
             Err(e) => {
                 tracing::warn!(handler = s.group(), error = %chain(&e), "heartbeat failed; workers stop at the local lease deadline unless a later one succeeds");
                 return false;
             }
-        };
-        if !renewed {
-            self.lapsed().await;
-            return false;
         }
         self.release_orphans().await;
         let ttl = s.ttl();
@@ -604,22 +652,24 @@ impl Coordinator {
     /// alive in (which keeps every lease it holds), registers it as live,
     /// counts live instances and the partitions (one `SCARD` per shard),
     /// and reads the lag counters: a fixed number of commands whatever the
-    /// number of partitions. Returns whether every liveness key was still
-    /// there to renew.
-    async fn heartbeat(&mut self) -> Result<bool, Error> {
+    /// number of partitions. Each shard stands on its own: a shard that
+    /// does not answer (its master failing over) renews nothing there and
+    /// holds up no other. Returns the shards where this instance's
+    /// liveness lapsed (its key was gone or held by another process).
+    async fn heartbeat(&mut self) -> Result<BTreeSet<u32>, Error> {
         let s = self.shared.clone();
         let mut conn = s.redis.shared().await?;
         let now = now_ms();
         let sent = mono_ms();
         let ttl = s.ttl().as_millis() as u64;
         let set = names::instances(s.group());
-        let inc = s.incarnation();
         let mut cmds: Vec<(String, redis::Cmd)> = Vec::new();
-        for shard in &self.registered {
+        let registered: Vec<u32> = self.registered.iter().copied().collect();
+        for shard in &registered {
             let key = s.alive(*shard).to_owned();
             let mut c = redis::cmd("SET");
             c.arg(&key)
-                .arg(&*inc)
+                .arg(&*s.incarnation(*shard))
                 .arg("XX")
                 .arg("PX")
                 .arg(ttl)
@@ -649,42 +699,65 @@ impl Coordinator {
                 }
             }
         }
-        let replies = query_by_slot(&mut conn, cmds)
-            .await
-            .map_err(|e| Error::redis("heartbeat failed", e))?;
+        let replies = query_each_slot(&mut conn, cmds).await;
         // Each liveness key held this incarnation: renewed. Missing:
         // lapsed. Another value: another process renews it under the same
-        // instance id (and this call just overwrote it).
-        let n = self.registered.len();
-        let mut renewed = true;
-        for held in replies.iter().take(n).map(text) {
+        // instance id (and this call just overwrote it). No answer: not
+        // renewed; its units stop at the shard's deadline.
+        let n = registered.len();
+        let mut lapsed = BTreeSet::new();
+        let mut failed: Vec<(u32, String)> = Vec::new();
+        for (shard, reply) in registered.iter().zip(&replies) {
+            let held = match reply {
+                Ok(v) => text(v),
+                Err(e) => {
+                    failed.push((*shard, e.to_string()));
+                    continue;
+                }
+            };
             match held.as_deref() {
-                Some(h) if h == &*inc => {}
+                Some(h) if h == &*s.incarnation(*shard) => s.set_deadline(*shard, Some(sent)),
                 Some(other) => {
-                    renewed = false;
-                    tracing::error!(handler = s.group(), owner = %s.owner, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
+                    lapsed.insert(*shard);
+                    tracing::error!(handler = s.group(), owner = %s.owner, shard, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
                 }
                 None => {
-                    renewed = false;
-                    if mono_ms() < s.deadline.load(Ordering::SeqCst) {
+                    lapsed.insert(*shard);
+                    if mono_ms() < s.deadline(*shard) {
                         // The key should still be there: its TTL had not
                         // run out.
                         crate::metrics::state_lost(s.group());
-                        tracing::error!(handler = s.group(), owner = %s.owner, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
+                        tracing::error!(handler = s.group(), owner = %s.owner, shard, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
                     }
                 }
             }
         }
-        let mut instances: Vec<String> = match replies.get(n + 2) {
-            Some(Value::Array(items)) => items.iter().filter_map(text).collect(),
-            _ => Vec::new(),
-        };
-        instances.sort();
-        if instances != self.instances {
-            // Another instance came (units may move to it) or went (its
-            // units are free once its liveness lapsed, about now).
-            self.rescan_for(s.ttl());
-            self.instances = instances;
+        if !failed.is_empty() {
+            let shards: Vec<u32> = failed.iter().map(|(shard, _)| *shard).collect();
+            let error = &failed[0].1;
+            tracing::warn!(
+                handler = s.group(),
+                ?shards,
+                error,
+                "heartbeat failed in these shards; their units stop at the local lease deadline unless a later heartbeat succeeds (the other shards' units go on)"
+            );
+        }
+        match replies.get(n + 2) {
+            Some(Ok(Value::Array(items))) => {
+                let mut instances: Vec<String> = items.iter().filter_map(text).collect();
+                instances.sort();
+                if instances != self.instances {
+                    // Another instance came (units may move to it) or went
+                    // (its units are free once its liveness lapsed, about
+                    // now).
+                    self.rescan_for(s.ttl());
+                    self.instances = instances;
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(handler = s.group(), error = %e, "cannot read the live instances; keeping the last count");
+            }
+            _ => {}
         }
         self.live = self.instances.len().max(1);
         // A unit is a key (a correlation value, for a process manager
@@ -692,27 +765,41 @@ impl Coordinator {
         // for a process manager, the counts of its categories are added up
         // (a value in several is counted more than once): counting too many
         // only keeps instances looking for units, too few could leave one
-        // unowned.
+        // unowned. A shard that did not answer counts as last seen.
         let threshold = s.warning_threshold();
         let mut partitions = 0usize;
         let mut at = n + 3;
-        for cat in categories {
+        for (c, cat) in categories.iter().enumerate() {
             let (mut count, mut published, mut acked) = (0u64, 0i64, 0i64);
-            for _ in 0..s.shards {
-                count += replies.get(at).and_then(int).unwrap_or(0).max(0) as u64;
-                published += replies.get(at + 1).and_then(int).unwrap_or(0);
-                acked += replies.get(at + 2).and_then(int).unwrap_or(0);
+            for shard in 0..s.shards {
+                let read = |i: usize| match replies.get(i) {
+                    Some(Ok(v)) => Some(int(v).unwrap_or(0)),
+                    _ => None,
+                };
+                let seen = match (read(at), read(at + 1), read(at + 2)) {
+                    (Some(n), Some(p), Some(a)) => Some(Counts {
+                        partitions: n.max(0) as u64,
+                        published: p,
+                        acked: a,
+                    }),
+                    _ => None,
+                };
                 at += 3;
+                let last = self.counts.entry((c, shard)).or_default();
+                if let Some(seen) = seen {
+                    last.check_lost(&seen, s.group(), cat, shard);
+                    *last = seen;
+                }
+                count += last.partitions;
+                published += last.published;
+                acked += last.acked;
             }
             crate::metrics::partitions(cat, count as usize, count > threshold);
             crate::metrics::lag(s.group(), cat, published - acked);
             partitions += count as usize;
         }
         self.partitions = partitions;
-        if renewed {
-            s.deadline.store(s.deadline_from(sent), Ordering::SeqCst);
-        }
-        Ok(renewed)
+        Ok(lapsed)
     }
 
     /// Up to `want` partition keys from the indexes that this instance
@@ -775,27 +862,55 @@ impl Coordinator {
         Ok((found, wrapped))
     }
 
-    /// The liveness key expired before it was renewed (this instance was
-    /// stalled or cut off past the TTL): other instances may own its units
-    /// now. Stop every worker before its next event, wait for them, declare
-    /// this instance alive again and start over.
-    async fn lapsed(&mut self) {
+    /// This instance's liveness key in `shards` expired before it was
+    /// renewed (this instance was stalled or cut off past the TTL, or the
+    /// shard's master failed over to a replica without it): other
+    /// instances may own its units there now. Stop every worker of those
+    /// shards before its next event, wait for them, and start a new
+    /// incarnation there; the units of other shards go on.
+    async fn lapsed(&mut self, shards: BTreeSet<u32>) {
         let s = self.shared.clone();
-        tracing::warn!(handler = s.group(), owner = %s.owner, "liveness lapsed: this instance was stalled or cut off past lease_ttl_ms; giving up every unit and starting over");
-        s.deadline.store(0, Ordering::SeqCst);
-        for u in self.units.values() {
-            u.stop.cancel();
-            u.wake.notify_one();
+        tracing::warn!(handler = s.group(), owner = %s.owner, ?shards, "liveness lapsed: this instance was stalled or cut off past lease_ttl_ms (in these shards); giving up their units and starting over there");
+        for shard in &shards {
+            s.set_deadline(*shard, None);
         }
-        crate::metrics::lost(s.group(), self.units.len());
-        self.moving = 0;
-        for (_, u) in self.units.drain() {
-            let _ = u.task.await;
+        let gone: Vec<String> = self
+            .units
+            .keys()
+            .filter(|k| shards.contains(&s.unit(k).shard))
+            .cloned()
+            .collect();
+        let mut tasks = Vec::with_capacity(gone.len());
+        for key in &gone {
+            if let Some(u) = self.units.remove(key) {
+                u.stop.cancel();
+                u.wake.notify_one();
+                if u.moving {
+                    self.moving -= 1;
+                }
+                tasks.push(u.task);
+            }
         }
-        crate::metrics::owned(s.group(), 0);
+        crate::metrics::lost(s.group(), gone.len());
+        for t in tasks {
+            let _ = t.await;
+        }
+        crate::metrics::owned(s.group(), self.owned());
         self.rescan_for(s.ttl());
-        if let Err(e) = self.register().await {
-            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot declare this instance alive; retrying at the next heartbeat");
+        s.new_incarnation(shards.iter().copied());
+        self.registered.retain(|shard| !shards.contains(shard));
+        let declared = match s.redis.shared().await {
+            Ok(mut conn) => {
+                // The group's records too, in case Redis lost them.
+                if let Err(e) = query_by_slot(&mut conn, self.group_records()).await {
+                    tracing::warn!(handler = s.group(), error = %e, "cannot record the consumer group again; retrying when taking units");
+                }
+                self.declare_alive(&mut conn, &shards).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = declared {
+            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot declare this instance alive; retrying when taking units");
         }
     }
 
@@ -870,7 +985,6 @@ impl Coordinator {
                 return;
             }
         };
-        let incarnation = s.incarnation();
         let mut left = max;
         let mut at = 0;
         for (shard, units) in by_shard {
@@ -879,6 +993,7 @@ impl Coordinator {
             if left == 0 {
                 break;
             }
+            let incarnation = s.incarnation(shard);
             let taken = Acquire {
                 group: s.group(),
                 owner: &s.owner,
@@ -938,6 +1053,61 @@ impl Coordinator {
                     self.moving -= 1;
                 }
             }
+        }
+    }
+}
+
+/// What one heartbeat read of a category's shard.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    /// Live partitions in the shard's index.
+    partitions: u64,
+    /// Partitioned events ever published to the shard.
+    published: i64,
+    /// Of those, the ones this handler finished.
+    acked: i64,
+}
+
+impl Counts {
+    /// The published and finished counts only grow: seeing one go back
+    /// means the shard's master lost writes it had acknowledged (a failover
+    /// to a replica, or a restart, without them). Reported as an ERROR
+    /// naming the shard and the range, and counted in
+    /// `convoy_replication_lost_total`. A first reading (all zero before)
+    /// compares with nothing.
+    fn check_lost(&self, now: &Counts, group: &'static str, category: &str, shard: u32) {
+        if *self == Counts::default() {
+            return;
+        }
+        if now.published < self.published {
+            let lost = (self.published - now.published) as u64;
+            crate::metrics::replication_lost(category, shard, "published", lost);
+            tracing::error!(
+                handler = group,
+                category,
+                shard,
+                lost,
+                from = now.published + 1,
+                to = self.published,
+                "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the events numbered {}..={} in that shard are gone (its master failed over to a replica, or restarted, without them) and will never be handled; set [broker] wait_replicas = 1 to wait for a replica on every publish",
+                self.published,
+                now.published,
+                now.published + 1,
+                self.published
+            );
+        }
+        if now.acked < self.acked {
+            let lost = (self.acked - now.acked) as u64;
+            crate::metrics::replication_lost(category, shard, "acked", lost);
+            tracing::error!(
+                handler = group,
+                category,
+                shard,
+                lost,
+                "Redis lost acknowledgements: shard {shard} of {category} counted {} events finished by {group} and now counts {}, so up to {lost} events may run again, after later events of their key (its master failed over to a replica, or restarted, without them); make external effects exactly-once with AppliedEvents, or set [server] wait_replicas_acked",
+                self.acked,
+                now.acked
+            );
         }
     }
 }

@@ -124,7 +124,7 @@ pub(super) fn spawn(
     stop: CancellationToken,
 ) -> UnitHandle {
     let token: Arc<str> = Arc::from(fence.to_string());
-    let inc = s.incarnation();
+    let inc = s.incarnation(unit.shard);
     let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
     let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
     let mut w = Worker {
@@ -210,7 +210,7 @@ impl Worker {
     }
 
     fn past_deadline(&self) -> bool {
-        mono_ms() >= self.s.deadline.load(Ordering::SeqCst)
+        mono_ms() >= self.s.deadline(self.unit.shard)
     }
 
     /// Runs the unit to its end; returns whether the lease may still be

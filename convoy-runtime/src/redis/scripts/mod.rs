@@ -41,6 +41,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation, Value};
 
+use super::connection::{Refusals, refused};
 use super::reply::{int, text};
 use super::unit::Unit;
 use crate::error::Error;
@@ -262,10 +263,20 @@ async fn call(
     conn: &mut (impl ConnectionLike + Send),
     doing: &str,
 ) -> Result<Reply, Error> {
-    let raw: Value = inv
-        .invoke_async(conn)
-        .await
-        .map_err(|e| Error::redis(doing, e))?;
+    // A script Redis refused before running it (a cluster's redirection
+    // during a failover or slot migration, a replica's READONLY) is sent
+    // again for a while; any other outcome is the call's.
+    let mut refusals = Refusals::new();
+    let raw: Value = loop {
+        match inv.invoke_async(conn).await {
+            Err(e) if refused(&e) => {
+                if !refusals.again(&e).await {
+                    return Err(Error::redis(doing, e));
+                }
+            }
+            r => break r.map_err(|e| Error::redis(doing, e))?,
+        }
+    };
     Reply::parse(script, raw)
 }
 

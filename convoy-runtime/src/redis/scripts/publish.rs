@@ -10,6 +10,7 @@ use super::{Refusal, Reply, SCRIPTS, Status, call};
 use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
+use crate::redis::connection::{Refusals, refused};
 
 /// How long a single publisher's published set and epoch are kept after
 /// its last publish (7 days). An elected publisher's (epoch above 0) are
@@ -56,7 +57,18 @@ impl Publish<'_> {
         let reply = match wait {
             None => call("publish", &inv, conn, "failed to publish outbox records").await?,
             Some(w) => {
-                let (raw, acked) = match publish_and_wait(&inv, conn, w).await {
+                let mut refusals = Refusals::new();
+                let sent = loop {
+                    match publish_and_wait(&inv, conn, w).await {
+                        Err(e) if refused(&e) => {
+                            if !refusals.again(&e).await {
+                                break Err(e);
+                            }
+                        }
+                        other => break other,
+                    }
+                };
+                let (raw, acked) = match sent {
                     Err(e)
                         if e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
