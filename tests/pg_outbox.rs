@@ -456,16 +456,25 @@ async fn exactly_once_is_keyed_by_the_event_not_its_stream_entry() {
         claim("6000-1", Some("pg/x#12"), 2).await.expect("claim"),
         Applied::New
     );
+    // A failover lost #12's stream entry... and the acknowledgement of
+    // #10's second entry: the new owner, under a newer generation, runs
+    // an older event again after later ones were applied. The generation
+    // alone would accept it; the event's origin refuses it.
+    assert_eq!(
+        claim("4000-0", Some("pg/x#11"), 3).await.expect("claim"),
+        Applied::AlreadyApplied,
+        "a deep re-run under a newer generation, after later events"
+    );
     // Another outbox's events are counted apart.
     assert_eq!(
-        claim("6000-2", Some("pg/y#1"), 2).await.expect("claim"),
+        claim("6000-2", Some("pg/y#1"), 3).await.expect("claim"),
         Applied::New
     );
     // An entry without an origin (a replayed dead letter) goes by its
     // entry id.
-    assert_eq!(claim("7000-0", None, 2).await.expect("claim"), Applied::New);
+    assert_eq!(claim("7000-0", None, 3).await.expect("claim"), Applied::New);
     assert_eq!(
-        claim("7000-0", None, 2).await.expect("claim"),
+        claim("7000-0", None, 3).await.expect("claim"),
         Applied::AlreadyApplied
     );
     // A stale owner is refused, with or without an origin.
@@ -473,7 +482,7 @@ async fn exactly_once_is_keyed_by_the_event_not_its_stream_entry() {
         match claim("8000-0", origin, 1).await {
             Err(convoy_runtime::Error::FencedWrite {
                 generation: 1,
-                newer: 2,
+                newer: 3,
                 ..
             }) => {}
             other => panic!("a stale owner's claim is refused: {other:?}"),
