@@ -185,13 +185,30 @@ const RAISED_CHECK_PAUSE: std::time::Duration = std::time::Duration::from_secs(5
 const RAISED_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A failed publish: how many publications of the batch went out, in order,
-/// before `error`.
+/// before `error`, and which later ones went out too.
 #[derive(Debug)]
 pub struct PublishError {
-    /// Publications that were written.
+    /// Publications that were written: the batch's first `published`.
     pub published: usize,
+    /// The seqs of later publications that were written too: a broker that
+    /// writes parts of a batch independently (the Redis broker, shard by
+    /// shard) names the parts that went out, so only the failed part is
+    /// sent again and one shard's failover holds up no other. A key's
+    /// publications are always in one part, so their order is kept.
+    pub also_written: Vec<u64>,
     /// What stopped the rest.
     pub error: Error,
+}
+
+impl PublishError {
+    /// Nothing of the batch was written.
+    pub fn nothing(error: Error) -> Self {
+        PublishError {
+            published: 0,
+            also_written: Vec::new(),
+            error,
+        }
+    }
 }
 
 /// A message broker.

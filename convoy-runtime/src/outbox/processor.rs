@@ -271,14 +271,21 @@ impl OutboxProcessor {
                 Ok(settled + seqs.len())
             }
             Err(e) => {
-                let seqs: Vec<u64> = batch[..e.published.min(batch.len())]
+                // The batch's first `published`, and whatever else the
+                // broker wrote (other shards than the one that failed):
+                // settled, so only the failed part is sent again.
+                let mut seqs: Vec<u64> = batch[..e.published.min(batch.len())]
                     .iter()
                     .map(|p| p.seq)
                     .collect();
+                seqs.extend(e.also_written.iter().copied());
+                seqs.sort_unstable();
+                seqs.dedup();
                 self.store.mark_published(&seqs).await?;
                 metrics::outbox_published(seqs.len());
                 metrics::outbox_publish_failed();
-                if let Some(p) = batch.get(e.published)
+                let first_unwritten = batch.iter().find(|p| seqs.binary_search(&p.seq).is_err());
+                if let Some(p) = first_unwritten
                     && !matches!(e.error, Error::PublisherReplaced { .. })
                 {
                     self.store.record_failure(p.seq).await?;

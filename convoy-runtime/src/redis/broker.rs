@@ -289,14 +289,12 @@ impl Broker for RedisBroker {
             if batch.is_empty() {
                 return Ok(());
             }
-            // Each shard's script writes its records or none; a failure
-            // in any shard counts the batch as not published, and the
-            // resent batch's records that did go out are dropped by the
-            // shards' dedup sets.
-            let fail = |error: Error| PublishError {
-                published: 0,
-                error,
-            };
+            // Each shard's script writes its records or none. A shard that
+            // fails (its master failing over) holds up no other: the shards
+            // that wrote (and whose wake-ups went out) are reported so only
+            // the failed shard's records are sent again, and those that did
+            // go out before are dropped by its dedup set.
+            let fail = PublishError::nothing;
             let mut conn = self.redis.shared().await.map_err(fail)?;
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
             let by_shard = split_by_shard(batch, &self.shards).map_err(fail)?;
@@ -315,22 +313,37 @@ impl Broker for RedisBroker {
                     .await
                 }
             });
-            for r in futures::future::join_all(runs).await {
-                r.map_err(fail)?;
+            let mut failed = None;
+            let mut written: Vec<&Publication> = Vec::with_capacity(batch.len());
+            for ((_, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await) {
+                match r {
+                    Ok(_) => written.extend(records.iter().copied()),
+                    Err(e) => {
+                        if failed.is_none() {
+                            failed = Some(e);
+                        }
+                    }
+                }
             }
             let mut woken = HashSet::new();
-            let keys = batch.iter().filter_map(|p| {
+            let keys = written.iter().filter_map(|p| {
                 let key = p.partition.as_deref()?;
-                woken
-                    .insert((p.envelope.category.as_str(), key))
-                    .then_some((p.envelope.category.as_str(), key))
+                let at = (p.envelope.category.as_str(), key);
+                woken.insert(at).then_some(at)
             });
             // An idle owner waits for its wake-up: without it, a new event
             // would wait for the owner's next reap check. So a failed
             // wake-up fails the batch, which is sent again (its records
             // dropped as re-sent) with its wake-ups.
             wake::hint(&mut conn, keys, false).await.map_err(fail)?;
-            Ok(())
+            match failed {
+                None => Ok(()),
+                Some(error) => Err(PublishError {
+                    published: 0,
+                    also_written: written.iter().map(|p| p.seq).collect(),
+                    error,
+                }),
+            }
         })
     }
 
