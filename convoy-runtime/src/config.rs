@@ -299,6 +299,15 @@ pub struct BrokerConfig {
     /// How long a publish waits for `wait_replicas` (ms, default 1000);
     /// fewer replicas in time fails the publish, which is retried.
     pub wait_timeout_ms: u64,
+    /// Whether fenced acknowledgements wait for `wait_replicas` too
+    /// (default `false`). A failover to a replica that missed an
+    /// acknowledgement re-runs that event, possibly after later events of
+    /// its key that were lost with the master; with `wait_acks = true`
+    /// and `wait_replicas = 1`, an event acknowledged on the master is
+    /// acknowledged on a replica as well, so a failover re-runs at most
+    /// `max_unacked` events again, in order. Costs one `WAIT` (a
+    /// replication round trip) per acknowledgement call and shard.
+    pub wait_acks: bool,
 }
 
 impl Default for BrokerConfig {
@@ -310,6 +319,7 @@ impl Default for BrokerConfig {
             category_shards: BTreeMap::new(),
             wait_replicas: 0,
             wait_timeout_ms: 1000,
+            wait_acks: false,
         }
     }
 }
@@ -341,6 +351,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("shards", &self.shards)
             .field("category_shards", &self.category_shards)
             .field("wait_replicas", &self.wait_replicas)
+            .field("wait_acks", &self.wait_acks)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
             .finish()
     }

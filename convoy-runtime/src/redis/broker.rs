@@ -12,7 +12,8 @@ use super::connection::{Client, Conn, Connection};
 use super::layout;
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
-use super::scripts::publish::{Publish, Replicated};
+use super::scripts::Replicated;
+use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
 use super::wake;
 use crate::broker::{
@@ -146,10 +147,7 @@ impl RedisBroker {
 
     /// The replicas a publish waits for (`[broker] wait_replicas`).
     fn replicated(&self) -> Option<Replicated> {
-        (self.shards.wait_replicas > 0).then_some(Replicated {
-            replicas: self.shards.wait_replicas,
-            timeout_ms: self.shards.wait_timeout_ms,
-        })
+        Replicated::publishing(&self.shards)
     }
 
     /// Checks every subscribed category's shard count against Redis's

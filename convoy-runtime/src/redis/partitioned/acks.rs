@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::connection::Connection;
+use super::super::scripts::Replicated;
 use super::super::scripts::ack::{Ack, AckItem, Acked};
 use super::super::unit::{At, Unit};
 use crate::envelope::now_ms;
@@ -60,6 +61,7 @@ pub(crate) async fn run(
     redis: Arc<Connection>,
     group: &'static str,
     alive: Arc<[String]>,
+    wait: Option<Replicated>,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -98,7 +100,7 @@ pub(crate) async fn run(
                     now_ms: now_ms(),
                     items: &items,
                 }
-                .run(&mut conn)
+                .run(&mut conn, wait)
                 .await;
                 drop(items);
                 answer(batch, result);

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::connection::{Conn, Connection, query_by_slot, query_each_slot};
 use super::layout;
 use super::reply::{int, text};
+use super::scripts::Replicated;
 use super::scripts::acquire::{self, Acquire, Acquired};
 use super::scripts::release::{Held, Release, Released};
 use super::unit::Unit;
@@ -320,7 +321,13 @@ impl Coordinator {
             }
         }
         if let Some(rx) = self.acks.take() {
-            tokio::spawn(acks::run(s.redis.clone(), s.group(), s.alive.clone(), rx));
+            tokio::spawn(acks::run(
+                s.redis.clone(),
+                s.group(),
+                s.alive.clone(),
+                Replicated::acknowledging(&s.plan.config.broker),
+                rx,
+            ));
         }
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         // One follower per category: their wake streams are in different

@@ -4,7 +4,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::error::Error;
 use crate::redis::reply::int;
 use crate::redis::unit::{At, Unit};
@@ -67,9 +67,12 @@ pub(crate) enum Acked {
 
 impl Ack<'_> {
     /// One outcome per item, in order.
+    /// With `wait`, the acknowledgements count only once that many
+    /// replicas have them (`[broker] wait_acks`).
     pub(crate) async fn run(
         &self,
         conn: &mut (impl ConnectionLike + Send),
+        wait: Option<Replicated>,
     ) -> Result<Vec<Acked>, Error> {
         let mut inv = SCRIPTS.ack.prepare_invoke();
         inv.arg(self.group).arg(self.now_ms);
@@ -87,7 +90,8 @@ impl Ack<'_> {
                 .arg(item.ids.len())
                 .arg(item.ids);
         }
-        let reply = call("ack", &inv, conn, "fenced acknowledgement failed").await?;
+        let reply =
+            call_replicated("ack", &inv, conn, "fenced acknowledgement failed", wait).await?;
         if reply.status != Status::Done || reply.values().len() != self.items.len() {
             return Err(reply.unexpected());
         }

@@ -280,5 +280,83 @@ async fn call(
     Reply::parse(script, raw)
 }
 
+/// Replicas that must have what a script wrote before it counts as done
+/// (`[broker] wait_replicas`): how many, and how long to wait (ms).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replicated {
+    pub(crate) replicas: u32,
+    pub(crate) timeout_ms: u64,
+}
+
+impl Replicated {
+    /// What a publish waits for (`wait_replicas`; none when 0).
+    pub(crate) fn publishing(b: &crate::config::BrokerConfig) -> Option<Self> {
+        (b.wait_replicas > 0).then_some(Replicated {
+            replicas: b.wait_replicas,
+            timeout_ms: b.wait_timeout_ms,
+        })
+    }
+
+    /// What an acknowledgement waits for (the same, with `wait_acks`).
+    pub(crate) fn acknowledging(b: &crate::config::BrokerConfig) -> Option<Self> {
+        Self::publishing(b).filter(|_| b.wait_acks)
+    }
+}
+
+/// [`call`], then, with `wait`, `WAIT` in one pipeline with the script, on
+/// the connection that wrote (a `WAIT` on another connection would count
+/// replicas without covering the write): a script that ran but reached
+/// fewer replicas in time fails with [`Error::NotReplicated`] (its caller
+/// sends it again; convoy's scripts are idempotent).
+async fn call_replicated(
+    script: &'static str,
+    inv: &ScriptInvocation<'_>,
+    conn: &mut (impl ConnectionLike + Send),
+    doing: &str,
+    wait: Option<Replicated>,
+) -> Result<Reply, Error> {
+    let Some(w) = wait else {
+        return call(script, inv, conn, doing).await;
+    };
+    let mut refusals = Refusals::new();
+    let mut loaded = false;
+    let (raw, acked) = loop {
+        let sent: redis::RedisResult<(Value, i64)> = redis::pipe()
+            .invoke_script(inv)
+            .cmd("WAIT")
+            .arg(w.replicas)
+            .arg(w.timeout_ms)
+            .query_async(conn)
+            .await;
+        match sent {
+            Ok(r) => break r,
+            Err(e) if refused(&e) => {
+                if !refusals.again(&e).await {
+                    return Err(Error::redis(doing, e));
+                }
+            }
+            Err(e)
+                if !loaded
+                    && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                loaded = true;
+                inv.load_async(conn)
+                    .await
+                    .map_err(|e| Error::redis(format!("failed to load the {script} script"), e))?;
+            }
+            Err(e) => return Err(Error::redis(doing, e)),
+        }
+    };
+    let reply = Reply::parse(script, raw)?;
+    let acked = acked.max(0) as u32;
+    if reply.status == Status::Done && acked < w.replicas {
+        return Err(Error::NotReplicated {
+            wanted: w.replicas,
+            acked,
+        });
+    }
+    Ok(reply)
+}
+
 #[cfg(all(test, feature = "testing"))]
 mod tests;

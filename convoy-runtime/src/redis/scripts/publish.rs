@@ -4,13 +4,10 @@
 
 use redis::aio::ConnectionLike;
 
-use redis::Value;
-
-use super::{Refusal, Reply, SCRIPTS, Status, call};
+use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
-use crate::redis::connection::{Refusals, refused};
 
 /// How long a single publisher's published set and epoch are kept after
 /// its last publish (7 days). An elected publisher's (epoch above 0) are
@@ -33,19 +30,10 @@ pub(crate) struct Publish<'a> {
     pub(crate) batch: &'a [&'a Publication],
 }
 
-/// Replicas that must have a shard's batch before it counts as published:
-/// how many, and how long to wait (ms).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Replicated {
-    pub(crate) replicas: u32,
-    pub(crate) timeout_ms: u64,
-}
-
 impl Publish<'_> {
     /// Returns how many records were written (the others were published
-    /// before). With `wait`, `WAIT` follows the script in one pipeline, on
-    /// the connection that wrote (a `WAIT` on another connection would
-    /// count replicas without covering the batch); if the pipeline is sent
+    /// before). With `wait`, the batch counts as published only once that
+    /// many replicas have it (see [`call_replicated`]); if the call is sent
     /// again on a new connection, the script writes again (its expiry at
     /// least), so the `WAIT` still covers the batch.
     pub(crate) async fn run(
@@ -54,43 +42,14 @@ impl Publish<'_> {
         wait: Option<Replicated>,
     ) -> Result<u64, Error> {
         let inv = self.invocation();
-        let reply = match wait {
-            None => call("publish", &inv, conn, "failed to publish outbox records").await?,
-            Some(w) => {
-                let mut refusals = Refusals::new();
-                let sent = loop {
-                    match publish_and_wait(&inv, conn, w).await {
-                        Err(e) if refused(&e) => {
-                            if !refusals.again(&e).await {
-                                break Err(e);
-                            }
-                        }
-                        other => break other,
-                    }
-                };
-                let (raw, acked) = match sent {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        inv.load_async(conn)
-                            .await
-                            .map_err(|e| Error::redis("failed to load the publish script", e))?;
-                        publish_and_wait(&inv, conn, w).await
-                    }
-                    other => other,
-                }
-                .map_err(|e| Error::redis("failed to publish outbox records", e))?;
-                let reply = Reply::parse("publish", raw)?;
-                if reply.status == Status::Done && acked < w.replicas {
-                    return Err(Error::NotReplicated {
-                        wanted: w.replicas,
-                        acked,
-                    });
-                }
-                reply
-            }
-        };
+        let reply = call_replicated(
+            "publish",
+            &inv,
+            conn,
+            "failed to publish outbox records",
+            wait,
+        )
+        .await?;
         match reply.status {
             Status::Done => Ok(reply.int(0).max(0) as u64),
             Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
@@ -130,21 +89,4 @@ impl Publish<'_> {
         }
         inv
     }
-}
-
-/// The script, then `WAIT`, in one pipeline: the script's reply and how
-/// many replicas acknowledged.
-async fn publish_and_wait(
-    inv: &redis::ScriptInvocation<'_>,
-    conn: &mut (impl ConnectionLike + Send),
-    w: Replicated,
-) -> redis::RedisResult<(Value, u32)> {
-    let (raw, acked): (Value, i64) = redis::pipe()
-        .invoke_script(inv)
-        .cmd("WAIT")
-        .arg(w.replicas)
-        .arg(w.timeout_ms)
-        .query_async(conn)
-        .await?;
-    Ok((raw, acked.max(0) as u32))
 }

@@ -129,7 +129,7 @@ async fn ack(
         now_ms: 1,
         items: &items,
     }
-    .run(c)
+    .run(c, None)
     .await
     .expect("ack")
 }
