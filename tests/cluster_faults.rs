@@ -1,0 +1,330 @@
+//! convoy on a real Redis Cluster under the faults real deployments meet:
+//! every client connection killed on every node (again and again), a slot
+//! of convoy's migrated key by key for longer than the lease, and a master
+//! lost to a replica that had been cut off from it (a replication loss).
+//! The engine and the publisher run in this process; what the handlers saw
+//! is recorded in a separate single-node Redis no fault touches, and
+//! convoy's own log lines and metrics are captured to check what it
+//! reported.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use convoy_runtime::Priority;
+use convoy_runtime::redis::keys;
+use convoy_runtime::testing::{Recorder, RedisCluster, RedisServer, check_order};
+use metrics_util::debugging::{DebugValue, Snapshotter};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// convoy's log lines of this test binary (every test's: each test looks
+/// for lines naming its own keys or shards, or counts from a mark).
+static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+static METRICS: OnceLock<Snapshotter> = OnceLock::new();
+
+#[derive(Clone)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the log capture and the metrics recorder (once per binary).
+fn observe() -> (&'static Arc<Mutex<Vec<u8>>>, &'static Snapshotter) {
+    let logs = LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Capture(buf.clone());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("convoy_runtime=info")
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init();
+        buf
+    });
+    let metrics = METRICS.get_or_init(install_debugging_recorder);
+    (logs, metrics)
+}
+
+fn log_text(logs: &Arc<Mutex<Vec<u8>>>) -> String {
+    String::from_utf8_lossy(
+        &logs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned()
+}
+
+fn shard(key: &str) -> u32 {
+    keys::shard_of(key, keys::DEFAULT_SHARDS)
+}
+
+/// Commits `events`, then publishes the outbox again until it went out, as
+/// the engine's relay does: the time that took.
+async fn publish_until_out(p: &convoy_runtime::Domain, events: &[Posted]) -> Duration {
+    let mut uow = p.unit_of_work();
+    for e in events {
+        uow.raise_with_priority(e.clone(), Priority::Normal)
+            .expect("raise");
+    }
+    uow.commit().await.expect("commit");
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        p.instance_id(),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let started = Instant::now();
+    while let Err(e) = processor.drain().await {
+        assert!(started.elapsed() < WAIT, "publishing never resumed: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
+async fn handled_in_order(rec: &Recorder, expected: &BTreeMap<String, Vec<String>>, reruns: usize) {
+    wait_until(WAIT, "every event handled", || all_seen(rec, expected)).await;
+    let seen = rec.seen_all().await.expect("seen");
+    check_order(expected, &seen, reruns).expect("order, nothing lost");
+    assert_eq!(
+        rec.violations().await.expect("violations"),
+        Vec::<String>::new(),
+        "two events of one key ran at once"
+    );
+}
+
+/// Every client connection of every node is killed ten times, 300 ms
+/// apart, while an engine handles and a publisher publishes: both recover
+/// within seconds each time, and every event is handled, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_and_a_publisher_recover_from_repeated_connection_kills() {
+    let (logs, _) = observe();
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "kills").expect("recorder");
+    let engine = spawn_recording(&url, &rec, "kills-a");
+    let p = publisher(test_config(&url), "kills-p");
+    let mut all = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for round in 0..10u64 {
+        let killed = cluster.kill_clients().expect("CLIENT KILL on every node");
+        assert!(
+            killed > 0,
+            "round {round}: the engine's connections were killed"
+        );
+        let events: Vec<Posted> = (0..8)
+            .map(|k| Posted::new(&format!("k{k}"), round))
+            .collect();
+        slowest = slowest.max(publish_until_out(&p, &events).await);
+        all.extend(events);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        slowest < Duration::from_secs(20),
+        "the publisher took {slowest:?} to publish after a connection kill"
+    );
+    let started = Instant::now();
+    handled_in_order(&rec, &published(&all), 2).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the engine took {:?} to drain after the kills",
+        started.elapsed()
+    );
+    // And both still work after the last kill.
+    cluster.kill_clients().expect("CLIENT KILL");
+    let last: Vec<Posted> = (0..8).map(|k| Posted::new(&format!("k{k}"), 10)).collect();
+    publish_until_out(&p, &last).await;
+    all.extend(last);
+    handled_in_order(&rec, &published(&all), 2).await;
+    engine.shutdown().await.expect("shutdown");
+    let text = log_text(logs);
+    assert!(
+        !text.contains("liveness lapsed") || text.contains("kills-a"),
+        "a lapse names its instance"
+    );
+}
+
+/// A convoy shard's slot moves to another master key by key, 400 ms per
+/// key (several seconds, longer than the 2 s lease), while the engine runs
+/// its units there and events keep coming: commands are redirected (`ASK`,
+/// `TRYAGAIN`) and sent again, the heartbeat keeps renewing, so no unit
+/// lapses: every lease keeps its fence token, and every event is handled
+/// in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_longer_than_the_lease_causes_no_lapse() {
+    let (logs, _) = observe();
+    let cluster = Arc::new(RedisCluster::start(3, 0).expect("cluster"));
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "migrate").expect("recorder");
+    let engine = spawn_recording(&url, &rec, "migrate-a");
+    let p = publisher(test_config(&url), "migrate-p");
+    // Keys of one shard (the one m0 is in), and a few of others.
+    let target = shard("m0");
+    let mut keys_here: Vec<String> = (0..2000)
+        .map(|i| format!("m{i}"))
+        .filter(|k| shard(k) == target)
+        .take(4)
+        .collect();
+    keys_here.push("other-1".to_owned());
+    let first: Vec<Posted> = keys_here.iter().map(|k| Posted::new(k, 0)).collect();
+    publish_until_out(&p, &first).await;
+    handled_in_order(&rec, &published(&first), 0).await;
+    let group = recording_group(&url);
+    let lease_of = |k: &str| keys::lease(shard(k), group, "ledger", k);
+    let mut c = cluster_connection(&cluster).await;
+    let mut before = BTreeMap::new();
+    for k in &keys_here {
+        let token: Option<String> = redis::cmd("GET")
+            .arg(lease_of(k))
+            .query_async(&mut c)
+            .await
+            .expect("GET lease");
+        before.insert(k.clone(), token.expect("leased"));
+    }
+    let slot = RedisCluster::key_slot(lease_of("m0").as_bytes());
+    let from = cluster.master_of_slot(slot).expect("owner");
+    let masters = cluster.current_masters().expect("masters");
+    let to = *masters
+        .iter()
+        .find(|i| **i != from)
+        .expect("another master");
+    let mark = log_text(logs).len();
+    let migrating = {
+        let cluster = cluster.clone();
+        std::thread::spawn(move || cluster.migrate_slot(slot, to, Duration::from_millis(400)))
+    };
+    let mut all = first.clone();
+    let mut seq = 1;
+    while !migrating.is_finished() {
+        let events: Vec<Posted> = keys_here.iter().map(|k| Posted::new(k, seq)).collect();
+        publish_until_out(&p, &events).await;
+        all.extend(events);
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let moved = migrating
+        .join()
+        .expect("migration thread")
+        .expect("slot migrated");
+    assert!(moved.keys >= 5, "the slot held convoy's keys: {moved:?}");
+    handled_in_order(&rec, &published(&all), 0).await;
+    let text = log_text(logs);
+    let during = &text[mark..];
+    assert!(
+        !during.contains("liveness lapsed"),
+        "a unit lapsed during the slot migration:\n{during}"
+    );
+    let mut c = cluster_connection(&cluster).await;
+    for k in &keys_here {
+        let token: Option<String> = redis::cmd("GET")
+            .arg(lease_of(k))
+            .query_async(&mut c)
+            .await
+            .expect("GET lease");
+        assert_eq!(
+            token.as_ref(),
+            before.get(k),
+            "{k}'s lease (fence token) changed during the migration"
+        );
+    }
+    engine.shutdown().await.expect("shutdown");
+}
+
+/// A master is cut off from its replica, takes a publish the replica never
+/// gets, and is lost to that replica (`kill -9`, then `CLUSTER FAILOVER
+/// TAKEOVER`): with `wait_replicas = 0` the events are gone, and convoy
+/// says so: an ERROR naming the shard and the range, and
+/// `convoy_replication_lost_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
+    let (logs, metrics) = observe();
+    let mut cluster = RedisCluster::start(3, 1).expect("cluster");
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "loss").expect("recorder");
+    let engine = spawn_recording(&url, &rec, "loss-a");
+    let p = publisher(test_config(&url), "loss-p");
+    let key = "lost-1";
+    let first: Vec<Posted> = (0..3).map(|s| Posted::new(key, s)).collect();
+    publish_until_out(&p, &first).await;
+    handled_in_order(&rec, &published(&first), 0).await;
+    let s = shard(key);
+    let master = cluster
+        .master_of_slot(RedisCluster::key_slot(
+            keys::partition_stream(s, "ledger", key).as_bytes(),
+        ))
+        .expect("master");
+    let replica = cluster
+        .cut_replication(master)
+        .expect("cut the replica off");
+    // Published to the master only.
+    let second: Vec<Posted> = (3..8).map(|s| Posted::new(key, s)).collect();
+    publish_until_out(&p, &second).await;
+    // The engine's heartbeat reads the shard's counts (every 0.3 s).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster
+        .lose_master(master, replica)
+        .expect("lose the master to its replica");
+    let wanted = format!("shard {s} of ledger counted");
+    wait_until(WAIT, "the loss is reported", || {
+        let found = log_text(logs).contains(&wanted);
+        async move { found }
+    })
+    .await;
+    let text = log_text(logs);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("shard {s} of ledger counted")))
+        .expect("the line");
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("Redis lost published events"), "{line}");
+    assert!(line.contains(&format!("shard={s}")), "{line}");
+    let lost: f64 = metrics
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == "convoy_replication_lost_total"
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "shard" && l.value() == s.to_string())
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "what" && l.value() == "published")
+        })
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(n) => n as f64,
+            _ => 0.0,
+        })
+        .sum();
+    assert!(
+        lost >= 1.0,
+        "convoy_replication_lost_total counted the loss"
+    );
+    engine.shutdown().await.expect("shutdown");
+}
+
+async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(cluster.node_urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
