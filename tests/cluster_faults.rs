@@ -10,91 +10,35 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use convoy_runtime::Priority;
 use convoy_runtime::redis::keys;
-use convoy_runtime::testing::{Recorder, RedisCluster, RedisServer, check_order};
+use convoy_runtime::testing::{CapturedLog, Recorder, RedisCluster, RedisServer, check_order};
 use metrics_util::debugging::{DebugValue, Snapshotter};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// convoy's log lines of this test binary (every test's: each test looks
-/// for lines naming its own keys or shards, or counts from a mark).
-static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-static METRICS: OnceLock<Snapshotter> = OnceLock::new();
-
-#[derive(Clone)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the log capture and the metrics recorder (once per binary).
-fn observe() -> (&'static Arc<Mutex<Vec<u8>>>, &'static Snapshotter) {
+/// convoy's log lines of this test binary (every test's: each looks for
+/// lines naming its own shard, or reads from a mark), and its metrics.
+fn observe() -> (&'static CapturedLog, &'static Snapshotter) {
+    static LOGS: OnceLock<CapturedLog> = OnceLock::new();
+    static METRICS: OnceLock<Snapshotter> = OnceLock::new();
     let logs = LOGS.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let writer = Capture(buf.clone());
+        let captured = CapturedLog::default();
         let _ = tracing_subscriber::fmt()
             .with_env_filter("convoy_runtime=info")
             .with_ansi(false)
-            .with_writer(move || writer.clone())
+            .with_writer(captured.clone())
             .try_init();
-        buf
+        captured
     });
-    let metrics = METRICS.get_or_init(install_debugging_recorder);
-    (logs, metrics)
-}
-
-fn log_text(logs: &Arc<Mutex<Vec<u8>>>) -> String {
-    String::from_utf8_lossy(
-        &logs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
-    .into_owned()
+    (logs, METRICS.get_or_init(install_debugging_recorder))
 }
 
 fn shard(key: &str) -> u32 {
     keys::shard_of(key, keys::DEFAULT_SHARDS)
-}
-
-/// Commits `events`, then publishes the outbox again until it went out, as
-/// the engine's relay does: the time that took.
-async fn publish_until_out(p: &convoy_runtime::Domain, events: &[Posted]) -> Duration {
-    let mut uow = p.unit_of_work();
-    for e in events {
-        uow.raise_with_priority(e.clone(), Priority::Normal)
-            .expect("raise");
-    }
-    uow.commit().await.expect("commit");
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        p.outbox().clone(),
-        p.broker().clone(),
-        p.config().server.priority_lanes.clone(),
-        p.instance_id(),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let started = Instant::now();
-    while let Err(e) = processor.drain().await {
-        assert!(started.elapsed() < WAIT, "publishing never resumed: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    started.elapsed()
 }
 
 async fn handled_in_order(rec: &Recorder, expected: &BTreeMap<String, Vec<String>>, reruns: usize) {
@@ -153,7 +97,7 @@ async fn an_engine_and_a_publisher_recover_from_repeated_connection_kills() {
     all.extend(last);
     handled_in_order(&rec, &published(&all), 2).await;
     engine.shutdown().await.expect("shutdown");
-    let text = log_text(logs);
+    let text = logs.text();
     assert!(
         !text.contains("liveness lapsed") || text.contains("kills-a"),
         "a lapse names its instance"
@@ -188,16 +132,8 @@ async fn a_slot_migration_longer_than_the_lease_causes_no_lapse() {
     handled_in_order(&rec, &published(&first), 0).await;
     let group = recording_group(&url);
     let lease_of = |k: &str| keys::lease(shard(k), group, "ledger", k);
-    let mut c = cluster_connection(&cluster).await;
-    let mut before = BTreeMap::new();
-    for k in &keys_here {
-        let token: Option<String> = redis::cmd("GET")
-            .arg(lease_of(k))
-            .query_async(&mut c)
-            .await
-            .expect("GET lease");
-        before.insert(k.clone(), token.expect("leased"));
-    }
+    let before = leases(&cluster, &keys_here, &lease_of).await;
+    assert!(before.values().all(Option::is_some), "every key leased");
     let slot = RedisCluster::key_slot(lease_of("m0").as_bytes());
     let from = cluster.master_of_slot(slot).expect("owner");
     let masters = cluster.current_masters().expect("masters");
@@ -205,7 +141,7 @@ async fn a_slot_migration_longer_than_the_lease_causes_no_lapse() {
         .iter()
         .find(|i| **i != from)
         .expect("another master");
-    let mark = log_text(logs).len();
+    let mark = logs.text().len();
     let migrating = {
         let cluster = cluster.clone();
         std::thread::spawn(move || cluster.migrate_slot(slot, to, Duration::from_millis(400)))
@@ -225,25 +161,17 @@ async fn a_slot_migration_longer_than_the_lease_causes_no_lapse() {
         .expect("slot migrated");
     assert!(moved.keys >= 5, "the slot held convoy's keys: {moved:?}");
     handled_in_order(&rec, &published(&all), 0).await;
-    let text = log_text(logs);
+    let text = logs.text();
     let during = &text[mark..];
     assert!(
         !during.contains("liveness lapsed"),
         "a unit lapsed during the slot migration:\n{during}"
     );
-    let mut c = cluster_connection(&cluster).await;
-    for k in &keys_here {
-        let token: Option<String> = redis::cmd("GET")
-            .arg(lease_of(k))
-            .query_async(&mut c)
-            .await
-            .expect("GET lease");
-        assert_eq!(
-            token.as_ref(),
-            before.get(k),
-            "{k}'s lease (fence token) changed during the migration"
-        );
-    }
+    assert_eq!(
+        leases(&cluster, &keys_here, &lease_of).await,
+        before,
+        "a lease (fence token) changed during the migration"
+    );
     engine.shutdown().await.expect("shutdown");
 }
 
@@ -284,11 +212,11 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
         .expect("lose the master to its replica");
     let wanted = format!("shard {s} of ledger counted");
     wait_until(WAIT, "the loss is reported", || {
-        let found = log_text(logs).contains(&wanted);
+        let found = logs.text().contains(&wanted);
         async move { found }
     })
     .await;
-    let text = log_text(logs);
+    let text = logs.text();
     let line = text
         .lines()
         .find(|l| l.contains(&format!("shard {s} of ledger counted")))
@@ -321,10 +249,25 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
     engine.shutdown().await.expect("shutdown");
 }
 
-async fn cluster_connection(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnection {
-    redis::cluster::ClusterClient::new(cluster.node_urls())
+/// Each key's lease (its fence token), read on a connection of the test's.
+async fn leases(
+    cluster: &RedisCluster,
+    keys: &[String],
+    lease_of: &impl Fn(&str) -> String,
+) -> BTreeMap<String, Option<String>> {
+    let mut c = redis::cluster::ClusterClient::new(cluster.node_urls())
         .expect("cluster client")
         .get_async_connection()
         .await
-        .expect("cluster connection")
+        .expect("cluster connection");
+    let mut out = BTreeMap::new();
+    for k in keys {
+        let token: Option<String> = redis::cmd("GET")
+            .arg(lease_of(k))
+            .query_async(&mut c)
+            .await
+            .expect("GET lease");
+        out.insert(k.clone(), token);
+    }
+    out
 }

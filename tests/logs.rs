@@ -4,12 +4,11 @@
 //! are escaped, so a key with a newline or a terminal escape cannot split
 //! or forge a log line.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use convoy_runtime::config::SpanLevel;
-use convoy_runtime::testing::RedisServer;
+use convoy_runtime::testing::{CapturedLog, RedisServer};
 use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
 use serde::{Deserialize, Serialize};
 
@@ -39,35 +38,11 @@ impl Logger {
     }
 }
 
-/// Everything logged in this binary, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
-    }
-}
-
 /// The binary's one subscriber: `RUST_LOG=info`, plain text.
-fn logs() -> &'static Captured {
-    static LOGS: OnceLock<Captured> = OnceLock::new();
+fn logs() -> &'static CapturedLog {
+    static LOGS: OnceLock<CapturedLog> = OnceLock::new();
     LOGS.get_or_init(|| {
-        let captured = Captured::default();
+        let captured = CapturedLog::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new("info"))

@@ -337,25 +337,9 @@ async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.wait_ok(WAIT).expect("the cluster is ok again");
     let second: Vec<Posted> = keys.iter().map(|k| Posted::new(k, 2)).collect();
-    let mut uow = p.unit_of_work();
-    for e in &second {
-        uow.raise(e.clone()).expect("raise");
-    }
-    uow.commit().await.expect("commit");
-    // As the engine's relay does: publish again until it goes out (the
+    // As the engine's relay does: published again until it goes out (the
     // publisher's connection finds the new master).
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        p.outbox().clone(),
-        p.broker().clone(),
-        p.config().server.priority_lanes.clone(),
-        p.instance_id(),
-        std::sync::Arc::new(tokio::sync::Notify::new()),
-    );
-    let started = std::time::Instant::now();
-    while let Err(e) = processor.drain().await {
-        assert!(started.elapsed() < WAIT, "publishing never resumed: {e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    publish_until_out(&p, &second).await;
     let mut all = first.clone();
     all.extend(second);
     handled_in_order(&rec, &published(&all), 2).await;

@@ -3,56 +3,18 @@
 //! client's lines, however many it logs.
 #![cfg(feature = "testing")]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use convoy_runtime::testing::RedisCluster;
+use convoy_runtime::testing::{CapturedLog, RedisCluster};
 use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::prelude::*;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 // The only test of this binary: it installs the global subscriber (the
 // client logs from the runtime's worker threads).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_down_writes_a_bounded_number_of_the_redis_client_s_lines() {
-    let raw = Captured::default();
-    let quiet = Captured::default();
+    let raw = CapturedLog::default();
+    let quiet = CapturedLog::default();
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()

@@ -375,7 +375,8 @@ fn layer(m: &Module) -> Option<u8> {
         // Test modules kept in their own file may use the test kit.
         [.., "tests"] => 6,
         [
-            "error" | "key" | "message" | "envelope" | "config" | "metrics" | "future" | "backoff",
+            "error" | "key" | "message" | "envelope" | "config" | "metrics" | "log" | "future"
+            | "backoff",
         ] => 1,
         ["raise" | "handler" | "process_manager"] | ["registry", ..] => 2,
         ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan" | "outage"] => 3,

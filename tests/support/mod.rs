@@ -208,6 +208,33 @@ pub async fn publish_outbox(domain: &Domain) {
     processor.drain().await.expect("publish");
 }
 
+/// Commits `events`, then publishes the outbox again until it went out, as
+/// the engine's relay does: the time that took.
+pub async fn publish_until_out(p: &convoy_runtime::Domain, events: &[Posted]) -> Duration {
+    let mut uow = p.unit_of_work();
+    for e in events {
+        uow.raise_with_priority(e.clone(), Priority::Normal)
+            .expect("raise");
+    }
+    uow.commit().await.expect("commit");
+    let processor = convoy_runtime::outbox::OutboxProcessor::new(
+        p.outbox().clone(),
+        p.broker().clone(),
+        p.config().server.priority_lanes.clone(),
+        p.instance_id(),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let started = Instant::now();
+    while let Err(e) = processor.drain().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "publishing never resumed: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
 /// Waits until `f` returns true, polling; panics with `what` on timeout.
 pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
 where

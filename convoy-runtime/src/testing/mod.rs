@@ -90,6 +90,7 @@
 //!   killed with `SIGKILL` leaves its `redis-server` children running.
 
 mod cluster;
+mod log;
 mod order;
 mod postgres;
 mod process;
@@ -103,6 +104,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 pub use cluster::{RedisCluster, RedisClusterBuilder, SlotMigration};
+pub use log::CapturedLog;
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
