@@ -271,3 +271,69 @@ async fn leases(
     }
     out
 }
+
+/// A master of a cluster without replicas is down (and stays down): a
+/// publish fails in the shards it served only. The other shards' events
+/// leave the outbox at once and are handled while it is down; the rest go
+/// out, in order, once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_that_fails_in_one_shard_holds_up_no_other() {
+    let _ = observe();
+    let mut cluster = RedisCluster::start(3, 0).expect("cluster");
+    // The other masters go on serving their slots while one is down.
+    for i in 0..cluster.nodes().len() {
+        cluster
+            .cli(i, &["CONFIG", "SET", "cluster-require-full-coverage", "no"])
+            .expect("CONFIG SET");
+    }
+    let record = RedisServer::start().expect("record redis");
+    let url = cluster.url();
+    let rec = Recorder::new(&record.url(), "one-shard").expect("recorder");
+    let engine = spawn_recording(&url, &rec, "one-shard-a");
+    let p = publisher(test_config(&url), "one-shard-p");
+    let keys: Vec<String> = (0..24).map(|k| format!("s{k}")).collect();
+    let first: Vec<Posted> = keys.iter().map(|k| Posted::new(k, 0)).collect();
+    publish_until_out(&p, &first).await;
+    handled_in_order(&rec, &published(&first), 0).await;
+    let stream = |k: &str| keys::partition_stream(shard(k), "ledger", k);
+    let victim = cluster.master_of_key(&stream("s0")).expect("s0's master");
+    let down: Vec<&String> = keys
+        .iter()
+        .filter(|k| cluster.master_of_key(&stream(k)).expect("master") == victim)
+        .collect();
+    assert!(down.len() < keys.len(), "some keys are on other masters");
+    cluster.node_mut(victim).kill().expect("kill -9 the master");
+    let second: Vec<Posted> = keys.iter().map(|k| Posted::new(k, 1)).collect();
+    commit(&p, &second).await;
+    relay(&p)
+        .drain()
+        .await
+        .expect_err("the victim's shards are down");
+    assert_eq!(
+        p.outbox().stats().await.expect("stats").pending,
+        down.len() as u64,
+        "only the events of the down master's shards stay in the outbox"
+    );
+    let up: Vec<Posted> = second
+        .iter()
+        .filter(|e| !down.contains(&&e.client_id))
+        .cloned()
+        .collect();
+    let mut expected = published(&first);
+    for (k, ids) in published(&up) {
+        expected.entry(k).or_default().extend(ids);
+    }
+    // Handled while the master is still down.
+    handled_in_order(&rec, &expected, 0).await;
+    assert!(!cluster.node_mut(victim).is_running());
+    cluster
+        .node_mut(victim)
+        .restart()
+        .expect("restart the master");
+    cluster.wait_ok(WAIT).expect("the cluster is ok again");
+    publish_until_out(&p, &[]).await;
+    let mut all = first.clone();
+    all.extend(second);
+    handled_in_order(&rec, &published(&all), 0).await;
+    engine.shutdown().await.expect("shutdown");
+}

@@ -198,32 +198,35 @@ pub async fn publish(domain: &Domain, events: &[Posted], priority: Priority) {
 
 /// Publishes everything in the outbox now.
 pub async fn publish_outbox(domain: &Domain) {
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        domain.outbox().clone(),
-        domain.broker().clone(),
-        domain.config().server.priority_lanes.clone(),
-        domain.instance_id(),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    processor.drain().await.expect("publish");
+    relay(domain).drain().await.expect("publish");
 }
 
-/// Commits `events`, then publishes the outbox again until it went out, as
-/// the engine's relay does: the time that took.
-pub async fn publish_until_out(p: &convoy_runtime::Domain, events: &[Posted]) -> Duration {
-    let mut uow = p.unit_of_work();
+/// Commits `events` (without publishing them).
+pub async fn commit(domain: &Domain, events: &[Posted]) {
+    let mut uow = domain.unit_of_work();
     for e in events {
         uow.raise_with_priority(e.clone(), Priority::Normal)
             .expect("raise");
     }
     uow.commit().await.expect("commit");
-    let processor = convoy_runtime::outbox::OutboxProcessor::new(
-        p.outbox().clone(),
-        p.broker().clone(),
-        p.config().server.priority_lanes.clone(),
-        p.instance_id(),
+}
+
+/// An outbox processor for `domain`'s outbox, as the engine's relay runs.
+pub fn relay(domain: &Domain) -> convoy_runtime::outbox::OutboxProcessor {
+    convoy_runtime::outbox::OutboxProcessor::new(
+        domain.outbox().clone(),
+        domain.broker().clone(),
+        domain.config().server.priority_lanes.clone(),
+        domain.instance_id(),
         Arc::new(tokio::sync::Notify::new()),
-    );
+    )
+}
+
+/// Commits `events`, then publishes the outbox again until it went out, as
+/// the engine's relay does: the time that took.
+pub async fn publish_until_out(p: &Domain, events: &[Posted]) -> Duration {
+    commit(p, events).await;
+    let processor = relay(p);
     let started = Instant::now();
     while let Err(e) = processor.drain().await {
         assert!(

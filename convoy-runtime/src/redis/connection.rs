@@ -440,13 +440,15 @@ pub(crate) async fn query_by_slot(
 }
 
 /// [`query_by_slot`], with each command's own outcome: a slot whose
-/// pipeline failed fails its commands only, so a caller can go on with
-/// the shards that answered (a heartbeat during one master's failover).
+/// pipeline failed, or did not answer `within`, fails its commands only,
+/// so a caller can go on with the shards that answered at once (a
+/// heartbeat during one master's failover must not wait for it).
 pub(crate) async fn query_each_slot(
     conn: &mut Conn,
     cmds: Vec<(String, redis::Cmd)>,
+    within: Duration,
 ) -> Vec<redis::RedisResult<Value>> {
-    by_slot(conn, cmds, false).await
+    by_slot_within(conn, cmds, false, Some(within)).await
 }
 
 /// [`query_by_slot`], but with each command's error reply in its place
@@ -465,6 +467,15 @@ async fn by_slot(
     cmds: Vec<(String, redis::Cmd)>,
     keep_errors: bool,
 ) -> Vec<redis::RedisResult<Value>> {
+    by_slot_within(conn, cmds, keep_errors, None).await
+}
+
+async fn by_slot_within(
+    conn: &mut Conn,
+    cmds: Vec<(String, redis::Cmd)>,
+    keep_errors: bool,
+    within: Option<Duration>,
+) -> Vec<redis::RedisResult<Value>> {
     let n = cmds.len();
     let cluster = conn.is_cluster();
     let mut slots: HashMap<Option<Slot>, (Vec<redis::Cmd>, Vec<usize>)> = HashMap::new();
@@ -477,7 +488,17 @@ async fn by_slot(
     let runs = slots.into_values().map(|(slot_cmds, at)| {
         let mut c = conn.clone();
         async move {
-            let replies = one_slot(&mut c, slot_cmds, keep_errors, cluster).await;
+            let sent = one_slot(&mut c, slot_cmds, keep_errors, cluster);
+            let replies = match within {
+                None => sent.await,
+                Some(limit) => match tokio::time::timeout(limit, sent).await {
+                    Ok(r) => r,
+                    Err(_) => Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no reply within {limit:?}"),
+                    ))),
+                },
+            };
             (at, replies)
         }
     });

@@ -239,6 +239,11 @@ pub(crate) struct Coordinator {
     /// What the last heartbeat read of each (category, shard), by the
     /// category's place in the subscription.
     counts: HashMap<(usize, u32), Counts>,
+    /// Whether the last heartbeat read every shard's counts: a count from
+    /// a shard that did not answer is a guess, and an instance does not
+    /// give units away on a guess (a failing shard's partitions counted
+    /// as none would make it shed units of the healthy ones).
+    counted: bool,
     warned: bool,
 }
 
@@ -299,6 +304,7 @@ impl Coordinator {
             live: 1,
             partitions: 0,
             counts: HashMap::new(),
+            counted: false,
             warned: false,
         }
     }
@@ -487,7 +493,8 @@ impl Coordinator {
             .collect();
         let sent = mono_ms();
         let mut failed = None;
-        for (shard, r) in new.iter().zip(query_each_slot(conn, cmds).await) {
+        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        for (shard, r) in new.iter().zip(query_each_slot(conn, cmds, within).await) {
             match r {
                 Ok(_) => {
                     s.set_deadline(*shard, Some(sent));
@@ -632,7 +639,7 @@ impl Coordinator {
                     tracing::warn!(handler = s.group(), error = %chain(&e), "discovery failed; retrying at the next heartbeat");
                 }
             }
-        } else if owned > target {
+        } else if owned > target && self.counted {
             let mut surplus = owned - target;
             // Idle units first; a unit moves only after its worker finished
             // the event in flight and released the lease.
@@ -706,7 +713,10 @@ impl Coordinator {
                 }
             }
         }
-        let replies = query_each_slot(&mut conn, cmds).await;
+        // A shard that does not answer within a heartbeat interval holds
+        // up no other's renewal.
+        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let replies = query_each_slot(&mut conn, cmds, within).await;
         // Each liveness key held this incarnation: renewed. Missing:
         // lapsed. Another value: another process renews it under the same
         // instance id (and this call just overwrote it). No answer: not
@@ -775,6 +785,7 @@ impl Coordinator {
         // unowned. A shard that did not answer counts as last seen.
         let threshold = s.warning_threshold();
         let mut partitions = 0usize;
+        let mut counted = true;
         let mut at = n + 3;
         for (c, cat) in categories.iter().enumerate() {
             let (mut count, mut published, mut acked) = (0u64, 0i64, 0i64);
@@ -793,9 +804,12 @@ impl Coordinator {
                 };
                 at += 3;
                 let last = self.counts.entry((c, shard)).or_default();
-                if let Some(seen) = seen {
-                    last.check_lost(&seen, s.group(), cat, shard);
-                    *last = seen;
+                match seen {
+                    Some(seen) => {
+                        last.check_lost(&seen, s.group(), cat, shard);
+                        *last = seen;
+                    }
+                    None => counted = false,
                 }
                 count += last.partitions;
                 published += last.published;
@@ -806,6 +820,7 @@ impl Coordinator {
             partitions += count as usize;
         }
         self.partitions = partitions;
+        self.counted = counted;
         Ok(lapsed)
     }
 
