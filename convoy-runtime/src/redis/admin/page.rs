@@ -13,10 +13,11 @@ use serde::Serialize;
 
 use super::super::connection::{query_by_slot, read_by_slot};
 use super::super::layout::recorded_key_field;
-use super::{Admin, AdminError, PartitionStatus};
+use super::{Admin, AdminError, DeadLetter, Lane, PartitionStatus};
+use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::names;
-use crate::redis::reply::{int, text};
+use crate::redis::reply::{entries, int, text};
 
 /// Where a walk over a category's partition indexes stands: a shard and
 /// the `SSCAN` cursor in that shard's index. Written `shard.cursor`
@@ -92,6 +93,19 @@ pub struct Instance {
     /// Its incarnation, as its liveness key in the first shard that has
     /// one holds it.
     pub incarnation: Option<String>,
+}
+
+/// One entry of a partition, decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecentEntry {
+    /// The stream entry id.
+    pub entry_id: String,
+    /// The lane it is in.
+    pub lane: Lane,
+    /// The envelope, when the entry is one.
+    pub envelope: Option<Envelope>,
+    /// Why the entry could not be decoded.
+    pub decode_error: Option<String>,
 }
 
 /// Escapes `*`, `?`, `[`, `]` and `\` for an `SSCAN MATCH` pattern.
@@ -303,6 +317,131 @@ impl Admin {
         }
         Ok(rows)
     }
+}
+
+impl Admin {
+    /// The latest `count` entries of each lane of `key`'s partition,
+    /// newest first (primary lane, then backfill): two `XREVRANGE`s.
+    pub async fn recent_entries(
+        &self,
+        category: &str,
+        key: &str,
+        count: usize,
+    ) -> Result<Vec<RecentEntry>, AdminError> {
+        super::check_category(category)?;
+        let shard = names::shard_of(key, self.shards(category).await?);
+        let lanes = [
+            (Lane::Primary, names::partition_stream(shard, category, key)),
+            (
+                Lane::Backfill,
+                names::backfill_stream(shard, category, key, &self.backfill_suffix),
+            ),
+        ];
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (_, stream) in &lanes {
+            pipe.cmd("XREVRANGE")
+                .arg(stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(count);
+        }
+        let mut c = self.conn.clone();
+        let v: Vec<Value> = pipe
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read the partition's entries", e))?;
+        let mut out = Vec::new();
+        for ((lane, stream), reply) in lanes.iter().zip(&v) {
+            for e in entries(reply) {
+                let (envelope, decode_error) = match e.envelope(stream) {
+                    Ok(env) => (Some(env), None),
+                    Err(err) => (None, Some(err.to_string())),
+                };
+                out.push(RecentEntry {
+                    entry_id: e.id,
+                    lane: *lane,
+                    envelope,
+                    decode_error,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The latest `count` dead letters of `key` (the key's
+    /// `{s}{category}:{key}:dlq`) or of the category's ordinary handlers
+    /// (`{s}{category}:dlq`) without one, newest first: one `XREVRANGE`
+    /// (where [`Admin::dlq`] reads the whole stream).
+    pub async fn latest_dead_letters(
+        &self,
+        category: &str,
+        key: Option<&str>,
+        count: usize,
+    ) -> Result<Vec<DeadLetter>, AdminError> {
+        let stream = self.dlq_stream(category, key).await?;
+        let mut c = self.conn.clone();
+        let v: Value = redis::cmd("XREVRANGE")
+            .arg(&stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
+        Ok(entries(&v)
+            .iter()
+            .map(|e| super::dlq::dead_letter(&stream, e))
+            .collect())
+    }
+
+    /// When the oldest entry pending for each unit `(key, group)` of
+    /// `category` was published (ms since the Unix epoch, from its entry
+    /// id), `None` when nothing is pending: one `XPENDING - + 1` per lane
+    /// and unit, one pipeline per hash slot.
+    pub async fn oldest_pending(
+        &self,
+        category: &str,
+        units: &[(String, String)],
+    ) -> Result<Vec<Option<u64>>, AdminError> {
+        super::check_category(category)?;
+        if units.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shards = self.shards(category).await?;
+        let mut cmds = Vec::with_capacity(2 * units.len());
+        for (key, group) in units {
+            let shard = names::shard_of(key, shards);
+            let primary = names::partition_stream(shard, category, key);
+            let backfill = names::backfill_stream(shard, category, key, &self.backfill_suffix);
+            for s in [&primary, &backfill] {
+                let mut cmd = redis::cmd("XPENDING");
+                cmd.arg(s).arg(group).arg("-").arg("+").arg(1);
+                cmds.push((primary.clone(), cmd));
+            }
+        }
+        let mut c = self.conn.clone();
+        let v = read_by_slot(&mut c, cmds)
+            .await
+            .map_err(|e| Error::redis("failed to read pending entries", e))?;
+        Ok(v.chunks(2)
+            .map(|lanes| lanes.iter().filter_map(first_pending_ms).min())
+            .collect())
+    }
+}
+
+/// The time in the id of the first entry of an `XPENDING - + 1` reply.
+fn first_pending_ms(v: &Value) -> Option<u64> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let Value::Array(p) = items.first()? else {
+        return None;
+    };
+    let id = text(p.first()?)?;
+    id.split_once('-')?.0.parse().ok()
 }
 
 /// An `SSCAN` reply: the next cursor and the page's members.
