@@ -313,7 +313,10 @@ impl From<AdminError> for Failure {
             StatusCode::CONFLICT
         } else if e.is_unreachable() {
             StatusCode::BAD_GATEWAY
-        } else if matches!(e, AdminError::BadCategory { .. }) {
+        } else if matches!(
+            e,
+            AdminError::BadCategory { .. } | AdminError::NoSuchDeadLetter { .. }
+        ) {
             StatusCode::NOT_FOUND
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
