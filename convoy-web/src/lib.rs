@@ -46,7 +46,7 @@
 //! - [`Settings::read_only`] hides every action and answers them `405`.
 //! - Responses carry a strict `Content-Security-Policy` (`script-src
 //!   'self'`, no inline script or style), `X-Frame-Options: DENY`,
-//!   `Referrer-Policy: no-referrer`, `nosniff`.
+//!   `Referrer-Policy: same-origin`, `nosniff`.
 //! - The Redis URL is never shown; [`Settings::secrets`] are removed from
 //!   every error text.
 //! - Payloads can be hidden ([`Settings::hide_payloads`]): they may hold

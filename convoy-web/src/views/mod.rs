@@ -221,7 +221,9 @@ async fn guard(AxState(state): AxState<Arc<State>>, mut req: Request, next: Next
         HeaderValue::from_static("nosniff"),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    // `no-referrer` would make browsers send `Origin: null` with the
+    // page's own form posts, which the cross-site check refuses.
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     let path = if s.base_path.is_empty() {
         "/"
