@@ -214,6 +214,8 @@ pub(crate) struct ListQuery {
     sort: Option<String>,
     handler: Option<String>,
     cursor: Option<String>,
+    /// `1`: search the index live even when a snapshot exists.
+    live: Option<String>,
     fragment: Option<String>,
 }
 
@@ -239,7 +241,11 @@ pub(crate) async fn partitions(
     let mut note;
     let mut next = None;
     let order: Vec<(String, String)>;
-    if by_lag || filter.is_some() {
+    // A prefix search reads the snapshot (sorted: no Redis command to
+    // find the keys) unless asked to search the index live.
+    let search_snapshot =
+        !prefix.is_empty() && non_empty(&q.live).is_none() && state.snapshot(&category).is_some();
+    if by_lag || filter.is_some() || search_snapshot {
         let Some(snap) = state.snapshot(&category) else {
             return list_page(
                 &state, &category, &q, &groups, Vec::new(), None,
@@ -247,10 +253,11 @@ pub(crate) async fn partitions(
             )
             .await;
         };
-        let mut matching: Vec<_> = snap
-            .rows
+        // The rows are sorted by key: those with the prefix are together.
+        let from = snap.rows.partition_point(|r| r.key.as_str() < prefix);
+        let mut matching: Vec<_> = snap.rows[from..]
             .iter()
-            .filter(|r| r.key.starts_with(prefix))
+            .take_while(|r| r.key.starts_with(prefix))
             .filter(|r| handler.is_none_or(|h| r.group == h))
             .filter(|r| filter.is_none_or(|f| r.state == f))
             .collect();
@@ -279,6 +286,11 @@ pub(crate) async fn partitions(
             if order.is_empty() { 0 } else { offset + 1 },
             offset + order.len()
         );
+        if !prefix.is_empty() {
+            note.push_str(
+                " Keys created since are found by searching the index live (link below).",
+            );
+        }
     } else {
         let from = match non_empty(&q.cursor) {
             Some(c) => c
@@ -371,6 +383,7 @@ async fn list_page(
         ("state", &q.state),
         ("sort", &q.sort),
         ("handler", &q.handler),
+        ("live", &q.live),
     ] {
         if let Some(v) = non_empty(v) {
             query.push(format!("{k}={}", enc(v)));
@@ -459,6 +472,9 @@ async fn list_page(
         div class="pager" {
             @if non_empty(&q.cursor).is_some() { a href=(with(None)) { "⇤ first page" } }
             @if let Some(n) = &next { a href=(with(Some(format!("cursor={}", enc(n))))) { "next page →" } }
+            @if non_empty(&q.prefix).is_some() && non_empty(&q.live).is_none() && non_empty(&q.state).is_none() && non_empty(&q.sort).is_none() {
+                a href=(format!("{}&live=1", with(None))) { "search the index live" }
+            }
         }
     };
     whole_or_part(state, category, q.fragment.is_some(), &here, head, part)
