@@ -33,7 +33,7 @@
 //!
 //! # Safety
 //!
-//! - [`serve`] refuses a non-loopback address unless [`Auth`] is
+//! - [`OperatorPage::serve`] (and `convoy serve`) refuses a non-loopback address unless [`Auth`] is
 //!   configured (a bearer token, or basic credentials, read from a file or
 //!   the environment by [`Auth::from_sources`], never from the command
 //!   line).

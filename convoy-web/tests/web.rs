@@ -216,6 +216,30 @@ async fn views_actions_fencing_and_refusals() {
         );
     }
 
+    // Payloads hidden by the setting; the outbox's backlog when one is
+    // configured.
+    let outbox = std::sync::Arc::new(convoy_runtime::outbox::MemoryOutbox::new());
+    let hidden = s
+        .page(Settings {
+            hide_payloads: true,
+            outbox: Some(("memory outbox".to_owned(), outbox)),
+            ..settings()
+        })
+        .await
+        .router();
+    let r = get(&hidden, "/c/ledger/key?key=c1").await.ok();
+    assert!(
+        !r.body.contains("&quot;seq&quot;") && r.body.contains("Payload hidden"),
+        "{}",
+        r.body
+    );
+    let r = get(&hidden, "/").await.ok();
+    assert!(
+        r.body.contains("memory outbox") && r.body.contains("pending"),
+        "{}",
+        r.body
+    );
+
     // The confirmation names the head entry and the generation.
     let (page_, fields) = confirm(&router, &s, "skip", "c1").await;
     let cookie = page_.cookie();
