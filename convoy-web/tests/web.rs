@@ -500,6 +500,37 @@ async fn authentication_hosts_and_listen_addresses() {
         .expect("reply");
     assert_eq!(r.status(), StatusCode::OK);
 
+    // Mounted under a prefix: links, assets and the cookie point there.
+    let nested = s
+        .page(Settings {
+            base_path: "/ops".to_owned(),
+            ..settings()
+        })
+        .await
+        .router();
+    let app = axum::Router::new().nest("/ops", nested);
+    let r = get(&app, "/ops").await.ok();
+    assert!(
+        r.body.contains("href=\"/ops/audit\"") && r.body.contains("/ops/assets/app.js"),
+        "{}",
+        r.body
+    );
+    assert!(r.cookie().starts_with("convoy_csrf="));
+    assert!(
+        r.headers["set-cookie"]
+            .to_str()
+            .expect("cookie")
+            .contains("Path=/ops")
+    );
+    get(&app, "/ops/assets/app.css").await.ok();
+    assert!(
+        get(&app, "/ops?fragment=1")
+            .await
+            .ok()
+            .body
+            .contains("Categories")
+    );
+
     // A non-loopback address without credentials refuses to start.
     let admin = convoy_runtime::redis::admin::Admin::connect(&s.url)
         .await

@@ -66,9 +66,15 @@ impl State {
         }
     }
 
-    /// `path` under the base path.
+    /// `path` under the base path (the root of a router nested at
+    /// `/ops` is `/ops`: axum routes `/ops/` nowhere).
     pub(crate) fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.settings.base_path)
+        let base = &self.settings.base_path;
+        if path == "/" && !base.is_empty() {
+            base.clone()
+        } else {
+            format!("{base}{path}")
+        }
     }
 
     pub(crate) fn snapshot(&self, category: &str) -> Option<Arc<Snapshot>> {
