@@ -1,9 +1,10 @@
 //! Bounded reads for a page an operator keeps open (`convoy serve`): the
 //! registered categories and their counters, the live instances of a
 //! handler, one page of a category's partition keys by `SSCAN` cursor,
-//! and the status of a given set of keys. Each costs a number of Redis
-//! commands fixed by its arguments (the shard count, the page size), never
-//! by the number of partitions.
+//! the status of a given set of keys and when their oldest pending entry
+//! was published, a key's latest entries and the latest dead letters.
+//! Each costs a number of Redis commands fixed by its arguments (the shard
+//! count, the page size), never by the number of partitions.
 
 use std::fmt;
 use std::str::FromStr;
