@@ -197,6 +197,15 @@ pub enum Command {
     /// The PostgreSQL outbox: backlog, oldest pending age, abandoned rows
     /// with their reasons; `retry` or `discard` an abandoned row.
     Outbox(OutboxArgs),
+    /// Serve the operator page in the browser: every category, partition
+    /// and key live and searchable, with the same confirmed, fenced and
+    /// audited head actions (skip, dead-letter, retry, retry all halted,
+    /// replay). Loopback only unless authentication is configured: a token
+    /// (--token-file, or $CONVOY_WEB_TOKEN) or basic credentials
+    /// (--basic-file with `user:password` lines, or $CONVOY_WEB_BASIC),
+    /// never given on the command line. --operator (or $USER) is the audit
+    /// identity without basic credentials.
+    Serve(ServeArgs),
     /// Show the latest operator actions (every shard's `{s}convoy:audit`
     /// and `convoy:audit`, merged by time).
     Audit {
@@ -207,6 +216,43 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `convoy serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; a non-loopback one needs authentication.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub listen: std::net::SocketAddr,
+    /// Show everything, act on nothing: actions are hidden and refused
+    /// (HTTP 405).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Hide event payloads (they may hold personal data).
+    #[arg(long)]
+    pub hide_payloads: bool,
+    /// A file whose first line is the bearer token (at least 16
+    /// characters); else $CONVOY_WEB_TOKEN.
+    #[arg(long, value_name = "FILE", conflicts_with = "basic_file")]
+    pub token_file: Option<PathBuf>,
+    /// A file of `user:password` lines for basic authentication; else
+    /// $CONVOY_WEB_BASIC (`user:password`).
+    #[arg(long, value_name = "FILE")]
+    pub basic_file: Option<PathBuf>,
+    /// Also answer to this `Host` (name:port) without authentication
+    /// (loopback names always are).
+    #[arg(long, value_name = "HOST")]
+    pub allowed_host: Vec<String>,
+    /// Seconds between two live refreshes of an open page (at least 1).
+    #[arg(long, default_value_t = 2)]
+    pub live_seconds: u64,
+    /// Seconds between two background snapshots of every partition (for
+    /// sorting by lag and filtering by state).
+    #[arg(long, default_value_t = 30)]
+    pub snapshot_seconds: u64,
+    /// At most this many partitions read per second by the snapshot.
+    #[arg(long, default_value_t = 20_000)]
+    pub snapshot_rate: usize,
 }
 
 /// `convoy outbox [retry|discard ID]`.

@@ -76,6 +76,9 @@ pub enum CliError {
     /// JSON output failed.
     #[error("cannot render JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// The operator page cannot start.
+    #[error(transparent)]
+    Web(#[from] convoy_web::WebError),
     /// An argument cannot be used (a `--key-hex` that is not hexadecimal
     /// UTF-8, a category that cannot exist).
     #[error("{0}")]
@@ -96,6 +99,8 @@ impl CliError {
             CliError::Admin(e) if e.is_unreachable() => 2,
             CliError::Outbox(e) if e.is_transient() => 2,
             CliError::Usage(_) => crate::USAGE,
+            CliError::Web(convoy_web::WebError::Io { .. }) => 1,
+            CliError::Web(_) => crate::USAGE,
             _ => 1,
         }
     }
@@ -104,7 +109,7 @@ impl CliError {
 /// Where to connect.
 #[derive(Debug)]
 pub struct Target {
-    url: String,
+    pub(crate) url: String,
     ca_file: Option<String>,
     backfill_suffix: String,
 }
@@ -185,10 +190,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         return print(&outbox::run(&cli.conn, args).await?);
     }
     let target = target(&cli.conn)?;
+    if let Command::Serve(args) = &cli.command {
+        return crate::serve::run(&cli.conn, &target, args).await;
+    }
     let admin = connect(&target).await?;
     let who = operator(&cli.conn);
     let out = match cli.command {
-        Command::Acl { .. } | Command::Outbox(_) => String::new(),
+        Command::Acl { .. } | Command::Outbox(_) | Command::Serve(_) => String::new(),
         Command::Partitions {
             category,
             json,

@@ -11,6 +11,7 @@ mod cli;
 mod commands;
 mod outbox;
 mod render;
+mod serve;
 
 use std::process::ExitCode;
 

@@ -73,7 +73,11 @@ pub async fn run(conn: &Connection, args: &OutboxArgs) -> Result<String, CliErro
 /// The outbox of `--postgres-url` (or `$CONVOY_POSTGRES_URL`), else of
 /// `[outbox] postgres_url`; its schema and table from the configuration.
 /// Checks that it can connect; never migrates.
-async fn open(conn: &Connection, args: &OutboxArgs, config: &Config) -> Result<PgOutbox, CliError> {
+pub(crate) async fn open(
+    conn: &Connection,
+    args: &OutboxArgs,
+    config: &Config,
+) -> Result<PgOutbox, CliError> {
     let (url, from) = match (&args.postgres_url, &config.outbox.postgres_url) {
         (Some(url), _) => (url, "--postgres-url".to_owned()),
         (None, Some(url)) => (

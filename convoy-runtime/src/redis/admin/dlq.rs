@@ -198,7 +198,7 @@ impl Admin {
     }
 }
 
-fn dead_letter(stream: &str, e: &Entry) -> DeadLetter {
+pub(super) fn dead_letter(stream: &str, e: &Entry) -> DeadLetter {
     let f: BTreeMap<&str, String> = e
         .fields
         .iter()

@@ -87,6 +87,7 @@ mod gaps;
 mod head;
 mod inspect;
 mod outbox;
+mod page;
 mod partitions;
 mod status;
 
@@ -96,6 +97,7 @@ pub use error::AdminError;
 pub use head::{HeadOp, HeadOutcome, HeadRequest};
 pub use inspect::{Head, Inspection};
 pub use outbox::{OutboxOp, OutboxOutcome};
+pub use page::{CategorySummary, Instance, KeyPage, RecentEntry, ScanCursor};
 pub use partitions::{CategoryReport, Totals};
 pub use status::{GapRecord, PartitionStatus};
 

@@ -15,7 +15,7 @@ use crate::redis::connection::query_by_slot;
 use crate::redis::reply::text;
 
 /// Keys per pipeline when listing partitions.
-const CHUNK: usize = 200;
+pub(super) const CHUNK: usize = 200;
 
 /// Members asked for per `SSCAN` of a shard's partition index.
 const SCAN_COUNT: usize = 1000;
@@ -160,7 +160,7 @@ impl Admin {
 
     /// Per key both lanes' length and group info, per unit the lease and
     /// the state hash: one pipeline (per hash slot on a cluster).
-    async fn status_rows(
+    pub(super) async fn status_rows(
         &self,
         category: &str,
         shards: u32,

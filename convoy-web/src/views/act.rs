@@ -1,0 +1,495 @@
+//! The actions: each shown on a confirmation page naming the exact head
+//! entry and generation it will act on, then POSTed with them (and the
+//! CSRF token). The head action is fenced exactly as the command line's:
+//! the admin's script acts only if the head is still the confirmed entry,
+//! and the page first refuses when the unit's durable generation moved.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Form, Path, Query, State as AxState};
+use axum::http::{HeaderMap, StatusCode};
+use convoy_runtime::redis::admin::{HeadOp, HeadRequest, Inspection};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::read::RETRY_ALL_MAX;
+use super::{
+    Failure, Operator, State, View, check_csrf, csrf_field, enc, html_response, layout, pretty,
+    short, utc,
+};
+use crate::live::RowState;
+
+fn parse_op(op: &str) -> Result<HeadOp, Failure> {
+    match op {
+        "skip" => Ok(HeadOp::Skip),
+        "dead_letter" => Ok(HeadOp::DeadLetter),
+        "retry" => Ok(HeadOp::Retry),
+        _ => Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "the action must be skip, dead_letter or retry",
+        )),
+    }
+}
+
+fn op_words(op: HeadOp) -> (&'static str, &'static str) {
+    match op {
+        HeadOp::Skip => (
+            "Skip",
+            "The head is acknowledged without running it: the partition resumes with its next event, and this event is never handled by this handler.",
+        ),
+        HeadOp::DeadLetter => (
+            "Dead-letter",
+            "The head is copied to the key's dead letter stream, then acknowledged: the partition resumes with its next event; the dead letter can be replayed later.",
+        ),
+        HeadOp::Retry => (
+            "Retry in place",
+            "The halt and the head's failure count are cleared and nothing is acknowledged: the owner runs this same head again (attempt 1), then the events behind it, in order.",
+        ),
+    }
+}
+
+fn key_url(state: &State, category: &str, key: &str) -> String {
+    state.url(&format!("/c/{category}/key?key={}", enc(key)))
+}
+
+/// `?op=&key=&handler=&force=`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ConfirmQuery {
+    op: String,
+    key: String,
+    handler: Option<String>,
+    force: Option<String>,
+}
+
+fn forced(v: &Option<String>) -> bool {
+    matches!(v.as_deref(), Some("1" | "on" | "true"))
+}
+
+/// Whether the unit is halted on its head (where an unforced action is
+/// allowed).
+fn on_halt(i: &Inspection) -> bool {
+    let s = &i.status;
+    i.head.as_ref().is_some_and(|h| {
+        s.halted && h.pending && s.halt_entry.as_deref() == Some(h.entry_id.as_str())
+    })
+}
+
+/// The confirmation of a head action: the head entry, the generation,
+/// the event; a form POSTing them back.
+pub(crate) async fn confirm_head(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Query(q): Query<ConfirmQuery>,
+) -> View {
+    let op = parse_op(&q.op)?;
+    let force = forced(&q.force);
+    let key = q.key.as_str();
+    let group = state
+        .admin
+        .resolve_group(&category, Some(key), q.handler.as_deref())
+        .await?;
+    let i = state.admin.inspect(&category, key, &group).await?;
+    let s = &i.status;
+    let (verb, what) = op_words(op);
+    let not_a_stream = s.halt_reason.as_deref() == Some("not a stream");
+    if i.head.is_none() && !not_a_stream {
+        return Err(Failure::new(
+            StatusCode::CONFLICT,
+            format!("{category}:{key} has no head for {group}: nothing to act on"),
+        ));
+    }
+    if !on_halt(&i) && !force && !not_a_stream {
+        return Err(Failure::new(
+            StatusCode::CONFLICT,
+            format!(
+                "{category}:{key} is not halted on its head for {group}: an action would fence its running owner out; use the forced action on the key's page to do it anyway"
+            ),
+        ));
+    }
+    let entry = i
+        .head
+        .as_ref()
+        .map(|h| h.entry_id.clone())
+        .unwrap_or_default();
+    let hide = state.settings.hide_payloads;
+    let body = html! {
+        p { a href=(key_url(&state, &category, key)) { "← key " (key) } }
+        h1 { "Confirm: " (verb) }
+        div class=(if force { "box warn" } else { "box" }) {
+            p { (what) }
+            dl {
+                dt { "partition" } dd class="mono" { (category) ":" (key) }
+                dt { "handler" } dd class="mono" { (group) }
+                @if not_a_stream {
+                    dt { "halt" } dd { "halted because its key was not a stream: the halt is cleared, no event is skipped" }
+                } @else {
+                    dt { "head entry" } dd class="mono" id="confirm-entry" { (entry) }
+                }
+                dt { "generation" } dd class="mono" id="confirm-generation" { (s.durable_generation) }
+                dt { "owner" } dd class="mono" { (s.owner.as_deref().unwrap_or("—")) " " @if let Some(g) = s.generation { "(lease generation " (g) ")" } }
+                @if s.halted {
+                    dt { "halted" } dd class="err" { (s.halt_reason.as_deref().unwrap_or("")) @if let Some(t) = s.halt_since_ms { " since " (utc(t)) } }
+                }
+                @if let Some(e) = s.halt_error.as_deref().or(s.last_error.as_deref()) { dt { "error" } dd class="err" { (e) } }
+                @if let Some(env) = i.head.as_ref().and_then(|h| h.envelope.as_ref()) {
+                    dt { "type" } dd { (env.type_name) }
+                    dt { "message id" } dd class="mono" { (env.id) }
+                    dt { "published" } dd { (utc(env.time_ms)) }
+                }
+            }
+            @if let Some(env) = i.head.as_ref().and_then(|h| h.envelope.as_ref()) {
+                @if hide { p class="muted" { "Payload hidden by the page's settings." } } @else { pre { (pretty(&env.payload)) } }
+            }
+            @if force {
+                p class="err" {
+                    strong { "FORCE: " }
+                    "this partition is not halted on this head. Its owner is fenced out first (its lease is deleted and the generation bumped); the event it has in flight may still take effect."
+                }
+            }
+            p class="muted" { "Acted on only if the head is still this entry and the generation has not moved; recorded in the audit stream as " (state.settings.operator.clone()) " or your login." }
+        }
+        form method="post" action=(state.url(&format!("/c/{category}/act"))) {
+            (csrf_field(&state))
+            input type="hidden" name="op" value=(q.op);
+            input type="hidden" name="key" value=(key);
+            input type="hidden" name="handler" value=(group);
+            input type="hidden" name="entry" value=(entry);
+            input type="hidden" name="generation" value=(s.durable_generation);
+            @if force { input type="hidden" name="force" value="1"; }
+            button type="submit" id="confirm" class=(if op == HeadOp::Retry && !force { "" } else { "danger" }) {
+                (verb) @if !entry.is_empty() { " entry " (entry) } @if force { " (FORCED)" }
+            }
+            " "
+            a class="button secondary" href=(key_url(&state, &category, key)) { "Cancel" }
+        }
+    };
+    Ok(html_response(layout(
+        &state,
+        &format!("Confirm {verb}"),
+        body,
+    )))
+}
+
+/// The form of a head action.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ActForm {
+    #[serde(default)]
+    csrf: String,
+    op: String,
+    key: String,
+    handler: String,
+    #[serde(default)]
+    entry: String,
+    generation: u64,
+    force: Option<String>,
+}
+
+/// A confirmed head action: refused when the generation moved (the page
+/// was stale), else the admin's fenced action on the confirmed entry.
+pub(crate) async fn act_head(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Extension(operator): Extension<Operator>,
+    headers: HeaderMap,
+    Form(f): Form<ActForm>,
+) -> View {
+    check_csrf(&state, &headers, &f.csrf)?;
+    let op = parse_op(&f.op)?;
+    let force = forced(&f.force);
+    let key = f.key.as_str();
+    let i = state.admin.inspect(&category, key, &f.handler).await?;
+    let again = state.url(&format!(
+        "/c/{category}/confirm?op={}&key={}&handler={}{}",
+        f.op,
+        enc(key),
+        enc(&f.handler),
+        if force { "&force=1" } else { "" }
+    ));
+    if i.status.durable_generation != f.generation {
+        return Err(Failure::new(
+            StatusCode::CONFLICT,
+            format!(
+                "stale confirmation: {category}:{key} moved from generation {} to {} since the page was shown (another owner took it, or another operator acted); nothing was done. Look again: {again}",
+                f.generation, i.status.durable_generation
+            ),
+        ));
+    }
+    let not_a_stream = i.status.halt_reason.as_deref() == Some("not a stream");
+    if f.entry.is_empty() && !not_a_stream {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "no head entry confirmed; nothing was done",
+        ));
+    }
+    let outcome = state
+        .admin
+        .act_on_head(
+            op,
+            &HeadRequest {
+                category: &category,
+                key,
+                group: &f.handler,
+                force,
+                operator: &operator.0,
+                expect_entry: (!f.entry.is_empty()).then_some(f.entry.as_str()),
+            },
+        )
+        .await?;
+    let (verb, _) = op_words(op);
+    Ok(html_response(layout(
+        &state,
+        "Done",
+        html! {
+            h1 { (verb) ": done" }
+            div class="box note" id="outcome" {
+                dl {
+                    dt { "partition" } dd class="mono" { (category) ":" (key) }
+                    dt { "handler" } dd class="mono" { (f.handler) }
+                    @if !outcome.entry_id.is_empty() { dt { "entry" } dd class="mono" { (outcome.entry_id) " (" (outcome.lane.as_str()) " lane)" } }
+                    @if let Some(d) = &outcome.dlq_id { dt { "dead letter" } dd class="mono" { (d) } }
+                    @if let Some(t) = &outcome.fenced { dt { "fenced out" } dd class="mono err" { (t) } }
+                    dt { "audit record" } dd class="mono" { (outcome.audit_id) " by " (operator.0) }
+                }
+            }
+            p { a class="button" href=(key_url(&state, &category, key)) { "Back to the key" } }
+        },
+    )))
+}
+
+/// `?handler=`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct HandlerQuery {
+    handler: String,
+}
+
+/// The confirmation of retrying every halted partition of a handler: the
+/// snapshot's halted units, each re-read now, with the entry each is
+/// halted on (at most [`RETRY_ALL_MAX`] at once).
+pub(crate) async fn confirm_retry_all(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Query(q): Query<HandlerQuery>,
+) -> View {
+    let group = state
+        .admin
+        .resolve_group(&category, None, Some(&q.handler))
+        .await?;
+    let Some(snap) = state.snapshot(&category) else {
+        return Err(Failure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the snapshot of this category is not taken yet; try again in a few seconds",
+        ));
+    };
+    let keys: Vec<String> = snap
+        .rows
+        .iter()
+        .filter(|r| r.group == group && r.state == RowState::Halted)
+        .take(RETRY_ALL_MAX)
+        .map(|r| r.key.clone())
+        .collect();
+    let halted: Vec<_> = state
+        .admin
+        .partition_statuses(&category, &keys)
+        .await?
+        .into_iter()
+        .filter(|s| s.group == group && s.halted && s.halt_entry.is_some())
+        .collect();
+    let body = html! {
+        p { a href=(state.url(&format!("/c/{category}"))) { "← partitions of " (category) } }
+        h1 { "Confirm: retry every halted partition of " span class="mono" { (short(&group)) } }
+        div class="box" {
+            p { "Each partition below runs its halted head again, in place (never forced): acted on only if it is still halted on the entry shown. Each is audited." }
+            @if keys.len() == RETRY_ALL_MAX { p class="err" { "Only the first " (RETRY_ALL_MAX) " halted partitions are shown; confirm, then come back for the rest." } }
+        }
+        @if halted.is_empty() { p class="muted" { "No partition of " (category) " is halted for " (group) " now." } } @else {
+            form method="post" action=(state.url(&format!("/c/{category}/retry-all"))) {
+                (csrf_field(&state))
+                input type="hidden" name="handler" value=(group);
+                table {
+                    tr { th { "key" } th { "halted on entry" } th class="n" { "generation" } th { "error" } }
+                    @for s in &halted {
+                        @let entry = s.halt_entry.clone().unwrap_or_default();
+                        tr {
+                            td class="mono" { (s.key) }
+                            td class="mono" { (entry) }
+                            td class="n" { (s.durable_generation) }
+                            td class="err" { (s.halt_error.as_deref().unwrap_or("")) }
+                        }
+                        input type="hidden" name="unit" value=(format!("{entry} {}", s.key));
+                    }
+                }
+                p { button type="submit" id="confirm" { "Retry " (halted.len()) " halted partitions in place" } }
+            }
+        }
+    };
+    Ok(html_response(layout(&state, "Confirm retry all", body)))
+}
+
+/// Retries each confirmed (entry, key) in place, fenced on that entry.
+pub(crate) async fn retry_all(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Extension(operator): Extension<Operator>,
+    headers: HeaderMap,
+    Form(fields): Form<Vec<(String, String)>>,
+) -> View {
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or("")
+    };
+    check_csrf(&state, &headers, field("csrf"))?;
+    let group = field("handler").to_owned();
+    let mut done = 0usize;
+    let mut left = Vec::new();
+    for (_, unit) in fields.iter().filter(|(k, _)| k == "unit") {
+        let Some((entry, key)) = unit.split_once(' ') else {
+            continue;
+        };
+        let request = HeadRequest {
+            category: &category,
+            key,
+            group: &group,
+            force: false,
+            operator: &operator.0,
+            expect_entry: Some(entry),
+        };
+        match state.admin.act_on_head(HeadOp::Retry, &request).await {
+            Ok(_) => done += 1,
+            Err(e) => left.push((key.to_owned(), e.to_string())),
+        }
+    }
+    Ok(html_response(layout(
+        &state,
+        "Done",
+        html! {
+            h1 { "Retry all halted: done" }
+            div class="box note" id="outcome" {
+                p { "Retried " (done) " halted partitions of " (category) " for " (group) " in place (each audited); their owners run the heads again, in order." }
+                @if !left.is_empty() {
+                    p { (left.len()) " left alone (their heads moved or they resumed meanwhile):" }
+                    ul { @for (k, e) in &left { li { span class="mono" { (k) } ": " (e) } } }
+                }
+            }
+            p { a class="button" href=(state.url(&format!("/c/{category}"))) { "Back to the partitions" } }
+        },
+    )))
+}
+
+/// `?key=&dlq_id=`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReplayQuery {
+    key: String,
+    dlq_id: String,
+}
+
+/// The confirmation of a replay: the dead letter, where it goes.
+pub(crate) async fn confirm_replay(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Query(q): Query<ReplayQuery>,
+) -> View {
+    let letters = state.admin.dlq(&category, Some(&q.key)).await?;
+    let Some(l) = letters.iter().find(|l| l.dlq_id == q.dlq_id) else {
+        return Err(Failure::new(
+            StatusCode::NOT_FOUND,
+            format!("no dead letter {} for {category}:{}", q.dlq_id, q.key),
+        ));
+    };
+    let hide = state.settings.hide_payloads;
+    let body: Markup = html! {
+        p { a href=(key_url(&state, &category, &q.key)) { "← key " (q.key) } }
+        h1 { "Confirm: replay a dead letter" }
+        div class="box" {
+            dl {
+                dt { "partition" } dd class="mono" { (category) ":" (q.key) }
+                dt { "dead letter" } dd class="mono" { (l.dlq_id) }
+                dt { "handler" } dd class="mono" { (l.group.as_deref().unwrap_or("—")) }
+                dt { "from entry" } dd class="mono" { (l.entry.as_deref().unwrap_or("—")) }
+                dt { "error" } dd class="err" { (l.error.as_deref().unwrap_or("")) }
+                @if let Some(env) = &l.envelope {
+                    dt { "type" } dd { (env.type_name) }
+                    dt { "message id" } dd class="mono" { (env.id) }
+                }
+            }
+            @if let Some(env) = &l.envelope {
+                @if hide { p class="muted" { "Payload hidden by the page's settings." } } @else { pre { (pretty(&env.payload)) } }
+            }
+        }
+        form method="post" action=(state.url(&format!("/c/{category}/replay"))) {
+            (csrf_field(&state))
+            input type="hidden" name="key" value=(q.key);
+            input type="hidden" name="dlq_id" value=(l.dlq_id);
+            p {
+                label { input type="radio" name="at" value="tail" checked; " at the tail: after the events already there; every handler of the category receives it again (out of its original order)" }
+                br;
+                label { input type="radio" name="at" value="head"; " at the head: before every event its handler has not finished, restoring the key's order" }
+                br;
+                label class="err" { input type="checkbox" name="force" value="1"; " FORCE (at the head only): fence a running owner out first" }
+            }
+            button type="submit" id="confirm" { "Replay dead letter " (l.dlq_id) }
+            " "
+            a class="button secondary" href=(key_url(&state, &category, &q.key)) { "Cancel" }
+        }
+    };
+    Ok(html_response(layout(&state, "Confirm replay", body)))
+}
+
+/// The form of a replay.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ReplayForm {
+    #[serde(default)]
+    csrf: String,
+    key: String,
+    dlq_id: String,
+    at: Option<String>,
+    force: Option<String>,
+}
+
+/// A confirmed replay (the dead letter id fences it: a letter replayed
+/// meanwhile is gone and refused).
+pub(crate) async fn replay(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Extension(operator): Extension<Operator>,
+    headers: HeaderMap,
+    Form(f): Form<ReplayForm>,
+) -> View {
+    check_csrf(&state, &headers, &f.csrf)?;
+    let head = f.at.as_deref() == Some("head");
+    let o = if head {
+        state
+            .admin
+            .replay_at_head(
+                &category,
+                &f.key,
+                &f.dlq_id,
+                None,
+                &operator.0,
+                forced(&f.force),
+            )
+            .await?
+    } else {
+        state
+            .admin
+            .replay(&category, &f.key, &f.dlq_id, &operator.0)
+            .await?
+    };
+    Ok(html_response(layout(
+        &state,
+        "Done",
+        html! {
+            h1 { "Replay: done" }
+            div class="box note" id="outcome" {
+                dl {
+                    dt { "dead letter" } dd class="mono" { (o.dlq_id) }
+                    dt { "now entry" } dd class="mono" { (o.entry_id) " at the " (if head { "head" } else { "tail" }) " of " (o.stream) }
+                    dt { "audit record" } dd class="mono" { (o.audit_id) " by " (operator.0) }
+                }
+            }
+            p { a class="button" href=(key_url(&state, &category, &f.key)) { "Back to the key" } }
+        },
+    )))
+}

@@ -1,0 +1,551 @@
+//! The operator page over a real `redis-server` and a running engine: a
+//! poison event halts its partition; every view shows it; the head
+//! actions, retry all halted and replay change the partition and write an
+//! audit record with the operator; a stale confirmation, a POST without
+//! the CSRF token and a read-only page are refused; a hostile key and
+//! payload come back escaped; a non-loopback address without credentials
+//! refuses to start.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use common::{Setup, WAIT, enc, get, ids, post, posted, settings, setup, wait_until};
+use convoy_web::{Auth, Settings, WebError};
+
+/// The confirmation page of `op` on `key`, and the fields it POSTs.
+async fn confirm(
+    router: &axum::Router,
+    s: &Setup,
+    op: &str,
+    key: &str,
+) -> (common::Reply, Vec<(String, String)>) {
+    let page = get(
+        router,
+        &format!(
+            "/c/ledger/confirm?op={op}&key={}&handler={}",
+            enc(key),
+            enc(&s.group)
+        ),
+    )
+    .await
+    .ok();
+    let fields = ["csrf", "op", "key", "handler", "entry", "generation"]
+        .iter()
+        .map(|f| (f.to_string(), page.field(f)))
+        .collect();
+    (page, fields)
+}
+
+fn form(fields: &[(String, String)]) -> Vec<(&str, &str)> {
+    fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+fn with(fields: &[(String, String)], name: &str, value: &str) -> Vec<(String, String)> {
+    fields
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                if k == name {
+                    value.to_owned()
+                } else {
+                    v.clone()
+                },
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_actions_fencing_and_refusals() {
+    let s = setup();
+    let engine = s.domain.engine().spawn();
+    let hostile = "<script>alert(1)</script>";
+    let mut events = Vec::new();
+    for seq in 0..10 {
+        for key in ["c0", "c1", "c2"] {
+            events.push(posted(key, seq, key == "c1" && (seq == 3 || seq == 6)));
+        }
+    }
+    let mut bad = posted(hostile, 0, true);
+    bad.note = "<img src=x onerror=alert(2)>".to_owned();
+    events.push(bad);
+    s.publish(&events).await;
+    wait_until(
+        WAIT,
+        "c0 and c2 finish, c1 and the hostile key halt",
+        || async {
+            s.seen("c0").len() == 10
+                && s.seen("c2").len() == 10
+                && s.halted_on("c1").await.is_some()
+                && s.halted_on(hostile).await.is_some()
+        },
+    )
+    .await;
+    let halt_entry = s.halted_on("c1").await.expect("halted");
+    let page = s.page(settings()).await;
+    let router = page.router();
+
+    // The overview: the category, its handler, the halts, the instance,
+    // the chart; and the security headers.
+    let r = get(&router, "/").await.ok();
+    let csp = r.headers["content-security-policy"].to_str().expect("csp");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe"),
+        "{csp}"
+    );
+    assert_eq!(r.headers["x-frame-options"], "DENY");
+    assert!(r.body.contains(">ledger<"), "{}", r.body);
+    assert!(r.body.contains(">Recorder<"), "{}", r.body);
+    assert!(r.body.contains("2 halted"), "{}", r.body);
+    assert!(
+        r.body.contains(">e0<") && r.body.contains("alive"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("<svg") && r.body.contains("ledger / Recorder: "),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("retry all halted"), "{}", r.body);
+    assert!(!r.body.contains(&s.url), "the Redis URL is never shown");
+    // Its live part alone.
+    let part = get(&router, "/?fragment=1").await.ok();
+    assert!(!part.body.contains("<html") && part.body.contains(">ledger<"));
+
+    // The partitions, live in index order, by prefix, by state, by lag.
+    let r = get(&router, "/c/ledger").await.ok();
+    for k in ["c0", "c1", "c2"] {
+        assert!(r.body.contains(&format!(">{k}</a>")), "{k}: {}", r.body);
+    }
+    assert!(r.body.contains("SSCAN call"), "{}", r.body);
+    assert!(
+        r.body.contains("max_retries exceeded") || r.body.contains("poison event c1#3"),
+        "{}",
+        r.body
+    );
+    let r = get(&router, "/c/ledger?prefix=c1").await.ok();
+    assert!(
+        r.body.contains(">c1</a>") && !r.body.contains(">c0</a>"),
+        "{}",
+        r.body
+    );
+    let r = get(&router, "/c/ledger?state=halted").await.ok();
+    assert!(
+        r.body.contains(">c1</a>") && !r.body.contains(">c0</a>"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("state-halted"), "{}", r.body);
+    let r = get(&router, "/c/ledger?sort=lag").await.ok();
+    let (c1, c0) = (r.body.find(">c1</a>"), r.body.find(">c0</a>"));
+    assert!(
+        c1.is_some() && c0.is_some() && c1 < c0,
+        "c1 (lag 7) first: {}",
+        r.body
+    );
+
+    // The key: its head decoded, the payload pretty-printed, escaped.
+    let r = get(&router, "/c/ledger/key?key=c1").await.ok();
+    assert!(r.body.contains(&halt_entry), "{}", r.body);
+    assert!(r.body.contains("Posted"), "{}", r.body);
+    assert!(r.body.contains("&quot;seq&quot;: 3"), "{}", r.body);
+    assert!(r.body.contains("poison event c1#3"), "{}", r.body);
+    assert!(r.body.contains("Retry in place…"), "{}", r.body);
+
+    // A hostile key and payload render as text.
+    let r = get(&router, &format!("/c/ledger/key?key={}", enc(hostile)))
+        .await
+        .ok();
+    assert!(
+        r.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("&lt;img src=x onerror=alert(2)&gt;"),
+        "{}",
+        r.body
+    );
+    assert!(
+        !r.body.contains("<script>alert") && !r.body.contains("<img src=x"),
+        "{}",
+        r.body
+    );
+    let r = get(&router, "/c/ledger?state=halted").await.ok();
+    assert!(
+        r.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;")
+            && !r.body.contains("<script>alert")
+    );
+
+    // A read-only page over the same Redis hides and refuses the actions.
+    let ro = s
+        .page(Settings {
+            read_only: true,
+            ..settings()
+        })
+        .await
+        .router();
+    let r = get(&ro, "/c/ledger/key?key=c1").await.ok();
+    assert!(
+        !r.body.contains("Retry in place") && r.body.contains("read-only"),
+        "{}",
+        r.body
+    );
+    assert!(!get(&ro, "/").await.ok().body.contains("retry all halted"));
+    let r = get(
+        &ro,
+        &format!("/c/ledger/confirm?op=skip&key=c1&handler={}", enc(&s.group)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+    let (page_, fields) = confirm(&router, &s, "skip", "c1").await;
+    for path in ["/c/ledger/act", "/c/ledger/retry-all", "/c/ledger/replay"] {
+        let r = post(&ro, path, &form(&fields), Some(&page_.cookie())).await;
+        assert_eq!(
+            r.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{path}: {}",
+            r.body
+        );
+    }
+
+    // Payloads hidden by the setting; the outbox's backlog when one is
+    // configured.
+    let outbox = std::sync::Arc::new(convoy_runtime::outbox::MemoryOutbox::new());
+    let hidden = s
+        .page(Settings {
+            hide_payloads: true,
+            outbox: Some(("memory outbox".to_owned(), outbox)),
+            ..settings()
+        })
+        .await
+        .router();
+    let r = get(&hidden, "/c/ledger/key?key=c1").await.ok();
+    assert!(
+        !r.body.contains("&quot;seq&quot;") && r.body.contains("Payload hidden"),
+        "{}",
+        r.body
+    );
+    let r = get(&hidden, "/").await.ok();
+    assert!(
+        r.body.contains("memory outbox") && r.body.contains("pending"),
+        "{}",
+        r.body
+    );
+
+    // The confirmation names the head entry and the generation.
+    let (page_, fields) = confirm(&router, &s, "skip", "c1").await;
+    let cookie = page_.cookie();
+    let entry = page_.field("entry");
+    assert_eq!(entry, halt_entry);
+    assert!(
+        page_
+            .body
+            .contains(&format!("id=\"confirm-entry\">{halt_entry}<")),
+        "{}",
+        page_.body
+    );
+    let generation: u64 = page_.field("generation").parse().expect("generation");
+    assert!(generation >= 1);
+
+    // Refused: no CSRF token, a wrong one, no cookie, another site.
+    let r = post(
+        &router,
+        "/c/ledger/act",
+        &form(&with(&fields, "csrf", "")),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    assert!(r.body.contains("CSRF"), "{}", r.body);
+    let r = post(
+        &router,
+        "/c/ledger/act",
+        &form(&with(&fields, "csrf", "00")),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let r = post(&router, "/c/ledger/act", &form(&fields), None).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // Stale: the generation moved, or the head is another entry.
+    let r = post(
+        &router,
+        "/c/ledger/act",
+        &form(&with(&fields, "generation", &(generation + 1).to_string())),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    assert!(r.body.contains("stale confirmation"), "{}", r.body);
+    let r = post(
+        &router,
+        "/c/ledger/act",
+        &form(&with(&fields, "entry", "1-0")),
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    assert_eq!(
+        s.halted_on("c1").await.as_deref(),
+        Some(halt_entry.as_str()),
+        "nothing was done"
+    );
+    assert!(s.audit("c1").await.is_empty(), "nothing was audited");
+
+    // Skip from the page: audited with the operator; c1 runs on to its
+    // second poison event.
+    let r = post(&router, "/c/ledger/act", &form(&fields), Some(&cookie))
+        .await
+        .ok();
+    assert!(
+        r.body.contains("audit record") && r.body.contains("tester (web)"),
+        "{}",
+        r.body
+    );
+    wait_until(WAIT, "c1 runs up to its second poison event", || async {
+        s.seen("c1").len() == 5 && s.halted_on("c1").await.is_some_and(|e| e != halt_entry)
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5]));
+    let audit = s.audit("c1").await;
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    let a = &audit[0];
+    assert_eq!(
+        (
+            a["op"].as_str(),
+            a["key"].as_str(),
+            a["entry"].as_str(),
+            a["operator"].as_str(),
+            a["forced"].as_str()
+        ),
+        ("skip", "c1", halt_entry.as_str(), "tester (web)", "0")
+    );
+    // The confirmation shown before the skip is now stale.
+    let r = post(&router, "/c/ledger/act", &form(&fields), Some(&cookie)).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+
+    // Dead-letter the second poison event from the page.
+    let second = s.halted_on("c1").await.expect("halted");
+    let (page_, fields) = confirm(&router, &s, "dead_letter", "c1").await;
+    assert_eq!(page_.field("entry"), second);
+    post(
+        &router,
+        "/c/ledger/act",
+        &form(&fields),
+        Some(&page_.cookie()),
+    )
+    .await
+    .ok();
+    wait_until(WAIT, "c1 finishes", || async { s.seen("c1").len() == 8 }).await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9]));
+
+    // The dead letter shows on the key's page and the dead letters view;
+    // the audit log shows both actions.
+    let r = get(&router, "/c/ledger/key?key=c1").await.ok();
+    assert!(
+        r.body.contains("poison event c1#6") && r.body.contains("replay…"),
+        "{}",
+        r.body
+    );
+    let r = get(&router, "/c/ledger/dlq?key=c1").await.ok();
+    assert!(
+        r.body.contains(&second) && r.body.contains("tester (web)"),
+        "{}",
+        r.body
+    );
+    let r = get(&router, "/audit").await.ok();
+    assert!(
+        r.body.contains("dead_letter") && r.body.contains(">skip<"),
+        "{}",
+        r.body
+    );
+
+    // Replay it at the tail, cured: it runs, last.
+    let key_page = get(&router, "/c/ledger/key?key=c1").await.ok();
+    let at = key_page.body.find("dlq_id=").expect("a replay link") + "dlq_id=".len();
+    let dlq_id: String = key_page.body[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '-' || *c == '%')
+        .collect::<String>()
+        .replace("%2D", "-");
+    let r = get(
+        &router,
+        &format!("/c/ledger/confirm-replay?key=c1&dlq_id={dlq_id}"),
+    )
+    .await
+    .ok();
+    let replay = [
+        ("csrf", r.field("csrf")),
+        ("key", r.field("key")),
+        ("dlq_id", r.field("dlq_id")),
+        ("at", "tail".to_owned()),
+    ];
+    let replay: Vec<(&str, &str)> = replay.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    s.poison.store(false, Ordering::SeqCst);
+    post(&router, "/c/ledger/replay", &replay, Some(&r.cookie()))
+        .await
+        .ok();
+    wait_until(WAIT, "the replayed event is handled", || async {
+        s.seen("c1").len() == 9
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9, 6]));
+    // Replaying the same dead letter again is refused (it is gone).
+    let r = post(&router, "/c/ledger/replay", &replay, Some(&r.cookie())).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    assert!(r.body.contains("no dead letter"), "{}", r.body);
+
+    // Retry all halted: the hostile key is still halted; cured, it runs.
+    page.refresh_snapshot().await;
+    let r = get(
+        &router,
+        &format!("/c/ledger/confirm-retry-all?handler={}", enc(&s.group)),
+    )
+    .await
+    .ok();
+    assert!(
+        r.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("Retry 1 halted partitions"), "{}", r.body);
+    let unit = r.field("unit");
+    let fields = [
+        ("csrf", r.field("csrf")),
+        ("handler", r.field("handler")),
+        ("unit", unit),
+    ];
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let done = post(&router, "/c/ledger/retry-all", &fields, Some(&r.cookie()))
+        .await
+        .ok();
+    assert!(
+        done.body.contains("Retried 1 halted partitions"),
+        "{}",
+        done.body
+    );
+    wait_until(WAIT, "the hostile key's event runs", || async {
+        s.seen(hostile).len() == 1
+    })
+    .await;
+    let ops: Vec<String> = s
+        .audit(hostile)
+        .await
+        .iter()
+        .map(|a| a["op"].clone())
+        .collect();
+    assert!(ops.contains(&"retry".to_owned()), "{ops:?}");
+    engine.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_hosts_and_listen_addresses() {
+    let s = setup();
+    // No authentication: loopback hosts only (no DNS rebinding).
+    let router = s.page(settings()).await.router();
+    get(&router, "/").await.ok();
+    let req = axum::http::Request::get("/")
+        .header("host", "evil.example:8080")
+        .body(axum::body::Body::empty())
+        .expect("request");
+    let r = tower::ServiceExt::oneshot(router.clone(), req)
+        .await
+        .expect("reply");
+    assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
+    // A POST from another site is refused before its form is read.
+    let req = axum::http::Request::post("/c/ledger/act")
+        .header("host", "127.0.0.1:8080")
+        .header("sec-fetch-site", "cross-site")
+        .body(axum::body::Body::empty())
+        .expect("request");
+    let r = tower::ServiceExt::oneshot(router.clone(), req)
+        .await
+        .expect("reply");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    // Basic credentials: 401 without, the user is the operator with.
+    let auth = Auth::Basic(vec![("ann".into(), "s3cret-pass".into())]);
+    let router = s
+        .page(Settings {
+            auth: auth.clone(),
+            ..settings()
+        })
+        .await
+        .router();
+    let r = get(&router, "/").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        r.headers["www-authenticate"]
+            .to_str()
+            .expect("h")
+            .starts_with("Basic")
+    );
+    use base64::Engine as _;
+    let basic = base64::engine::general_purpose::STANDARD.encode("ann:s3cret-pass");
+    let req = axum::http::Request::get("/")
+        .header("host", "ops.example")
+        .header("authorization", format!("Basic {basic}"))
+        .body(axum::body::Body::empty())
+        .expect("request");
+    let r = tower::ServiceExt::oneshot(router.clone(), req)
+        .await
+        .expect("reply");
+    assert_eq!(r.status(), StatusCode::OK);
+
+    // Mounted under a prefix: links, assets and the cookie point there.
+    let nested = s
+        .page(Settings {
+            base_path: "/ops".to_owned(),
+            ..settings()
+        })
+        .await
+        .router();
+    let app = axum::Router::new().nest("/ops", nested);
+    let r = get(&app, "/ops").await.ok();
+    assert!(
+        r.body.contains("href=\"/ops/audit\"") && r.body.contains("/ops/assets/app.js"),
+        "{}",
+        r.body
+    );
+    assert!(r.cookie().starts_with("convoy_csrf="));
+    assert!(
+        r.headers["set-cookie"]
+            .to_str()
+            .expect("cookie")
+            .contains("Path=/ops")
+    );
+    get(&app, "/ops/assets/app.css").await.ok();
+    assert!(
+        get(&app, "/ops?fragment=1")
+            .await
+            .ok()
+            .body
+            .contains("Categories")
+    );
+
+    // A non-loopback address without credentials refuses to start.
+    let admin = convoy_runtime::redis::admin::Admin::connect(&s.url)
+        .await
+        .expect("admin");
+    let page = convoy_web::OperatorPage::new(admin, settings());
+    let e = page
+        .serve(
+            "0.0.0.0:0".parse().expect("addr"),
+            Default::default(),
+            |_| {},
+        )
+        .await
+        .expect_err("refused");
+    assert!(matches!(e, WebError::Unauthenticated { .. }), "{e}");
+    assert!(e.to_string().contains("without authentication"), "{e}");
+    assert!(convoy_web::check_listen(&"0.0.0.0:8080".parse().expect("addr"), &auth).is_ok());
+    assert!(convoy_web::check_listen(&"[::1]:8080".parse().expect("addr"), &Auth::None).is_ok());
+}
