@@ -3,8 +3,13 @@
 //! events show as halted; the operator opens one, sees its head,
 //! dead-letters it from the page; opens another, retries it in place
 //! from the page; both keys flow again; the overview refreshes itself
-//! live. Screenshots of the overview and of a halted key are written to
-//! `docs/images/`.
+//! live. Screenshots of the overview and of a halted key are taken on the
+//! way: written to the build's temporary directory, or to `docs/images/`
+//! (the README's) with `CONVOY_SCREENSHOTS=docs`:
+//!
+//! ```sh
+//! CONVOY_SCREENSHOTS=docs cargo test -p convoy-web --test browser
+//! ```
 //!
 //! A missing browser fails the test, naming the fix: `apt-get install -y
 //! chromium chromium-driver` (`.ci/run` installs them).
@@ -136,9 +141,16 @@ async fn outcome(c: &Client) {
     }
 }
 
+/// Where screenshots go: `docs/images/` with `CONVOY_SCREENSHOTS=docs`,
+/// else the build's temporary directory (a test run leaves the checkout
+/// as it was).
 fn images() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images");
-    std::fs::create_dir_all(&dir).expect("docs/images");
+    let dir = if std::env::var("CONVOY_SCREENSHOTS").as_deref() == Ok("docs") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images")
+    } else {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots")
+    };
+    std::fs::create_dir_all(&dir).expect("the screenshots' directory");
     dir
 }
 
