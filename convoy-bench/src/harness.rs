@@ -22,6 +22,11 @@ pub struct Tuning {
     pub heartbeat_s: f64,
     /// `max_unacked`: handled events acknowledged per fenced call.
     pub max_unacked: usize,
+    /// `[broker] wait_replicas`: replicas a publish (and with `wait_acks`
+    /// an acknowledgement) waits for.
+    pub wait_replicas: u32,
+    /// `[broker] wait_acks`.
+    pub wait_acks: bool,
 }
 
 impl Tuning {
@@ -33,6 +38,8 @@ impl Tuning {
             ttl_ms: p.lease_ttl_ms,
             heartbeat_s: p.heartbeat_interval().as_secs_f64(),
             max_unacked: p.max_unacked,
+            wait_replicas: 0,
+            wait_acks: false,
         }
     }
 
@@ -49,6 +56,16 @@ impl Tuning {
     pub fn with_max_unacked(self, max_unacked: usize) -> Self {
         Tuning {
             max_unacked,
+            ..self
+        }
+    }
+
+    /// The same waiting for `replicas` on every publish and, with `acks`,
+    /// on every acknowledgement.
+    pub fn with_wait(self, replicas: u32, acks: bool) -> Self {
+        Tuning {
+            wait_replicas: replicas,
+            wait_acks: acks,
             ..self
         }
     }
@@ -85,6 +102,8 @@ pub fn config(url: &str, tuning: Tuning) -> Config {
     c.server.partitioning.lease_ttl_ms = tuning.ttl_ms;
     c.server.partitioning.heartbeat_interval_seconds = Some(tuning.heartbeat_s);
     c.server.partitioning.max_unacked = tuning.max_unacked;
+    c.broker.wait_replicas = tuning.wait_replicas;
+    c.broker.wait_acks = tuning.wait_acks;
     c
 }
 
@@ -100,9 +119,14 @@ static PUBLISHERS: AtomicU64 = AtomicU64::new(0);
 /// instance id, so its outbox sequence starts fresh under a producer mark
 /// of its own.
 pub fn publisher(url: &str) -> Result<Domain> {
+    publisher_tuned(url, Tuning::defaults())
+}
+
+/// [`publisher`] with `tuning`'s broker settings (`wait_replicas`).
+pub fn publisher_tuned(url: &str, tuning: Tuning) -> Result<Domain> {
     let n = PUBLISHERS.fetch_add(1, Ordering::Relaxed);
     Domain::builder()
-        .config(config(url, Tuning::defaults()))
+        .config(config(url, tuning))
         .instance_id(format!("publisher-{}-{n}", std::process::id()))
         .init()
         .map_err(|e| anyhow!("publisher domain init failed: {e}"))

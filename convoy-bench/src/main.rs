@@ -81,6 +81,9 @@ impl Cli {
     }
 }
 
+// Parsed once at start: the size of the largest variant (`All`, every
+// scenario's options) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Scenario {
     /// N pre-published events over K keys, E engines: events/s, Redis calls

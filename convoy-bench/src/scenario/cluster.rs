@@ -30,9 +30,18 @@ pub struct ClusterArgs {
     /// Keys K the events are spread over.
     #[arg(long, default_value_t = 1024)]
     pub cluster_keys: usize,
-    /// Masters of the cluster (no replicas).
+    /// Masters of the cluster.
     #[arg(long, default_value_t = 3)]
     pub masters: usize,
+    /// Replicas of each master.
+    #[arg(long, default_value_t = 0)]
+    pub cluster_replicas: usize,
+    /// What convoy waits for replicas on (comma separated, each a case on
+    /// the cluster): `none`, `publish` (`wait_replicas = 1`) or `acks`
+    /// (`wait_replicas = 1`, `wait_acks = true`); the last two need
+    /// `--cluster-replicas 1` or more.
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("none")])]
+    pub cluster_wait: Vec<String>,
     /// Engine instances (the baseline runs as many consumers).
     #[arg(long, default_value_t = 1)]
     pub cluster_instances: usize,
@@ -199,15 +208,25 @@ pub async fn run(env: &mut Env, args: &ClusterArgs, kind: ServerKind) -> Result<
     if args.cluster_max_unacked.is_empty() || args.cluster_max_unacked.contains(&0) {
         bail!("--cluster-max-unacked needs values above 0");
     }
+    for w in &args.cluster_wait {
+        match w.as_str() {
+            "none" => {}
+            "publish" | "acks" if args.cluster_replicas > 0 => {}
+            "publish" | "acks" => bail!("--cluster-wait {w} needs --cluster-replicas 1 or more"),
+            other => bail!("--cluster-wait takes none, publish or acks, not {other:?}"),
+        }
+    }
     let masters = args.masters;
+    let replicas = args.cluster_replicas;
     progress(
         "cluster",
         format!("starting a cluster of {masters} masters"),
     );
-    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_on(kind, masters, 0))
-        .await
-        .context("starting the cluster panicked")?
-        .map_err(|e| anyhow!("cannot start the Redis Cluster: {e}"))?;
+    let cluster =
+        tokio::task::spawn_blocking(move || RedisCluster::start_on(kind, masters, replicas))
+            .await
+            .context("starting the cluster panicked")?
+            .map_err(|e| anyhow!("cannot start the Redis Cluster: {e}"))?;
     let result = measure(env, args, &cluster).await;
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
@@ -224,8 +243,8 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
     section.param(
         "targets",
         format!(
-            "one node: the benchmark's redis-server; cluster: {} masters, no replicas (RedisCluster::start, appendonly turned off on every node like the single one), every node on this machine",
-            args.masters
+            "one node: the benchmark's redis-server; cluster: {} masters, {} replicas each (RedisCluster::start, appendonly turned off on every node like the single one), every node on this machine",
+            args.masters, args.cluster_replicas
         ),
     );
     section.param(
@@ -280,23 +299,45 @@ async fn measure(env: &mut Env, args: &ClusterArgs, cluster: &RedisCluster) -> R
         baseline_rates.insert(tag, b.rate());
         push_load(&mut load_rows, target, "baseline", &b);
         for &mu in &args.cluster_max_unacked {
-            let case = format!("{} mu={mu}", target.name);
-            progress("cluster", format!("{case}: convoy"));
-            let c = convoy_side(target, args, base.with_max_unacked(mu), timeout).await?;
-            progress(
-                "cluster",
-                format!("{case}: convoy {:.0} events/s", c.rate()),
-            );
-            rates.insert((mu, tag), c.rate());
-            push_rows(
-                &mut section,
-                &case,
-                &c,
-                &b,
-                args.cluster_events,
-                tag == "cluster",
-            );
-            push_load(&mut load_rows, target, &format!("convoy mu={mu}"), &c);
+            for wait in &args.cluster_wait {
+                // One node has no replica to wait for.
+                if tag == "one" && wait != "none" {
+                    continue;
+                }
+                let tuning = match wait.as_str() {
+                    "publish" => base.with_max_unacked(mu).with_wait(1, false),
+                    "acks" => base.with_max_unacked(mu).with_wait(1, true),
+                    _ => base.with_max_unacked(mu),
+                };
+                let case = if wait == "none" {
+                    format!("{} mu={mu}", target.name)
+                } else {
+                    format!("{} mu={mu} wait={wait}", target.name)
+                };
+                progress("cluster", format!("{case}: convoy"));
+                let c = convoy_side(target, args, tuning, timeout).await?;
+                progress(
+                    "cluster",
+                    format!("{case}: convoy {:.0} events/s", c.rate()),
+                );
+                if wait == "none" {
+                    rates.insert((mu, tag), c.rate());
+                }
+                push_rows(
+                    &mut section,
+                    &case,
+                    &c,
+                    &b,
+                    args.cluster_events,
+                    tag == "cluster",
+                );
+                push_load(
+                    &mut load_rows,
+                    target,
+                    &format!("convoy mu={mu} wait={wait}"),
+                    &c,
+                );
+            }
         }
     }
     for &mu in &args.cluster_max_unacked {
@@ -527,7 +568,7 @@ async fn convoy_side(
     let (n, k) = (args.cluster_events, args.cluster_keys);
     target.reset().await?;
     let state = ProbeState::new();
-    let publisher = harness::publisher(&target.url)?;
+    let publisher = harness::publisher_tuned(&target.url, tuning)?;
     let events = model::spread(k, n);
     let t = Instant::now();
     harness::publish(&publisher, &events).await?;
