@@ -1,7 +1,26 @@
 //! A local Redis Cluster: real `redis-server` (or `valkey-server`, see
 //! [`ServerKind`]) processes in cluster mode on free ports, joined by
 //! `redis-cli --cluster create`.
+//!
+//! Besides stopping, killing, freezing and restarting single nodes (through
+//! [`RedisCluster::node_mut`]), the cluster injects the faults of a real
+//! deployment:
+//!
+//! - [`kill_clients`](RedisCluster::kill_clients): `CLIENT KILL` of every
+//!   client connection on every node at once;
+//! - [`migrate_slot`](RedisCluster::migrate_slot): a live, paced slot
+//!   migration (`IMPORTING` / `MIGRATING` / `MIGRATE` key by key /
+//!   `SETSLOT NODE`), from another thread while the application runs;
+//! - [`failover`](RedisCluster::failover): a graceful `CLUSTER FAILOVER`;
+//! - [`kill_master`](RedisCluster::kill_master): `kill -9` of a master and
+//!   the automatic failover to its replica;
+//! - [`cut_replication`](RedisCluster::cut_replication) then
+//!   [`lose_master`](RedisCluster::lose_master): the master's replica is
+//!   cut off (frozen and its replication link killed), so writes made after
+//!   the cut exist only on the master, which is then killed and replaced by
+//!   that replica: a deterministic loss of acknowledged writes.
 
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,34 +30,64 @@ use super::server::{RedisServer, ServerKind};
 
 /// How long [`RedisCluster::start`] waits for `cluster_state:ok`.
 const FORM_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`RedisCluster::cli`] waits for `redis-cli` (a frozen node
+/// never answers).
+const CLI_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`RedisCluster::wait_ok`] waits for one node's `CLUSTER INFO`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connect, read and write timeout of the kit's own connections to a node.
+const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The `timeout` argument of each `MIGRATE`, in milliseconds.
+const MIGRATE_TIMEOUT_MS: u64 = 5000;
+/// How many times one key's `MIGRATE` is tried before the migration fails.
+const MIGRATE_ATTEMPTS: usize = 10;
+/// Every how long [`RedisCluster::lose_master`] repeats
+/// `CLUSTER FAILOVER TAKEOVER` until the replica is a master.
+const TAKEOVER_RETRY: Duration = Duration::from_secs(2);
 
-/// A Redis Cluster of `masters` masters, each with `replicas` replicas,
-/// every node a [`RedisServer`] of its own (so each can be stopped,
-/// killed, frozen or restarted). Dropping it stops every node.
-///
-/// The cluster bus of each node listens on a second free port
-/// (`--cluster-port`), so node ports need not be below 55536.
-#[derive(Debug)]
-pub struct RedisCluster {
-    nodes: Vec<RedisServer>,
+/// Options for a [`RedisCluster`]; made by [`RedisCluster::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisClusterBuilder {
     masters: usize,
+    replicas: usize,
+    kind: Option<ServerKind>,
+    fsync_always: bool,
+    node_timeout_ms: u64,
 }
 
-impl RedisCluster {
-    /// Starts `masters` masters with `replicas` replicas each, forms the
-    /// cluster (slots spread evenly over the masters) and waits until every
-    /// node reports `cluster_state:ok`.
-    pub fn start(masters: usize, replicas: usize) -> Result<RedisCluster, TestingError> {
-        RedisCluster::start_on(ServerKind::from_env()?, masters, replicas)
+impl RedisClusterBuilder {
+    /// Runs every node as `kind` rather than the server `CONVOY_TEST_SERVER`
+    /// names ([`ServerKind::from_env`]).
+    pub fn server(mut self, kind: ServerKind) -> Self {
+        self.kind = Some(kind);
+        self
     }
 
-    /// [`RedisCluster::start`] with every node running `kind` (rather than
-    /// the server `CONVOY_TEST_SERVER` names).
-    pub fn start_on(
-        kind: ServerKind,
-        masters: usize,
-        replicas: usize,
-    ) -> Result<RedisCluster, TestingError> {
+    /// `appendfsync always` on every node, so a write a node acknowledged
+    /// survives its `kill -9` (off by default: the append-only file is on,
+    /// with `appendfsync everysec`).
+    pub fn fsync_always(mut self, on: bool) -> Self {
+        self.fsync_always = on;
+        self
+    }
+
+    /// `cluster-node-timeout` in milliseconds (default 2000): how long a
+    /// node may not answer before the others count it as failed, and so
+    /// roughly how long an automatic failover takes.
+    pub fn node_timeout_ms(mut self, ms: u64) -> Self {
+        self.node_timeout_ms = ms;
+        self
+    }
+
+    /// Starts the nodes, forms the cluster (slots spread evenly over the
+    /// masters) and waits until every node reports `cluster_state:ok` and
+    /// every replica is in sync with its master.
+    pub fn start(self) -> Result<RedisCluster, TestingError> {
+        let kind = match self.kind {
+            Some(kind) => kind,
+            None => ServerKind::from_env()?,
+        };
+        let (masters, replicas) = (self.masters, self.replicas);
         if masters < 3 {
             return Err(TestingError::Cluster {
                 reason: format!("a Redis Cluster needs at least 3 masters, not {masters}"),
@@ -47,21 +96,22 @@ impl RedisCluster {
         let mut nodes = Vec::with_capacity(masters * (1 + replicas));
         for _ in 0..masters * (1 + replicas) {
             let bus = free_port()?;
-            nodes.push(
-                RedisServer::builder()
-                    .server(kind)
-                    .arg("--cluster-enabled")
-                    .arg("yes")
-                    .arg("--cluster-config-file")
-                    .arg("nodes.conf")
-                    .arg("--cluster-port")
-                    .arg(bus.to_string())
-                    .arg("--cluster-node-timeout")
-                    .arg("2000")
-                    .arg("--appendonly")
-                    .arg("yes")
-                    .start()?,
-            );
+            let mut node = RedisServer::builder()
+                .server(kind)
+                .arg("--cluster-enabled")
+                .arg("yes")
+                .arg("--cluster-config-file")
+                .arg("nodes.conf")
+                .arg("--cluster-port")
+                .arg(bus.to_string())
+                .arg("--cluster-node-timeout")
+                .arg(self.node_timeout_ms.to_string());
+            node = if self.fsync_always {
+                node.append_only(true)
+            } else {
+                node.arg("--appendonly").arg("yes")
+            };
+            nodes.push(node.start()?);
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
@@ -84,20 +134,107 @@ impl RedisCluster {
                 ),
             });
         }
-        let cluster = RedisCluster { nodes, masters };
+        let mut cluster = RedisCluster {
+            nodes,
+            masters,
+            ids: Vec::new(),
+        };
+        for i in 0..cluster.nodes.len() {
+            let id = cluster.cli(i, &["CLUSTER", "MYID"])?.trim().to_string();
+            if id.is_empty() {
+                return Err(TestingError::Cluster {
+                    reason: format!("node {i} did not answer CLUSTER MYID"),
+                });
+            }
+            cluster.ids.push(id);
+        }
         cluster.wait_ok(FORM_TIMEOUT)?;
         cluster.wait_replicas_synced(FORM_TIMEOUT)?;
         Ok(cluster)
     }
+}
+
+/// A Redis Cluster of `masters` masters, each with `replicas` replicas,
+/// every node a [`RedisServer`] of its own (so each can be stopped,
+/// killed, frozen or restarted). Dropping it stops every node.
+///
+/// The cluster bus of each node listens on a second free port
+/// (`--cluster-port`), so node ports need not be below 55536.
+///
+/// Nodes are named by their index in [`nodes`](Self::nodes), which never
+/// changes; which of them are masters does (failovers, see
+/// [`current_masters`](Self::current_masters)). The methods taking `&self`
+/// may run on another thread while the test goes on (the cluster is
+/// `Sync`: share it with [`std::thread::scope`] or an `Arc`), for example a
+/// long [`migrate_slot`](Self::migrate_slot).
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    masters: usize,
+    /// Each node's cluster node id (kept in its `nodes.conf` across
+    /// restarts).
+    ids: Vec<String>,
+}
+
+/// What [`RedisCluster::migrate_slot`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotMigration {
+    /// The slot that moved.
+    pub slot: u16,
+    /// The node that served it before (an index into
+    /// [`RedisCluster::nodes`]).
+    pub from: usize,
+    /// The node that serves it now.
+    pub to: usize,
+    /// How many keys were moved (including keys created in the slot on the
+    /// source while the migration ran).
+    pub keys: usize,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters with `replicas` replicas each, forms the
+    /// cluster (slots spread evenly over the masters) and waits until every
+    /// node reports `cluster_state:ok`.
+    pub fn start(masters: usize, replicas: usize) -> Result<RedisCluster, TestingError> {
+        RedisCluster::builder(masters, replicas).start()
+    }
+
+    /// [`RedisCluster::start`] with every node running `kind` (rather than
+    /// the server `CONVOY_TEST_SERVER` names).
+    pub fn start_on(
+        kind: ServerKind,
+        masters: usize,
+        replicas: usize,
+    ) -> Result<RedisCluster, TestingError> {
+        RedisCluster::builder(masters, replicas)
+            .server(kind)
+            .start()
+    }
+
+    /// Options for a cluster of `masters` masters with `replicas` replicas
+    /// each; finish with [`start`](RedisClusterBuilder::start).
+    pub fn builder(masters: usize, replicas: usize) -> RedisClusterBuilder {
+        RedisClusterBuilder {
+            masters,
+            replicas,
+            kind: None,
+            fsync_always: false,
+            node_timeout_ms: 2000,
+        }
+    }
 
     /// Waits until every replica's link to its master is up (its first
     /// full sync done), so a `WAIT` or a failover right after start works.
+    /// Nodes that are not running are skipped.
     pub fn wait_replicas_synced(&self, timeout: Duration) -> Result<(), TestingError> {
         let start = Instant::now();
         for i in 0..self.nodes.len() {
             loop {
-                let info = self.cli(i, &["INFO", "replication"])?;
-                if info.contains("role:master") || info.contains("master_link_status:up") {
+                let info = self.cli_within(i, &["INFO", "replication"], PROBE_TIMEOUT)?;
+                if info.is_empty()
+                    || info.contains("role:master")
+                    || info.contains("master_link_status:up")
+                {
                     break;
                 }
                 if start.elapsed() > timeout {
@@ -128,6 +265,17 @@ impl RedisCluster {
         self.masters
     }
 
+    /// Node `i`'s cluster node id (the id `CLUSTER NODES` and
+    /// `CLUSTER SETSLOT` use; it survives restarts).
+    pub fn node_id(&self, i: usize) -> &str {
+        &self.ids[i]
+    }
+
+    /// The index of the node listening on `port`, if any.
+    pub fn node_on_port(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
     /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,.../`: every node as a
     /// seed.
     pub fn url(&self) -> String {
@@ -145,17 +293,77 @@ impl RedisCluster {
     }
 
     /// Runs `redis-cli` against node `i` and returns what it printed.
+    ///
+    /// A node that is not running prints nothing (`redis-cli` reports the
+    /// refused connection on its standard error); so does a node that does
+    /// not answer within 10 seconds (a frozen one), after which `redis-cli`
+    /// is killed.
     pub fn cli(&self, i: usize, args: &[&str]) -> Result<String, TestingError> {
-        let out = Command::new("redis-cli")
+        self.cli_within(i, args, CLI_TIMEOUT)
+    }
+
+    fn cli_within(
+        &self,
+        i: usize,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<String, TestingError> {
+        let mut child = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.nodes[i].port().to_string()])
             .args(args)
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
             .map_err(|source| TestingError::Spawn {
                 program: "redis-cli".into(),
                 source,
             })?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let Some(mut stdout) = child.stdout.take() else {
+            return Ok(String::new());
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = stdout.read_to_end(&mut out);
+            let _ = tx.send(out);
+        });
+        let out = match rx.recv_timeout(timeout) {
+            Ok(out) => out,
+            Err(_) => {
+                let _ = child.kill();
+                Vec::new()
+            }
+        };
+        let pid = child.id();
+        child
+            .wait()
+            .map_err(|source| TestingError::Wait { pid, source })?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// A connection of the kit's own to node `i`, whose commands fail after
+    /// two seconds (a frozen node never answers).
+    fn connect(&self, i: usize) -> Result<redis::Connection, TestingError> {
+        let client = self.nodes[i].client()?;
+        let conn = client
+            .get_connection_with_timeout(NODE_TIMEOUT)
+            .map_err(TestingError::redis("connecting to a cluster node"))?;
+        conn.set_read_timeout(Some(NODE_TIMEOUT))
+            .and_then(|()| conn.set_write_timeout(Some(NODE_TIMEOUT)))
+            .map_err(TestingError::redis("setting a node connection's timeouts"))?;
+        Ok(conn)
+    }
+
+    /// Runs `cmd` on node `i` on a fresh connection of the kit's own.
+    fn query<T: redis::FromRedisValue>(
+        &self,
+        i: usize,
+        cmd: &redis::Cmd,
+        action: &'static str,
+    ) -> Result<T, TestingError> {
+        let mut conn = self.connect(i)?;
+        cmd.query(&mut conn).map_err(TestingError::redis(action))
     }
 
     /// The nodes that are masters now (by index), from `ROLE`.
@@ -167,6 +375,351 @@ impl RedisCluster {
             }
         }
         Ok(v)
+    }
+
+    /// The running nodes that are replicas of node `master` now (by index),
+    /// from each node's `ROLE`. A replica keeps naming its master while the
+    /// master is down, so this works on a killed master too (until a
+    /// failover). Frozen nodes are not found.
+    pub fn replicas_of(&self, master: usize) -> Result<Vec<usize>, TestingError> {
+        let port = self.nodes[master].port().to_string();
+        let mut v = Vec::new();
+        for i in 0..self.nodes.len() {
+            if i == master {
+                continue;
+            }
+            let role = self.cli_within(i, &["ROLE"], PROBE_TIMEOUT)?;
+            let mut lines = role.lines();
+            if lines.next() == Some("slave") && lines.nth(1) == Some(port.as_str()) {
+                v.push(i);
+            }
+        }
+        Ok(v)
+    }
+
+    /// The hash slot of `key` (CRC16 of the key, or of its `{hash tag}`,
+    /// modulo 16384), as `CLUSTER KEYSLOT` computes it.
+    pub fn key_slot(key: &[u8]) -> u16 {
+        let tagged = key
+            .iter()
+            .position(|b| *b == b'{')
+            .and_then(|open| {
+                let rest = &key[open + 1..];
+                let close = rest.iter().position(|b| *b == b'}')?;
+                (close > 0).then(|| &rest[..close])
+            })
+            .unwrap_or(key);
+        crc16_xmodem(tagged) % 16384
+    }
+
+    /// The master serving `slot` now: among the running masters, the one
+    /// that claims the slot with the newest config epoch (a restarted old
+    /// master may still claim slots it lost until it hears otherwise).
+    pub fn master_of_slot(&self, slot: u16) -> Result<usize, TestingError> {
+        let mut best: Option<(u64, usize)> = None;
+        for i in 0..self.nodes.len() {
+            let nodes = self.cli_within(i, &["CLUSTER", "NODES"], PROBE_TIMEOUT)?;
+            let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
+                continue;
+            };
+            let fields: Vec<&str> = me.split_whitespace().collect();
+            if fields.len() < 8 || !fields[2].split(',').any(|f| f == "master") {
+                continue;
+            }
+            let epoch: u64 = fields[6].parse().unwrap_or(0);
+            let serves = fields[8..].iter().any(|range| {
+                if range.starts_with('[') {
+                    return false;
+                }
+                match range.split_once('-') {
+                    Some((a, b)) => {
+                        matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+                    }
+                    None => range.parse::<u16>() == Ok(slot),
+                }
+            });
+            if serves && best.is_none_or(|(e, _)| epoch > e) {
+                best = Some((epoch, i));
+            }
+        }
+        best.map(|(_, i)| i).ok_or_else(|| TestingError::Cluster {
+            reason: format!("no running master claims slot {slot}"),
+        })
+    }
+
+    /// The master serving `key` now ([`key_slot`](Self::key_slot), then
+    /// [`master_of_slot`](Self::master_of_slot)).
+    pub fn master_of_key(&self, key: &str) -> Result<usize, TestingError> {
+        self.master_of_slot(Self::key_slot(key.as_bytes()))
+    }
+
+    /// Kills every client connection on every running node at once:
+    /// `CLIENT KILL TYPE normal SKIPME yes` and `CLIENT KILL TYPE pubsub
+    /// SKIPME yes` (replication links and the cluster bus are not clients
+    /// of these types). Nodes that are down or frozen are skipped. Returns
+    /// how many connections were killed.
+    pub fn kill_clients(&self) -> Result<usize, TestingError> {
+        let mut killed = 0;
+        for i in 0..self.nodes.len() {
+            let Ok(mut conn) = self.connect(i) else {
+                continue;
+            };
+            for kind in ["normal", "pubsub"] {
+                let n: redis::RedisResult<usize> = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg(kind)
+                    .arg("SKIPME")
+                    .arg("yes")
+                    .query(&mut conn);
+                // A frozen node times out: skip it.
+                match n {
+                    Ok(n) => killed += n,
+                    Err(_) => break,
+                }
+            }
+        }
+        Ok(killed)
+    }
+
+    /// Moves `slot` to master `to` with the protocol of a live resharding,
+    /// while clients go on using the cluster:
+    ///
+    /// 1. `CLUSTER SETSLOT slot IMPORTING <source>` on `to`, `CLUSTER
+    ///    SETSLOT slot MIGRATING <to>` on the slot's current master;
+    /// 2. until `CLUSTER GETKEYSINSLOT slot 1` on the source returns no key:
+    ///    `MIGRATE` that key (`REPLACE`, retried on `IOERR`), then sleep
+    ///    `pause_per_key` (so a slot with `n` keys takes at least `n *
+    ///    pause_per_key`; keys the application creates in the slot meanwhile
+    ///    are moved too);
+    /// 3. `CLUSTER SETSLOT slot NODE <to>` on `to`, then on the source, then
+    ///    on every other running master.
+    ///
+    /// Meanwhile clients get `ASK` for keys already moved and `TRYAGAIN`
+    /// for commands over keys on both sides. If the slot is already `to`'s
+    /// it returns at once with `keys: 0`. A failure leaves the slot
+    /// half-migrated (`redis-cli --cluster fix` repairs it).
+    pub fn migrate_slot(
+        &self,
+        slot: u16,
+        to: usize,
+        pause_per_key: Duration,
+    ) -> Result<SlotMigration, TestingError> {
+        let fail = |reason: String| TestingError::Cluster {
+            reason: format!("migrating slot {slot} to node {to}: {reason}"),
+        };
+        let from = self.master_of_slot(slot)?;
+        if from == to {
+            return Ok(SlotMigration {
+                slot,
+                from,
+                to,
+                keys: 0,
+            });
+        }
+        if self.cli(to, &["ROLE"])?.lines().next() != Some("master") {
+            return Err(fail(format!("node {to} is not a master")));
+        }
+        let setslot = |node: usize, state: &str, id: &str| -> Result<(), TestingError> {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("SETSLOT").arg(slot).arg(state).arg(id);
+            self.query::<()>(node, &cmd, "running CLUSTER SETSLOT")
+        };
+        setslot(to, "IMPORTING", &self.ids[from])?;
+        setslot(from, "MIGRATING", &self.ids[to])?;
+        let mut source = self.connect(from)?;
+        let target_port = self.nodes[to].port();
+        let mut keys = 0;
+        loop {
+            let batch: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(1)
+                .query(&mut source)
+                .map_err(TestingError::redis("running CLUSTER GETKEYSINSLOT"))?;
+            let Some(key) = batch.into_iter().next() else {
+                break;
+            };
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let reply: redis::RedisResult<String> = redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(target_port)
+                    .arg("")
+                    .arg(0)
+                    .arg(MIGRATE_TIMEOUT_MS)
+                    .arg("REPLACE")
+                    .arg("KEYS")
+                    .arg(&key)
+                    .query(&mut source);
+                match reply {
+                    // NOKEY: it was deleted (or expired) meanwhile.
+                    Ok(_) => break,
+                    Err(e) if attempt < MIGRATE_ATTEMPTS => {
+                        // IOERR (the target was slow) or a timeout of our
+                        // own connection: MIGRATE is atomic on the source,
+                        // so trying again is safe.
+                        if e.is_io_error() || e.is_timeout() {
+                            source = self.connect(from)?;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => {
+                        return Err(fail(format!(
+                            "MIGRATE of key {:?} failed {attempt} times: {e}",
+                            String::from_utf8_lossy(&key)
+                        )));
+                    }
+                }
+            }
+            keys += 1;
+            if !pause_per_key.is_zero() {
+                std::thread::sleep(pause_per_key);
+            }
+        }
+        let target_id = self.ids[to].clone();
+        setslot(to, "NODE", &target_id)?;
+        setslot(from, "NODE", &target_id)?;
+        for other in self.current_masters()? {
+            if other != to && other != from {
+                // The new owner's config epoch reaches it through the
+                // cluster bus anyway; telling it now only saves a redirect.
+                let _ = setslot(other, "NODE", &target_id);
+            }
+        }
+        Ok(SlotMigration {
+            slot,
+            from,
+            to,
+            keys,
+        })
+    }
+
+    /// Cuts master `master` off from its replica, so that writes made from
+    /// now on reach the master only: the replica is frozen (`SIGSTOP`) and
+    /// its replication link killed on the master (`CLIENT KILL TYPE
+    /// replica`), so it cannot reconnect and nothing written later is even
+    /// in its socket buffer. Returns the replica's index, for
+    /// [`lose_master`](Self::lose_master) (or thaw it with
+    /// `node_mut(replica).thaw()`: it then re-syncs).
+    ///
+    /// Waits first until the replica's link is up, so everything written
+    /// before the call reaches it.
+    pub fn cut_replication(&mut self, master: usize) -> Result<usize, TestingError> {
+        let replica = *self
+            .replicas_of(master)?
+            .first()
+            .ok_or_else(|| TestingError::Cluster {
+                reason: format!("node {master} has no running replica to cut off"),
+            })?;
+        let start = Instant::now();
+        while !self
+            .cli(replica, &["INFO", "replication"])?
+            .contains("master_link_status:up")
+        {
+            if start.elapsed() > FORM_TIMEOUT {
+                return Err(TestingError::Cluster {
+                    reason: format!("replica {replica} of node {master} never synced"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Let what was written so far reach the replica: WAIT on a fresh
+        // connection waits for the master's whole replication offset.
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(1000);
+        self.query::<i64>(master, &wait, "waiting for the replica")?;
+        self.nodes[replica].freeze()?;
+        let mut kill = redis::cmd("CLIENT");
+        kill.arg("KILL").arg("TYPE").arg("replica");
+        let killed: usize = self.query(master, &kill, "killing the replication link")?;
+        if killed == 0 {
+            return Err(TestingError::Cluster {
+                reason: format!("node {master} had no replication link to kill"),
+            });
+        }
+        Ok(replica)
+    }
+
+    /// Loses master `master` to its replica `replica`: `kill -9` of the
+    /// master, `SIGCONT` to the replica (frozen by
+    /// [`cut_replication`](Self::cut_replication); harmless otherwise), then
+    /// `CLUSTER FAILOVER TAKEOVER` on it (no election and no data-age
+    /// check) until it is a master, and waits for `cluster_state:ok`.
+    /// Whatever the replica had not received is gone.
+    ///
+    /// The old master stays down; [`restart_node`](Self::restart_node)
+    /// brings it back as the new master's replica (it then discards its own
+    /// data in a full sync).
+    pub fn lose_master(&mut self, master: usize, replica: usize) -> Result<(), TestingError> {
+        self.nodes[master].kill()?;
+        self.nodes[replica].thaw()?;
+        let start = Instant::now();
+        let mut asked: Option<Instant> = None;
+        while self.cli(replica, &["ROLE"])?.lines().next() != Some("master") {
+            if start.elapsed() > FORM_TIMEOUT {
+                return Err(TestingError::Cluster {
+                    reason: format!(
+                        "node {replica} did not become a master after CLUSTER FAILOVER TAKEOVER within {FORM_TIMEOUT:?}"
+                    ),
+                });
+            }
+            if asked.is_none_or(|at| at.elapsed() > TAKEOVER_RETRY) {
+                asked = Some(Instant::now());
+                let reply = self.cli(replica, &["CLUSTER", "FAILOVER", "TAKEOVER"])?;
+                let reply = reply.trim();
+                if !reply.is_empty() && !reply.eq_ignore_ascii_case("OK") {
+                    return Err(TestingError::Cluster {
+                        reason: format!("CLUSTER FAILOVER TAKEOVER on node {replica}: {reply}"),
+                    });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_ok(FORM_TIMEOUT)
+    }
+
+    /// Crashes master `master` with `kill -9` and waits until one of its
+    /// replicas has taken over by itself (the cluster's own failure
+    /// detection and election, about `cluster-node-timeout` plus a second)
+    /// and the cluster is ok. Returns the new master's index. The old
+    /// master stays down ([`restart_node`](Self::restart_node)).
+    pub fn kill_master(&mut self, master: usize) -> Result<usize, TestingError> {
+        let replicas = self.replicas_of(master)?;
+        if replicas.is_empty() {
+            return Err(TestingError::Cluster {
+                reason: format!("node {master} has no running replica to take over"),
+            });
+        }
+        self.nodes[master].kill()?;
+        let start = Instant::now();
+        loop {
+            for &r in &replicas {
+                if self.cli_within(r, &["ROLE"], PROBE_TIMEOUT)?.lines().next() == Some("master") {
+                    self.wait_ok(FORM_TIMEOUT)?;
+                    return Ok(r);
+                }
+            }
+            if start.elapsed() > FORM_TIMEOUT {
+                return Err(TestingError::Cluster {
+                    reason: format!(
+                        "no replica of node {master} ({replicas:?}) took over within {FORM_TIMEOUT:?}"
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Restarts node `i` (stopped or killed; a running one is stopped
+    /// first) on its port and directory, and waits until the cluster is ok
+    /// and every replica is in sync. A master that was replaced meanwhile
+    /// comes back as a replica of its successor.
+    pub fn restart_node(&mut self, i: usize) -> Result<(), TestingError> {
+        self.nodes[i].restart()?;
+        self.wait_ok(FORM_TIMEOUT)?;
+        self.wait_replicas_synced(FORM_TIMEOUT)
     }
 
     /// Promotes replica `i` with `CLUSTER FAILOVER` (its master becomes
@@ -206,13 +759,14 @@ impl RedisCluster {
         self.wait_ok(FORM_TIMEOUT)
     }
 
-    /// Waits until every running node reports `cluster_state:ok`.
+    /// Waits until every running node reports `cluster_state:ok` (nodes
+    /// that are down, or frozen, are skipped).
     pub fn wait_ok(&self, timeout: Duration) -> Result<(), TestingError> {
         let start = Instant::now();
         loop {
             let mut ok = true;
             for i in 0..self.nodes.len() {
-                let info = self.cli(i, &["CLUSTER", "INFO"])?;
+                let info = self.cli_within(i, &["CLUSTER", "INFO"], PROBE_TIMEOUT)?;
                 if !info.is_empty() && !info.contains("cluster_state:ok") {
                     ok = false;
                 }
@@ -227,5 +781,48 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the hash of
+/// Redis Cluster's key slots.
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_slots_match_the_redis_cluster_specification() {
+        // The specification's check value, and slots redis-server computes.
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31c3);
+        assert_eq!(RedisCluster::key_slot(b"foo"), 12182);
+        assert_eq!(RedisCluster::key_slot(b"{user1000}.following"), 3443);
+        assert_eq!(
+            RedisCluster::key_slot(b"{user1000}.followers"),
+            RedisCluster::key_slot(b"user1000")
+        );
+        // An empty tag hashes the whole key.
+        assert_eq!(
+            RedisCluster::key_slot(b"foo{}{bar}"),
+            crc16_xmodem(b"foo{}{bar}") % 16384
+        );
+        assert_eq!(
+            RedisCluster::key_slot(b"foo{{bar}}zap"),
+            RedisCluster::key_slot(b"{bar")
+        );
     }
 }

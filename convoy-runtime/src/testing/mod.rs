@@ -16,6 +16,15 @@
 //!   (`SIGSTOP` / `SIGCONT`). Dropping it kills the process and removes the
 //!   directory. If `redis-server` is missing the start fails with an error
 //!   that says how to install it; tests are never skipped silently.
+//! - [`RedisCluster`] forms a local Redis Cluster of such servers and
+//!   injects a cluster's faults: every client connection killed on every
+//!   node ([`kill_clients`](RedisCluster::kill_clients)), a paced live slot
+//!   migration ([`migrate_slot`](RedisCluster::migrate_slot)), a graceful
+//!   ([`failover`](RedisCluster::failover)) or forced
+//!   ([`kill_master`](RedisCluster::kill_master)) failover, and a master
+//!   lost to a replica cut off before its last writes
+//!   ([`cut_replication`](RedisCluster::cut_replication),
+//!   [`lose_master`](RedisCluster::lose_master)).
 //! - [`PgServer`] runs `initdb` into a temporary directory and starts a
 //!   real PostgreSQL server on a free port (as the `postgres` user when the
 //!   tests run as root), with [`stop`](PgServer::stop),
@@ -93,7 +102,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-pub use cluster::RedisCluster;
+pub use cluster::{RedisCluster, RedisClusterBuilder, SlotMigration};
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
