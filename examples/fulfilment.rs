@@ -23,6 +23,7 @@ use convoy_runtime::{
     Aggregate, Config, Context, Domain, Event, HandlerError, ProcessManager, process_manager,
 };
 use serde::{Deserialize, Serialize};
+use tracing_subscriber::prelude::*;
 
 #[derive(Aggregate)]
 #[aggregate(category = "order")]
@@ -139,9 +140,14 @@ async fn report(store: &dyn StateStore) -> Result<bool, Box<dyn std::error::Erro
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+    // The Redis client's repeated reconnect warnings, at most one line per
+    // source per ten seconds (convoy's own lines are all kept).
+    tracing_subscriber::registry()
+        .with(
+            convoy_runtime::log::quiet_redis(tracing_subscriber::fmt::layer()).with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            ),
         )
         .init();
     let done = match std::env::var("CONVOY_REDIS_URL") {

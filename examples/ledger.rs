@@ -30,6 +30,7 @@ use convoy_runtime::postgres::{AppliedEvents, PgOutbox};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tracing_subscriber::prelude::*;
 
 /// The example's own schema: its tables and the outbox's.
 const SCHEMA: &str = "convoy_ledger_example";
@@ -499,9 +500,14 @@ fn config_from_env() -> Result<Config, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+    // The Redis client's repeated reconnect warnings, at most one line per
+    // source per ten seconds (convoy's own lines are all kept).
+    tracing_subscriber::registry()
+        .with(
+            convoy_runtime::log::quiet_redis(tracing_subscriber::fmt::layer()).with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            ),
         )
         .init();
     if run(config_from_env()?).await? {

@@ -23,6 +23,7 @@ use convoy_runtime::{
     event_handler,
 };
 use serde::{Deserialize, Serialize};
+use tracing_subscriber::prelude::*;
 
 /// The `order` stream category.
 #[derive(Aggregate)]
@@ -187,9 +188,14 @@ const DOMAIN_TOML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/domain.toml");
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+    // The Redis client's repeated reconnect warnings, at most one line per
+    // source per ten seconds (convoy's own lines are all kept).
+    tracing_subscriber::registry()
+        .with(
+            convoy_runtime::log::quiet_redis(tracing_subscriber::fmt::layer()).with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            ),
         )
         .init();
     let seen: Seen = Arc::default();

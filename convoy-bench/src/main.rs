@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 use convoy_runtime::testing::{RedisServer, ServerKind};
+use tracing_subscriber::prelude::*;
 
 use crate::report::{Report, Section};
 use crate::scenario::Env;
@@ -149,11 +150,15 @@ struct EngineArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+    tracing_subscriber::registry()
+        .with(
+            convoy_runtime::log::quiet_redis(
+                tracing_subscriber::fmt::layer().with_writer(std::io::stderr),
+            )
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+            ),
         )
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
