@@ -509,7 +509,9 @@ impl RedisCluster {
     /// 1. `CLUSTER SETSLOT slot IMPORTING <source>` on `to`, `CLUSTER
     ///    SETSLOT slot MIGRATING <to>` on the slot's current master;
     /// 2. until `CLUSTER GETKEYSINSLOT slot 1` on the source returns no key:
-    ///    `MIGRATE` that key (`REPLACE`, retried on `IOERR`), then sleep
+    ///    `MIGRATE` that key (`REPLACE`; retried on `IOERR` and on a lost
+    ///    connection, so a [`kill_clients`](Self::kill_clients) meanwhile
+    ///    does not stop it), then sleep
     ///    `pause_per_key` (so a slot with `n` keys takes at least `n *
     ///    pause_per_key`; keys the application creates in the slot meanwhile
     ///    are moved too);
