@@ -1551,6 +1551,11 @@ async fn run_schedule(seed: u64) -> Outcome {
             verdict.violations.push(c);
         }
     }
+    // A wedged process or a kit failure explains the rest: say it first
+    // (the events a wedged engine never handled show up as missing).
+    verdict.violations.sort_by_key(|v| {
+        !(v.starts_with("(liveness)") || v.starts_with("(harness)") || v.starts_with("(engine)"))
+    });
     write_file(&dir, "timeline.txt", &notes.text());
     let client_lines = client_log_lines(&dir);
     let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_CLUSTER_FAULT_KEEP").is_ok();
