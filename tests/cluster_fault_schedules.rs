@@ -60,7 +60,12 @@
 //! directory of passing schedules too; `CONVOY_CLUSTER_FAULT_WAIT_REPLICAS`
 //! sets the publisher's `wait_replicas` (default 1; with 0 a master kill
 //! may lose published events, which check (1) reports);
-//! `CONVOY_CLUSTER_FAULT_BOUNDED` sets the bounded run's count.
+//! `CONVOY_CLUSTER_FAULT_BOUNDED` sets the bounded run's count;
+//! `CONVOY_CLUSTER_FAULT_CUT=1` adds to each schedule a master lost with
+//! what it took after its replica was cut off (`RedisCluster::
+//! cut_replication`, then `lose_master`): with `wait_replicas = 1` nothing
+//! published may be missing, but acknowledgements and lease state can be
+//! (issue 19's deep re-runs, which check (2) reports).
 
 #[path = "support/faults.rs"]
 mod faults;
@@ -191,6 +196,16 @@ enum Fault {
     /// `kill -9` of the master serving `shard`'s slot; its replica takes
     /// over by itself; the node is restarted `down` after the takeover.
     MasterKill { shard: u32, down: Duration },
+    /// The replica of `shard`'s master cut off (frozen, its link killed),
+    /// `cut` later the master `kill -9`ed and the stale replica promoted
+    /// (`CLUSTER FAILOVER TAKEOVER`): what the master took meanwhile is
+    /// gone. The old node is restarted `down` after that. Only with
+    /// `CONVOY_CLUSTER_FAULT_CUT=1`.
+    LoseMaster {
+        shard: u32,
+        cut: Duration,
+        down: Duration,
+    },
     /// A graceful `CLUSTER FAILOVER` of the master serving `shard`'s slot.
     Failover { shard: u32 },
     /// `shard`'s slot migrated to another master (the `to`-th of the
@@ -219,6 +234,7 @@ impl Fault {
             Fault::Stall { .. } => "sigstop",
             Fault::ClientKill { .. } => "client kill",
             Fault::MasterKill { .. } => "master kill-9",
+            Fault::LoseMaster { .. } => "master lost (replication cut)",
             Fault::Failover { .. } => "failover",
             Fault::Migrate { .. } => "slot migration",
         }
@@ -240,6 +256,7 @@ impl Fault {
             Fault::Stall { stopped, .. } => *stopped,
             Fault::ClientKill { times, gap } => *gap * (*times as u32).saturating_sub(1),
             Fault::MasterKill { down, .. } => Duration::from_millis(3500) + *down,
+            Fault::LoseMaster { cut, down, .. } => *cut + Duration::from_millis(1500) + *down,
             Fault::Failover { .. } => Duration::from_millis(1500),
             Fault::Migrate { pause, .. } => *pause * 10,
         }
@@ -250,7 +267,7 @@ impl Fault {
     fn incidents(&self) -> usize {
         match self {
             Fault::ClientKill { times, .. } => *times,
-            Fault::MasterKill { .. } => 2,
+            Fault::MasterKill { .. } | Fault::LoseMaster { .. } => 2,
             _ => 1,
         }
     }
@@ -283,6 +300,12 @@ impl fmt::Display for Fault {
                 "kill -9 the master of shard {shard}, restart {} ms after the takeover",
                 ms(down)
             ),
+            Fault::LoseMaster { shard, cut, down } => write!(
+                f,
+                "cut shard {shard}'s master from its replica, kill -9 it {} ms later and promote the replica, restart {} ms after",
+                ms(cut),
+                ms(down)
+            ),
             Fault::Failover { shard } => write!(f, "CLUSTER FAILOVER of shard {shard}'s master"),
             Fault::Migrate { shard, to, pause } => write!(
                 f,
@@ -302,8 +325,10 @@ struct Planned {
 
 /// The faults of one schedule, in start order: chosen from `rng` only.
 /// `shards` are the shards of the schedule's keys (a fault on a shard hits
-/// one that holds data).
-fn plan(rng: &mut Rng, shards: &[u32]) -> Vec<Planned> {
+/// one that holds data). With `cut`, one replication cut more (drawn from
+/// `cut` only, so the other faults of a seed stay the same) in the first
+/// half of the phase.
+fn plan(rng: &mut Rng, shards: &[u32], cut: Option<&mut Rng>) -> Vec<Planned> {
     let count = rng.range(4, 7) as usize;
     let phase_ms = PHASE.as_millis() as u64;
     let ttl_ms = LEASE_TTL_MS;
@@ -359,6 +384,17 @@ fn plan(rng: &mut Rng, shards: &[u32]) -> Vec<Planned> {
         );
         out.push(Planned { at, fault });
     }
+    if let Some(r) = cut {
+        let fault = Fault::LoseMaster {
+            shard: *r.pick(shards),
+            cut: r.ms(300, 1500),
+            down: r.ms(500, 3000),
+        };
+        // While events are published; the topology thread runs it in
+        // turn with the other changes.
+        let at = r.ms(500, phase_ms / 2);
+        out.push(Planned { at, fault });
+    }
     out.sort_by_key(|p| p.at);
     out
 }
@@ -392,7 +428,12 @@ impl Settings {
         let mut shards: Vec<u32> = (0..keys).map(|k| names::shard(&key_name(k))).collect();
         shards.sort_unstable();
         shards.dedup();
-        let faults = plan(&mut root.fork(2), &shards);
+        let cut = std::env::var("CONVOY_CLUSTER_FAULT_CUT").is_ok_and(|v| v == "1");
+        let faults = plan(
+            &mut root.fork(2),
+            &shards,
+            cut.then(|| root.fork(4)).as_mut(),
+        );
         Settings {
             seed,
             max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
@@ -640,6 +681,11 @@ enum TopoAction {
         fault: usize,
         shard: u32,
     },
+    LoseMaster {
+        fault: usize,
+        shard: u32,
+        cut: Duration,
+    },
     Restart {
         fault: usize,
     },
@@ -694,6 +740,17 @@ fn timelines(plan: &[Planned]) -> (Timeline<EngineAction>, Timeline<TopoAction>)
                     },
                 ));
                 // Relative to the takeover: the thread waits for it first.
+                topo.push((p.at + *down, TopoAction::Restart { fault: i }));
+            }
+            Fault::LoseMaster { shard, cut, down } => {
+                topo.push((
+                    p.at,
+                    TopoAction::LoseMaster {
+                        fault: i,
+                        shard: *shard,
+                        cut: *cut,
+                    },
+                ));
                 topo.push((p.at + *down, TopoAction::Restart { fault: i }));
             }
             Fault::Failover { shard } => topo.push((p.at, TopoAction::Failover { shard: *shard })),
@@ -929,7 +986,9 @@ impl Topology {
             }
             let began = start.elapsed();
             self.apply(action);
-            if let TopoAction::MasterKill { fault, .. } = action {
+            if let TopoAction::MasterKill { fault, .. } | TopoAction::LoseMaster { fault, .. } =
+                action
+            {
                 shift.insert(*fault, start.elapsed().saturating_sub(began));
             }
         }
@@ -938,6 +997,9 @@ impl Topology {
     fn apply(&mut self, action: &TopoAction) {
         match action {
             TopoAction::MasterKill { fault, shard } => self.master_kill(*fault, *shard),
+            TopoAction::LoseMaster { fault, shard, cut } => {
+                self.lose_master(*fault, *shard, *cut);
+            }
             TopoAction::Restart { fault } => {
                 if let Some(node) = self.down.remove(fault) {
                     self.restart(node);
@@ -1004,6 +1066,41 @@ impl Topology {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn lose_master(&mut self, fault: usize, shard: u32, cut: Duration) {
+        let Some((m, replicas)) = self.master_of(shard) else {
+            return;
+        };
+        if replicas.is_empty() {
+            self.note(format!(
+                "replication cut of shard {shard} skipped: node {m} has no replica now"
+            ));
+            return;
+        }
+        let cut_off = write(&self.cluster).cut_replication(m);
+        let replica = match cut_off {
+            Ok(r) => r,
+            Err(e) => {
+                self.harness_error(format!("cutting node {m}'s replication: {e}"));
+                return;
+            }
+        };
+        self.note(format!(
+            "node {m} (master of shard {shard}, slot {}) cut off from its replica {replica}",
+            shard_slot(shard)
+        ));
+        std::thread::sleep(cut);
+        self.down.insert(fault, m);
+        let started = Instant::now();
+        let lost = write(&self.cluster).lose_master(m, replica);
+        match lost {
+            Ok(()) => self.note(format!(
+                "kill -9 node {m}; its stale replica {replica} took over after {} ms",
+                started.elapsed().as_millis()
+            )),
+            Err(e) => self.harness_error(format!("losing node {m} to node {replica}: {e}")),
         }
     }
 
@@ -1762,6 +1859,24 @@ fn a_seed_plans_the_same_faults_within_the_phase_one_topology_change_at_a_time()
         }
     }
     assert_eq!(kinds.len(), 7, "{kinds:?}");
+    // The replication cut comes on top, and leaves the other faults be.
+    for seed in 0..50 {
+        let root = Rng::new(seed);
+        let shards = [0, 3, 7];
+        let without = plan(&mut root.fork(2), &shards, None);
+        let with = plan(&mut root.fork(2), &shards, Some(&mut root.fork(4)));
+        let cut: Vec<&Planned> = with
+            .iter()
+            .filter(|p| matches!(p.fault, Fault::LoseMaster { .. }))
+            .collect();
+        assert_eq!(cut.len(), 1, "seed {seed}");
+        let rest: Vec<Planned> = with
+            .iter()
+            .filter(|p| !matches!(p.fault, Fault::LoseMaster { .. }))
+            .cloned()
+            .collect();
+        assert_eq!(rest, without, "seed {seed}");
+    }
 }
 
 /// The bounded run of the normal test suite: 3 schedules
