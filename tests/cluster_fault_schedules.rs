@@ -789,6 +789,8 @@ struct Engines {
     kills: HashMap<usize, u64>,
     /// Engines that exited without being killed.
     crashed: Vec<String>,
+    /// The `CLIENT KILL`s in progress.
+    client_kills: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Engines {
@@ -884,11 +886,28 @@ impl Engines {
             }
             EngineAction::Cont(slot) => self.cont(*slot),
             EngineAction::ClientKill => {
-                let killed = read(&self.cluster).kill_clients();
-                self.note(match killed {
-                    Ok(n) => format!("CLIENT KILL on every node: {n} connections"),
-                    Err(e) => format!("CLIENT KILL on every node failed: {e}"),
-                });
+                // On a thread of its own: a topology change may hold the
+                // cluster for seconds, and the engine faults go on.
+                let cluster = self.cluster.clone();
+                let notes = self.notes.clone();
+                let record_url = self.record_url.clone();
+                self.client_kills.push(std::thread::spawn(move || {
+                    let killed = read(&cluster).kill_clients();
+                    let Ok(client) = redis::Client::open(record_url.as_str()) else {
+                        return;
+                    };
+                    if let Ok(mut clock) =
+                        client.get_connection_with_timeout(Duration::from_secs(2))
+                    {
+                        notes.push(
+                            &mut clock,
+                            match killed {
+                                Ok(n) => format!("CLIENT KILL on every node: {n} connections"),
+                                Err(e) => format!("CLIENT KILL on every node failed: {e}"),
+                            },
+                        );
+                    }
+                }));
             }
         }
     }
@@ -933,6 +952,9 @@ impl Engines {
 
     /// Resumes stopped engines and makes sure three run.
     fn heal(&mut self) {
+        for kill in self.client_kills.drain(..) {
+            let _ = kill.join();
+        }
         let stopped: Vec<usize> = self.stopped.keys().copied().collect();
         for slot in stopped {
             self.cont(slot);
@@ -1459,6 +1481,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         stopped: HashMap::new(),
         kills: HashMap::new(),
         crashed: Vec::new(),
+        client_kills: Vec::new(),
     };
     let mut topology = Topology {
         cluster: cluster.clone(),

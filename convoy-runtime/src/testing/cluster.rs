@@ -37,6 +37,9 @@ const CLI_TIMEOUT: Duration = Duration::from_secs(10);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connect, read and write timeout of the kit's own connections to a node.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long [`RedisCluster::kill_clients`] waits for one node (a frozen
+/// one never answers).
+const KILL_TIMEOUT: Duration = Duration::from_secs(1);
 /// The `timeout` argument of each `MIGRATE`, in milliseconds.
 const MIGRATE_TIMEOUT_MS: u64 = 5000;
 /// How many times one key's `MIGRATE` is tried before the migration fails.
@@ -477,12 +480,12 @@ impl RedisCluster {
     /// Kills every client connection on every running node at once:
     /// `CLIENT KILL TYPE normal SKIPME yes` and `CLIENT KILL TYPE pubsub
     /// SKIPME yes` (replication links and the cluster bus are not clients
-    /// of these types). Nodes that are down or frozen are skipped. Returns
-    /// how many connections were killed.
+    /// of these types). Nodes that are down or frozen (no answer within a
+    /// second) are skipped. Returns how many connections were killed.
     pub fn kill_clients(&self) -> Result<usize, TestingError> {
         let mut killed = 0;
         for i in 0..self.nodes.len() {
-            let Ok(mut conn) = self.connect(i) else {
+            let Ok(mut conn) = self.connect_with(i, KILL_TIMEOUT) else {
                 continue;
             };
             for kind in ["normal", "pubsub"] {
