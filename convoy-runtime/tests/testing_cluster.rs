@@ -230,3 +230,37 @@ fn a_write_made_after_the_cut_is_missing_on_the_promoted_replica() {
     assert_eq!(dbsize(&cluster, m), 1);
     assert_eq!(cluster.master_of_key("{cut}").expect("master"), replica);
 }
+
+#[test]
+fn a_slot_migration_goes_on_through_repeated_connection_kills() {
+    let cluster = RedisCluster::start(3, 0).expect("form a cluster");
+    let slot = RedisCluster::key_slot(b"{killed}");
+    let from = cluster.master_of_slot(slot).expect("master of slot");
+    let to = cluster
+        .current_masters()
+        .expect("masters")
+        .into_iter()
+        .find(|m| *m != from)
+        .expect("another master");
+    for i in 0..30 {
+        let reply = cluster
+            .cli(from, &["SET", &format!("{{killed}}{i}"), "v"])
+            .expect("set");
+        assert_eq!(reply.trim(), "OK");
+    }
+    let mut kills = 0;
+    let migration = std::thread::scope(|s| {
+        let job = s.spawn(|| cluster.migrate_slot(slot, to, Duration::from_millis(20)));
+        while !job.is_finished() {
+            kills += cluster.kill_clients().expect("kill clients");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        job.join().expect("migration thread")
+    })
+    .expect("the migration survives its connections being killed");
+    assert!(kills > 0, "no connection was killed");
+    assert_eq!(migration.keys, 30);
+    assert_eq!(cluster.master_of_slot(slot).expect("master"), to);
+    assert_eq!(dbsize(&cluster, to), 30);
+    assert_eq!(dbsize(&cluster, from), 0);
+}

@@ -37,10 +37,15 @@ const CLI_TIMEOUT: Duration = Duration::from_secs(10);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connect, read and write timeout of the kit's own connections to a node.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long [`RedisCluster::kill_clients`] waits for one node (a frozen
+/// one never answers).
+const KILL_TIMEOUT: Duration = Duration::from_secs(1);
 /// The `timeout` argument of each `MIGRATE`, in milliseconds.
 const MIGRATE_TIMEOUT_MS: u64 = 5000;
 /// How many times one key's `MIGRATE` is tried before the migration fails.
 const MIGRATE_ATTEMPTS: usize = 10;
+/// How many connections the kit's own commands try when one is lost.
+const QUERY_ATTEMPTS: usize = 5;
 /// Every how long [`RedisCluster::lose_master`] repeats
 /// `CLUSTER FAILOVER TAKEOVER` until the replica is a master.
 const TAKEOVER_RETRY: Duration = Duration::from_secs(2);
@@ -345,25 +350,44 @@ impl RedisCluster {
     /// A connection of the kit's own to node `i`, whose commands fail after
     /// two seconds (a frozen node never answers).
     fn connect(&self, i: usize) -> Result<redis::Connection, TestingError> {
+        self.connect_with(i, NODE_TIMEOUT)
+    }
+
+    fn connect_with(&self, i: usize, timeout: Duration) -> Result<redis::Connection, TestingError> {
         let client = self.nodes[i].client()?;
         let conn = client
             .get_connection_with_timeout(NODE_TIMEOUT)
             .map_err(TestingError::redis("connecting to a cluster node"))?;
-        conn.set_read_timeout(Some(NODE_TIMEOUT))
-            .and_then(|()| conn.set_write_timeout(Some(NODE_TIMEOUT)))
+        conn.set_read_timeout(Some(timeout))
+            .and_then(|()| conn.set_write_timeout(Some(timeout)))
             .map_err(TestingError::redis("setting a node connection's timeouts"))?;
         Ok(conn)
     }
 
-    /// Runs `cmd` on node `i` on a fresh connection of the kit's own.
+    /// Runs `cmd` on node `i` on a fresh connection of the kit's own,
+    /// again on a new connection when the connection is lost (a
+    /// [`kill_clients`](Self::kill_clients) meanwhile).
     fn query<T: redis::FromRedisValue>(
         &self,
         i: usize,
         cmd: &redis::Cmd,
         action: &'static str,
     ) -> Result<T, TestingError> {
-        let mut conn = self.connect(i)?;
-        cmd.query(&mut conn).map_err(TestingError::redis(action))
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self
+                .connect(i)
+                .and_then(|mut conn| cmd.query(&mut conn).map_err(TestingError::redis(action)));
+            match result {
+                Err(TestingError::Redis { source, .. })
+                    if attempt < QUERY_ATTEMPTS && connection_lost(&source) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The nodes that are masters now (by index), from `ROLE`.
@@ -456,12 +480,12 @@ impl RedisCluster {
     /// Kills every client connection on every running node at once:
     /// `CLIENT KILL TYPE normal SKIPME yes` and `CLIENT KILL TYPE pubsub
     /// SKIPME yes` (replication links and the cluster bus are not clients
-    /// of these types). Nodes that are down or frozen are skipped. Returns
-    /// how many connections were killed.
+    /// of these types). Nodes that are down or frozen (no answer within a
+    /// second) are skipped. Returns how many connections were killed.
     pub fn kill_clients(&self) -> Result<usize, TestingError> {
         let mut killed = 0;
         for i in 0..self.nodes.len() {
-            let Ok(mut conn) = self.connect(i) else {
+            let Ok(mut conn) = self.connect_with(i, KILL_TIMEOUT) else {
                 continue;
             };
             for kind in ["normal", "pubsub"] {
@@ -488,7 +512,9 @@ impl RedisCluster {
     /// 1. `CLUSTER SETSLOT slot IMPORTING <source>` on `to`, `CLUSTER
     ///    SETSLOT slot MIGRATING <to>` on the slot's current master;
     /// 2. until `CLUSTER GETKEYSINSLOT slot 1` on the source returns no key:
-    ///    `MIGRATE` that key (`REPLACE`, retried on `IOERR`), then sleep
+    ///    `MIGRATE` that key (`REPLACE`; retried on `IOERR` and on a lost
+    ///    connection, so a [`kill_clients`](Self::kill_clients) meanwhile
+    ///    does not stop it), then sleep
     ///    `pause_per_key` (so a slot with `n` keys takes at least `n *
     ///    pause_per_key`; keys the application creates in the slot meanwhile
     ///    are moved too);
@@ -527,16 +553,29 @@ impl RedisCluster {
         };
         setslot(to, "IMPORTING", &self.ids[from])?;
         setslot(from, "MIGRATING", &self.ids[to])?;
-        let mut source = self.connect(from)?;
+        // MIGRATE answers once the target has the key: allow for its own
+        // timeout.
+        let migrate_timeout = Duration::from_millis(MIGRATE_TIMEOUT_MS) + NODE_TIMEOUT;
+        let mut source = self.connect_with(from, migrate_timeout)?;
         let target_port = self.nodes[to].port();
         let mut keys = 0;
         loop {
-            let batch: Vec<Vec<u8>> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(1)
-                .query(&mut source)
-                .map_err(TestingError::redis("running CLUSTER GETKEYSINSLOT"))?;
+            let mut getkeys = redis::cmd("CLUSTER");
+            getkeys.arg("GETKEYSINSLOT").arg(slot).arg(1);
+            let mut attempt = 0;
+            let batch: Vec<Vec<u8>> = loop {
+                attempt += 1;
+                match getkeys.query(&mut source) {
+                    Ok(batch) => break batch,
+                    Err(e) if attempt < MIGRATE_ATTEMPTS && connection_lost(&e) => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        source = self.connect_with(from, migrate_timeout)?;
+                    }
+                    Err(e) => {
+                        return Err(fail(format!("CLUSTER GETKEYSINSLOT failed: {e}")));
+                    }
+                }
+            };
             let Some(key) = batch.into_iter().next() else {
                 break;
             };
@@ -557,13 +596,14 @@ impl RedisCluster {
                     // NOKEY: it was deleted (or expired) meanwhile.
                     Ok(_) => break,
                     Err(e) if attempt < MIGRATE_ATTEMPTS => {
-                        // IOERR (the target was slow) or a timeout of our
-                        // own connection: MIGRATE is atomic on the source,
+                        // IOERR (the target was slow, or the source's
+                        // connection to it was killed), or our own
+                        // connection lost: MIGRATE is atomic on the source,
                         // so trying again is safe.
-                        if e.is_io_error() || e.is_timeout() {
-                            source = self.connect(from)?;
-                        }
                         std::thread::sleep(Duration::from_millis(100));
+                        if connection_lost(&e) || e.is_timeout() {
+                            source = self.connect_with(from, migrate_timeout)?;
+                        }
                     }
                     Err(e) => {
                         return Err(fail(format!(
@@ -782,6 +822,12 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Whether `e` means the connection (not the command) failed: refused,
+/// dropped, or broken by a `CLIENT KILL`.
+fn connection_lost(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), the hash of
