@@ -984,6 +984,11 @@ impl Config {
                 r.initial_backoff_ms, r.max_backoff_ms
             ));
         }
+        if self.broker.wait_acks && self.broker.wait_replicas == 0 {
+            return Err(
+                "[broker] wait_acks = true waits for wait_replicas, which is 0: set [broker] wait_replicas = 1 (or more), or leave wait_acks out".to_owned(),
+            );
+        }
         if let Some(id) = &self.server.instance_id
             && (id.is_empty() || id.contains(':'))
         {

@@ -22,7 +22,7 @@
 //! | `convoy_outbox_published_total` | counter | | outbox records this process published |
 //! | `convoy_outbox_publish_failures_total` | counter | | failed publish calls of this process's outbox relay |
 //! | `convoy_state_lost_total` | counter | `handler` | times this instance saw Redis lose convoy's state (its liveness key vanished before its TTL): events published before may be lost |
-//! | `convoy_replication_lost_total` | counter | `category`, `shard`, `what` | events (`what="published"`) or acknowledgements (`what="acked"`) a shard's master had and lost: it failed over to a replica, or restarted, without them; each loss is also logged as an ERROR naming the shard and the range (`wait_replicas` prevents it) |
+//! | `convoy_replication_lost_total` | counter | `category`, `shard`, `what`, `seen_by` | events (`what="published"`) or acknowledgements (`what="acked"`) a shard's master had and lost: it failed over to a replica, or restarted, without them; each loss is also logged as an ERROR naming the shard and the range (`wait_replicas` and `wait_acks` prevent it). Each observer (`seen_by`: `publisher`, or a handler's engine) counts what it saw: read the largest over `seen_by` |
 //! | `convoy_redis_reconnects_total` | counter | | times this process rebuilt its Redis Cluster connection because it kept failing while the cluster answered a new one |
 //! | `convoy_gaps_total` | counter | `handler` | poisoned heads moved to their key's dead letters with a recorded gap (`on_poison = "dead_letter"`) |
 //! | `convoy_handler_paused` | gauge | `handler` | 1 while the handler is paused on this instance: `outage_threshold` of its keys failed with transient errors at once (a dependency is down); it probes with one event at a time |
@@ -189,8 +189,14 @@ pub(crate) fn state_lost(handler: &'static str) {
     ::metrics::counter!(STATE_LOST, "handler" => handler).increment(1);
 }
 
-pub(crate) fn replication_lost(category: &str, shard: u32, what: &'static str, n: u64) {
-    ::metrics::counter!(REPLICATION_LOST, "category" => category.to_owned(), "shard" => shard.to_string(), "what" => what).increment(n);
+pub(crate) fn replication_lost(
+    category: &str,
+    shard: u32,
+    what: &'static str,
+    seen_by: &str,
+    n: u64,
+) {
+    ::metrics::counter!(REPLICATION_LOST, "category" => category.to_owned(), "shard" => shard.to_string(), "what" => what, "seen_by" => seen_by.to_owned()).increment(n);
 }
 
 pub(crate) fn reconnected() {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::{Client, Conn, Connection};
 use super::layout;
+use super::loss::PublishMarks;
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
 use super::scripts::Replicated;
@@ -35,6 +36,9 @@ pub struct RedisBroker {
     /// `(category, use)`, and when: a field use holds for good, an unkeyed
     /// one for [`UNKEYED_RECHECK`] (a consumer may record a key meanwhile).
     keys_checked: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    /// What this process's publishes left in each shard's counts, to tell
+    /// when a shard lost them.
+    marks: Arc<PublishMarks>,
 }
 
 /// How long an unkeyed use of a category stays checked.
@@ -70,6 +74,7 @@ impl RedisBroker {
             shards: Arc::default(),
             checked: Arc::default(),
             keys_checked: Arc::default(),
+            marks: Arc::default(),
         })
     }
 
@@ -80,6 +85,7 @@ impl RedisBroker {
             shards: self.shards,
             checked: Arc::default(),
             keys_checked: Arc::default(),
+            marks: Arc::default(),
         }
     }
 
@@ -313,9 +319,14 @@ impl Broker for RedisBroker {
             });
             let mut failed = None;
             let mut written: Vec<&Publication> = Vec::with_capacity(batch.len());
-            for ((_, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await) {
+            for ((shard, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await)
+            {
                 match r {
-                    Ok(_) => written.extend(records.iter().copied()),
+                    Ok(published) => {
+                        self.marks
+                            .published(*shard, &published.counts, records, published.written);
+                        written.extend(records.iter().copied());
+                    }
                     Err(e) => {
                         if failed.is_none() {
                             failed = Some(e);
@@ -330,10 +341,24 @@ impl Broker for RedisBroker {
                 woken.insert(at).then_some(at)
             });
             // An idle owner waits for its wake-up: without it, a new event
-            // would wait for the owner's next reap check. So a failed
-            // wake-up fails the batch, which is sent again (its records
-            // dropped as re-sent) with its wake-ups.
-            wake::hint(&mut conn, keys, false).await.map_err(fail)?;
+            // would wait for the owner's next reap check. The wake stream
+            // is one key per category, in one slot: a failure to write it
+            // (its master failing over) does not hold the batch, whose
+            // events are in Redis; its wake-ups are written again in the
+            // background.
+            if let Err(e) = wake::hint(&mut conn, keys, false).await {
+                tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
+                let mut woken = HashSet::new();
+                let owned: Vec<(String, String)> = written
+                    .iter()
+                    .filter_map(|p| {
+                        let key = p.partition.as_deref()?;
+                        let at = (p.envelope.category.as_str(), key);
+                        woken.insert(at).then(|| (at.0.to_owned(), at.1.to_owned()))
+                    })
+                    .collect();
+                tokio::spawn(wake::hint_later(conn.clone(), owned));
+            }
             match failed {
                 None => Ok(()),
                 Some(error) => Err(PublishError {

@@ -568,7 +568,18 @@ async fn one_command(
 ) -> redis::RedisResult<Value> {
     let mut refusals = Refusals::new();
     loop {
-        let v = conn.req_packed_command(cmd).await?;
+        // redis-rs reports a refusal it gave up following as an error, an
+        // error reply of a command it did not follow as a value.
+        let v = match conn.req_packed_command(cmd).await {
+            Ok(v) => v,
+            Err(e) if refused(&e) => {
+                if !refusals.again(&e).await {
+                    return Err(e);
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let refusal = match &v {
             Value::ServerError(e) if refused_before_running(e.kind()) => e.to_string(),
             Value::ServerError(_) if !keep_errors => return v.extract_error(),

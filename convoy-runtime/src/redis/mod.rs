@@ -52,6 +52,7 @@ mod broker;
 mod connection;
 pub mod keys;
 mod layout;
+mod loss;
 mod partitioned;
 mod plain;
 mod reply;

@@ -63,6 +63,30 @@ pub(crate) async fn hint<'a>(
         .map_err(|e| Error::redis("failed to write wake-ups", e))
 }
 
+/// How long [`hint_later`] keeps trying.
+const HINT_LATER_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Writes wake-ups that could not be written with their batch (the wake
+/// stream's master failing over, say), again and again with a back-off
+/// for up to [`HINT_LATER_FOR`]: publishing does not wait for them.
+/// Meanwhile the engines' followers, whose reads of the same stream fail
+/// too, wake every unit they own as after any missed wake-ups.
+pub(crate) async fn hint_later(mut conn: Conn, keys: Vec<(String, String)>) {
+    let started = std::time::Instant::now();
+    let mut backoff = Backoff::reconnect();
+    loop {
+        let pairs = keys.iter().map(|(c, k)| (c.as_str(), k.as_str()));
+        match hint(&mut conn, pairs, false).await {
+            Ok(()) => return,
+            Err(e) if started.elapsed() >= HINT_LATER_FOR => {
+                tracing::error!(error = %chain(&e), keys = keys.len(), "wake-ups of published events could not be written for a minute; their owners find the events when their wake-up streams are read again (every owner wakes all its units after a failed read) or at their next rescan");
+                return;
+            }
+            Err(_) => tokio::time::sleep(backoff.next_delay()).await,
+        }
+    }
+}
+
 /// A wake-up: a key with new events, or a key whose lease was just released.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wake {

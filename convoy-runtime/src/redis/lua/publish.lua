@@ -37,7 +37,9 @@
 -- successor may still send out of the published set (a trim happens only
 -- in an accepted batch, whose rows below its first were settled before
 -- the successor read).
--- Returns {1, the number of records written} or {-1, the stored epoch}.
+-- Returns {1, the number of records written, then per category count
+-- touched: its key, its new value, what the batch added} or {-1, the
+-- stored epoch}.
 local ttl = ARGV[1]
 local epoch = tonumber(ARGV[3])
 local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -107,8 +109,14 @@ end
 for _, w in ipairs(adds) do
   redis.call('SADD', w[1], w[2])
 end
+-- Each count's new value and what this batch added: the publisher keeps
+-- the last value it saw, and a later value below it means the shard lost
+-- writes (a failover to a replica without them).
+local out = {1, written}
 for k, c in pairs(counts) do
-  redis.call('INCRBY', k, c)
+  out[#out + 1] = k
+  out[#out + 1] = redis.call('INCRBY', k, c)
+  out[#out + 1] = c
 end
 if #sent > 0 then
   redis.call('ZADD', KEYS[1], unpack(sent))
@@ -116,4 +124,4 @@ end
 if not forever then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return {1, written}
+return out

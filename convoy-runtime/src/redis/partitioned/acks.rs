@@ -87,10 +87,14 @@ pub(crate) async fn run(
             let shard = if cluster { r.unit.shard } else { 0 };
             by_shard.entry(shard).or_default().push(r);
         }
-        let calls = by_shard.into_values().map(|batch| {
+        // Each shard's call runs on its own: a shard whose master is
+        // failing over holds up no other shard's acknowledgements (a unit
+        // has at most one acknowledgement in flight: its worker waits for
+        // the answer).
+        for batch in by_shard.into_values() {
             let mut conn = conn.clone();
             let alive = alive.clone();
-            async move {
+            tokio::spawn(async move {
                 let items: Vec<AckItem<'_>> = batch
                     .iter()
                     .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
@@ -104,9 +108,8 @@ pub(crate) async fn run(
                 .await;
                 drop(items);
                 answer(batch, result);
-            }
-        });
-        futures::future::join_all(calls).await;
+            });
+        }
     }
 }
 

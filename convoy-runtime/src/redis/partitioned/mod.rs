@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::{Conn, Connection, query_by_slot, query_each_slot};
 use super::layout;
+use super::loss;
 use super::reply::{int, text};
 use super::scripts::Replicated;
 use super::scripts::acquire::{self, Acquire, Acquired};
@@ -210,6 +211,12 @@ pub(crate) struct Coordinator {
     /// released (if still this owner's) at the next heartbeat, so no lease
     /// of a live instance is left without a worker.
     orphans: HashSet<String>,
+    /// Workers of units given up when their shard's liveness lapsed, still
+    /// finishing the event in flight: their keys are not taken again
+    /// until they ended (no two workers of one key in this process), and
+    /// the coordinator does not wait for them (the other shards' heartbeat
+    /// goes on).
+    draining: HashMap<String, JoinHandle<()>>,
     /// The shards this instance declared itself alive in (in the current
     /// incarnation): where it owns or tries to take units. Renewed every
     /// heartbeat, one key per shard.
@@ -293,6 +300,7 @@ impl Coordinator {
             units: HashMap::new(),
             elsewhere: HashMap::new(),
             orphans: HashSet::new(),
+            draining: HashMap::new(),
             registered: BTreeSet::new(),
             scan: (0, 0),
             rescan: true,
@@ -385,6 +393,9 @@ impl Coordinator {
         for (_, u) in self.units.drain() {
             let _ = u.task.await;
         }
+        for (_, task) in self.draining.drain() {
+            let _ = task.await;
+        }
         for l in listeners {
             let _ = l.await;
         }
@@ -394,6 +405,13 @@ impl Coordinator {
     fn on_exit(&mut self, exit: WorkerExit) {
         if exit.maybe_held {
             self.orphans.insert(exit.key.clone());
+        }
+        if self
+            .draining
+            .get(&exit.key)
+            .is_some_and(JoinHandle::is_finished)
+        {
+            self.draining.remove(&exit.key);
         }
         if self
             .units
@@ -519,6 +537,7 @@ impl Coordinator {
     /// panicked worker sends no exit). O(units): every [`PRUNE_EVERY`]
     /// heartbeats, not on the wake-up path.
     fn prune(&mut self) {
+        self.draining.retain(|_, task| !task.is_finished());
         let mut moved = 0;
         self.units.retain(|_, u| {
             let keep = !u.task.is_finished();
@@ -846,19 +865,41 @@ impl Coordinator {
         let mut read = 0usize;
         let mut calls = 0u32;
         let mut wrapped = false;
+        let mut failures = 0u32;
+        let within = s.plan.config.server.partitioning.heartbeat_interval();
         while found.len() < want && read < budget && calls < max_calls {
             calls += 1;
             let (position, cursor) = self.scan;
             let category = categories[(position / s.shards) as usize % categories.len()];
             let index = names::partition_index(position % s.shards, category);
-            let (next, members): (u64, Vec<Value>) = redis::cmd("SSCAN")
-                .arg(&index)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Error::redis("failed to read the partition index", e))?;
+            let mut sscan = redis::cmd("SSCAN");
+            sscan.arg(&index).arg(cursor).arg("COUNT").arg(SCAN_COUNT);
+            let read_index = sscan.query_async::<(u64, Vec<Value>)>(&mut conn);
+            let (next, members) = match tokio::time::timeout(within, read_index).await {
+                Ok(Ok(r)) => r,
+                failed => {
+                    // A shard that does not answer is passed over (read
+                    // again in the next pass), so the others are reached.
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no reply within {within:?}"),
+                    };
+                    tracing::warn!(
+                        handler = s.group(),
+                        index,
+                        error,
+                        "cannot read a partition index now; going on with the next"
+                    );
+                    failures += 1;
+                    if failures >= positions {
+                        return Err(Error::redis(
+                            "failed to read the partition indexes",
+                            redis::RedisError::from(std::io::Error::other(error)),
+                        ));
+                    }
+                    (0, Vec::new())
+                }
+            };
             read += members.len();
             // A member that is not UTF-8 (written by hand: keys are checked
             // when raised) cannot name a unit; it is passed over, not a
@@ -888,8 +929,9 @@ impl Coordinator {
     /// renewed (this instance was stalled or cut off past the TTL, or the
     /// shard's master failed over to a replica without it): other
     /// instances may own its units there now. Stop every worker of those
-    /// shards before its next event, wait for them, and start a new
-    /// incarnation there; the units of other shards go on.
+    /// shards before its next event (their keys are not taken again until
+    /// they ended, see `draining`), and start a new incarnation there; the
+    /// units of other shards go on.
     async fn lapsed(&mut self, shards: BTreeSet<u32>) {
         let s = self.shared.clone();
         tracing::warn!(handler = s.group(), owner = %s.owner, ?shards, "liveness lapsed: this instance was stalled or cut off past lease_ttl_ms (in these shards); giving up their units and starting over there");
@@ -902,7 +944,6 @@ impl Coordinator {
             .filter(|k| shards.contains(&s.unit(k).shard))
             .cloned()
             .collect();
-        let mut tasks = Vec::with_capacity(gone.len());
         for key in &gone {
             if let Some(u) = self.units.remove(key) {
                 u.stop.cancel();
@@ -910,13 +951,13 @@ impl Coordinator {
                 if u.moving {
                     self.moving -= 1;
                 }
-                tasks.push(u.task);
+                // Not awaited here: a handler in flight may take longer
+                // than the other shards' leases. The key is not taken
+                // again until its worker ended.
+                self.draining.insert(key.clone(), u.task);
             }
         }
         crate::metrics::lost(s.group(), gone.len());
-        for t in tasks {
-            let _ = t.await;
-        }
         crate::metrics::owned(s.group(), self.owned());
         self.rescan_for(s.ttl());
         s.new_incarnation(shards.iter().copied());
@@ -943,30 +984,46 @@ impl Coordinator {
             return;
         }
         let s = self.shared.clone();
-        let keys: Vec<String> = self
+        // A key whose worker is still finishing stays an orphan until it
+        // ended.
+        let (keys, later): (Vec<String>, Vec<String>) = self
             .orphans
             .drain()
             .filter(|k| !self.units.contains_key(k))
-            .collect();
-        let Ok(mut conn) = s.redis.shared().await else {
+            .partition(|k| !self.draining.contains_key(k));
+        self.orphans.extend(later);
+        let Ok(conn) = s.redis.shared().await else {
             self.orphans.extend(keys);
             return;
         };
-        for key in keys {
-            let unit = s.unit(&key);
-            let released = Release {
-                unit: &unit,
-                held: Held::Owner(&s.owner),
+        // At once, each within a heartbeat interval: a shard that does not
+        // answer holds up no other.
+        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let releases = keys.into_iter().map(|key| {
+            let mut conn = conn.clone();
+            let s = s.clone();
+            async move {
+                let unit = s.unit(&key);
+                let release = Release {
+                    unit: &unit,
+                    held: Held::Owner(&s.owner),
+                };
+                let released = tokio::time::timeout(within, release.run(&mut conn)).await;
+                (key, released)
             }
-            .run(&mut conn)
-            .await;
+        });
+        for (key, released) in futures::future::join_all(releases).await {
             match released {
-                Ok(Released::Released) => {
+                Ok(Ok(Released::Released)) => {
                     tracing::info!(handler = s.group(), key = ?Escaped(&key), "released a lease this instance held without a worker");
                 }
-                Ok(Released::NotHeld) => {}
-                Err(e) => {
+                Ok(Ok(Released::NotHeld)) => {}
+                Ok(Err(e)) => {
                     tracing::warn!(handler = s.group(), key = ?Escaped(&key), error = %chain(&e), "releasing a lease held without a worker failed; retrying at the next heartbeat");
+                    self.orphans.insert(key);
+                }
+                Err(_) => {
+                    tracing::warn!(handler = s.group(), key = ?Escaped(&key), "releasing a lease held without a worker got no reply in time; retrying at the next heartbeat");
                     self.orphans.insert(key);
                 }
             }
@@ -982,7 +1039,11 @@ impl Coordinator {
         }
         let s = self.shared.clone();
         let mut by_shard: BTreeMap<u32, Vec<Unit>> = BTreeMap::new();
-        for k in &candidates {
+        // A key whose earlier worker is still finishing is not taken yet.
+        for k in candidates
+            .iter()
+            .filter(|k| !self.draining.contains_key(*k))
+        {
             let u = s.unit(k);
             by_shard.entry(u.shard).or_default().push(u);
         }
@@ -995,38 +1056,60 @@ impl Coordinator {
         };
         let shards: BTreeSet<u32> = by_shard.keys().copied().collect();
         if let Err(e) = self.declare_alive(&mut conn, &shards).await {
-            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
-            return;
+            // Units are taken in the shards that answered.
+            tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases in some shards now");
         }
-        // Who holds them: nothing is taken by this read.
-        let all: Vec<&Unit> = by_shard.values().flatten().collect();
-        let holders = match acquire::holders(&mut conn, &all, &s.owner).await {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(handler = s.group(), error = %chain(&e), "cannot take leases now");
-                return;
-            }
-        };
+        by_shard.retain(|shard, _| self.registered.contains(shard));
+        // Each shard's calls within a heartbeat interval: a shard that does
+        // not answer holds up no other.
+        let within = s.plan.config.server.partitioning.heartbeat_interval();
         let mut left = max;
-        let mut at = 0;
         for (shard, units) in by_shard {
-            let seen = &holders[at..at + units.len()];
-            at += units.len();
             if left == 0 {
                 break;
             }
+            // Who holds them: nothing is taken by this read.
+            let all: Vec<&Unit> = units.iter().collect();
+            let seen = match tokio::time::timeout(
+                within,
+                acquire::holders(&mut conn, &all, &s.owner),
+            )
+            .await
+            {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => {
+                    tracing::warn!(handler = s.group(), shard, error = %chain(&e), "cannot take leases in this shard now");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        handler = s.group(),
+                        shard,
+                        "cannot take leases in this shard now: no reply in time"
+                    );
+                    continue;
+                }
+            };
             let incarnation = s.incarnation(shard);
-            let taken = Acquire {
+            let taking = Acquire {
                 group: s.group(),
                 owner: &s.owner,
                 incarnation: &incarnation,
                 alive: s.alive(shard),
                 max: left,
                 units: &units,
-                holders: seen,
-            }
-            .run(&mut conn)
-            .await;
+                holders: &seen,
+            };
+            let taken = match tokio::time::timeout(within, taking.run(&mut conn)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::redis(
+                    "taking leases failed",
+                    redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no reply within {within:?}"),
+                    )),
+                )),
+            };
             let results = match taken {
                 Ok(Acquired::Units(results)) => results,
                 Ok(Acquired::NotAlive) => {
@@ -1103,32 +1186,30 @@ impl Counts {
         }
         if now.published < self.published {
             let lost = (self.published - now.published) as u64;
-            crate::metrics::replication_lost(category, shard, "published", lost);
-            tracing::error!(
-                handler = group,
+            loss::reported(
                 category,
                 shard,
+                "published",
                 lost,
-                from = now.published + 1,
-                to = self.published,
-                "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the events numbered {}..={} in that shard are gone (its master failed over to a replica, or restarted, without them) and will never be handled; set [broker] wait_replicas = 1 to wait for a replica on every publish",
-                self.published,
-                now.published,
-                now.published + 1,
-                self.published
+                group,
+                &format!(
+                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the last {lost} events published there are gone (its master failed over to a replica, or restarted, without them) and will never be handled; the publisher's own ERROR names their outbox seqs; set [broker] wait_replicas = 1 to wait for a replica on every publish",
+                    self.published, now.published
+                ),
             );
         }
         if now.acked < self.acked {
             let lost = (self.acked - now.acked) as u64;
-            crate::metrics::replication_lost(category, shard, "acked", lost);
-            tracing::error!(
-                handler = group,
+            loss::reported(
                 category,
                 shard,
+                "acked",
                 lost,
-                "Redis lost acknowledgements: shard {shard} of {category} counted {} events finished by {group} and now counts {}, so up to {lost} events may run again, after later events of their key (its master failed over to a replica, or restarted, without them); make external effects exactly-once with AppliedEvents, or set [server] wait_replicas_acked",
-                self.acked,
-                now.acked
+                group,
+                &format!(
+                    "Redis lost acknowledgements: shard {shard} of {category} counted {} events finished by {group} and now counts {}, so up to {lost} events may run again, after later events of their key (its master failed over to a replica, or restarted, without them); make external effects exactly-once by the event's origin (AppliedEvents), or set [broker] wait_acks = true with wait_replicas = 1",
+                    self.acked, now.acked
+                ),
             );
         }
     }

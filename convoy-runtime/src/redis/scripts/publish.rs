@@ -8,12 +8,24 @@ use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::broker::{Producer, Publication};
 use crate::error::Error;
 use crate::names;
+use crate::redis::reply::{int, text};
 
 /// How long a single publisher's published set and epoch are kept after
 /// its last publish (7 days). An elected publisher's (epoch above 0) are
 /// kept for good: one key pair per shard and outbox table, and a
 /// predecessor must be refused however late it wakes.
 const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// What a shard's publish did.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// Records written (the others were published before).
+    pub(crate) written: u64,
+    /// Per category count the batch added to: its key
+    /// (`{s}convoy:published:{category}`), its value after, what the batch
+    /// added.
+    pub(crate) counts: Vec<(String, i64, i64)>,
+}
 
 /// Publishes the records of a batch that are in `shard`, for `producer`.
 #[derive(Debug)]
@@ -32,7 +44,7 @@ pub(crate) struct Publish<'a> {
 
 impl Publish<'_> {
     /// Returns how many records were written (the others were published
-    /// before). With `wait`, the batch counts as published only once that
+    /// before) and the shard's counts after. With `wait`, the batch counts as published only once that
     /// many replicas have it (see [`call_replicated`]); if the call is sent
     /// again on a new connection, the script writes again (its expiry at
     /// least), so the `WAIT` still covers the batch.
@@ -40,7 +52,7 @@ impl Publish<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
         wait: Option<Replicated>,
-    ) -> Result<u64, Error> {
+    ) -> Result<Published, Error> {
         let inv = self.invocation();
         let reply = call_replicated(
             "publish",
@@ -51,7 +63,19 @@ impl Publish<'_> {
         )
         .await?;
         match reply.status {
-            Status::Done => Ok(reply.int(0).max(0) as u64),
+            Status::Done => {
+                let counts = reply
+                    .values()
+                    .get(1..)
+                    .unwrap_or_default()
+                    .chunks_exact(3)
+                    .filter_map(|c| Some((text(&c[0])?, int(&c[1])?, int(&c[2])?)))
+                    .collect();
+                Ok(Published {
+                    written: reply.int(0).max(0) as u64,
+                    counts,
+                })
+            }
             Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
                 producer: self.producer.name.clone(),
                 epoch: self.producer.epoch,

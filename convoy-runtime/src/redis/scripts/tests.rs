@@ -436,6 +436,7 @@ async fn publish(
     }
     .run(c, None)
     .await
+    .map(|p| p.written)
 }
 
 async fn xlen(c: &mut Conn, stream: &str) -> i64 {
