@@ -114,12 +114,12 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
 }
 
 #[test]
-fn the_readme_shows_the_rule_the_code_gives() {
-    let readme = include_str!("../README.md");
+fn the_operations_guide_shows_the_rule_the_code_gives() {
+    let guide = include_str!("../docs/operations.md");
     let line = acl::setuser("convoy", "PASSWORD", &["order", "payment"]);
     assert!(
-        readme.contains(&line),
-        "README.md's ACL rule is out of date; it should read:\n{line}"
+        guide.contains(&line),
+        "docs/operations.md's ACL rule is out of date; it should read:\n{line}"
     );
 }
 

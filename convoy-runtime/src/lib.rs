@@ -66,10 +66,21 @@
 //! | feature | what |
 //! | --- | --- |
 //! | `testing` | the test kit in [`testing`]: a real `redis-server` (and a PostgreSQL server) started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
+//! | `postgres` | the PostgreSQL outbox (`postgres::PgOutbox`): events committed in your own sqlx transaction, one fenced relay among replicas, exactly-once handler effects (`postgres::AppliedEvents`) |
 //! | `prometheus` | [`metrics::install_prometheus`]: a Prometheus scrape endpoint for convoy's metrics |
 //! | `tls` | `rediss://` URLs: rustls (ring, webpki roots, or a CA of your own); without it no TLS crate is compiled and a `rediss://` URL is a configuration error naming the feature |
 //!
 //! None is on by default.
+//!
+//! # Guides
+//!
+//! Beyond the API, in [`docs`] (the same pages as the repository's `docs/`
+//! folder): [getting started](docs::getting_started),
+//! [configuration](docs::configuration) (every `domain.toml` key),
+//! [guarantees and failure model](docs::guarantees),
+//! [the PostgreSQL outbox](docs::postgres_outbox),
+//! [Redis Cluster](docs::redis_cluster), [operations](docs::operations),
+//! [performance](docs::performance) and [internals](docs::internals).
 //!
 //! # Design
 //!
@@ -154,6 +165,75 @@ pub mod testing;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The guides: the repository's `docs/*.md`, one module each. They hold no
+/// code; their Rust snippets are compiled (and most of them run) as doc
+/// tests.
+pub mod docs {
+    /// One guide from `docs/`. The pages link to each other by reference
+    /// labels, defined at the end of each page as `.md` files for readers
+    /// of the repository; defined first here, the same labels point at the
+    /// modules (the first definition of a label wins). The docs test of
+    /// the workspace checks that both agree.
+    macro_rules! guide {
+        ($(#[$attr:meta])* pub mod $name:ident {}) => {
+            #[doc = "[getting-started]: crate::docs::getting_started"]
+            #[doc = "[configuration]: crate::docs::configuration"]
+            #[doc = "[guarantees]: crate::docs::guarantees"]
+            #[doc = "[handler-failures]: crate::docs::guarantees#when-a-handler-fails"]
+            #[doc = "[postgres-outbox]: crate::docs::postgres_outbox"]
+            #[doc = "[redis-cluster]: crate::docs::redis_cluster"]
+            #[doc = "[cluster-loss]: crate::docs::redis_cluster#what-a-master-crash-can-lose"]
+            #[doc = "[operations]: crate::docs::operations"]
+            #[doc = "[acl]: crate::docs::operations#least-privilege-redis-user"]
+            #[doc = "[performance]: crate::docs::performance"]
+            #[doc = "[cluster-cost]: crate::docs::performance#redis-cluster"]
+            #[doc = "[internals]: crate::docs::internals"]
+            #[doc = ""]
+            $(#[$attr])*
+            pub mod $name {}
+        };
+    }
+
+    guide! {
+        #[doc = include_str!("../../docs/getting-started.md")]
+        pub mod getting_started {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/configuration.md")]
+        pub mod configuration {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/guarantees.md")]
+        pub mod guarantees {}
+    }
+    guide! {
+        // Its snippets use sqlx and the `postgres` module.
+        #[cfg_attr(feature = "postgres", doc = include_str!("../../docs/postgres-outbox.md"))]
+        #[cfg_attr(
+            not(feature = "postgres"),
+            doc = "# The PostgreSQL outbox\n\nThis guide needs the `postgres` feature: \
+                   build the documentation with it, or read `docs/postgres-outbox.md`."
+        )]
+        pub mod postgres_outbox {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/redis-cluster.md")]
+        pub mod redis_cluster {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/operations.md")]
+        pub mod operations {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/performance.md")]
+        pub mod performance {}
+    }
+    guide! {
+        #[doc = include_str!("../../docs/internals.md")]
+        pub mod internals {}
+    }
+}
 
 #[doc(hidden)]
 #[path = "private.rs"]
