@@ -37,9 +37,13 @@
 //!   configured (a bearer token, or basic credentials, read from a file or
 //!   the environment by [`Auth::from_sources`], never from the command
 //!   line).
-//! - Without authentication, only requests whose `Host` is a loopback name
-//!   (or one of [`Settings::allowed_hosts`]) are answered: a page on
-//!   another site cannot reach it through DNS rebinding.
+//! - Without authentication, only clients on this machine are answered,
+//!   by their connection's address (a router mounted in an application
+//!   must then be served with
+//!   `into_make_service_with_connect_info::<SocketAddr>()`, or every
+//!   request is refused), and only requests whose `Host` is a loopback
+//!   name (or one of [`Settings::allowed_hosts`]): a page on another site
+//!   cannot reach it through DNS rebinding.
 //! - Every `POST` carries the process's CSRF token in a hidden field and a
 //!   `SameSite=Strict` cookie (both must match), and a cross-site
 //!   `Origin` or `Sec-Fetch-Site` is refused.
@@ -260,10 +264,14 @@ impl OperatorPage {
         bound(local);
         let background = tokio::spawn(self.clone().run_background(shutdown.clone()));
         let stop = shutdown.clone();
-        let served = axum::serve(listener, self.router())
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .map_err(|source| WebError::Io { addr, source });
+        let served = axum::serve(
+            listener,
+            self.router()
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .map_err(|source| WebError::Io { addr, source });
         shutdown.cancel();
         let _ = background.await;
         served

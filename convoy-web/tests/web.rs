@@ -11,7 +11,9 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
-use common::{Setup, WAIT, enc, get, ids, post, posted, settings, setup, wait_until};
+use common::{
+    Setup, WAIT, enc, from_loopback, get, ids, post, posted, settings, setup, wait_until,
+};
 use convoy_web::{Auth, Settings, WebError};
 
 /// The confirmation page of `op` on `key`, and the fields it POSTs.
@@ -456,17 +458,35 @@ async fn authentication_hosts_and_listen_addresses() {
         .header("host", "evil.example:8080")
         .body(axum::body::Body::empty())
         .expect("request");
-    let r = tower::ServiceExt::oneshot(router.clone(), req)
+    let r = tower::ServiceExt::oneshot(router.clone(), from_loopback(req))
         .await
         .expect("reply");
     assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
+    // Another machine's client, or a server that does not say who the
+    // client is, is refused whatever Host it sends.
+    for peer in [Some([10, 0, 0, 5]), None] {
+        let mut req = axum::http::Request::get("/")
+            .header("host", "127.0.0.1:8080")
+            .body(axum::body::Body::empty())
+            .expect("request");
+        if let Some(ip) = peer {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                    ip, 40_000,
+                ))));
+        }
+        let r = tower::ServiceExt::oneshot(router.clone(), req)
+            .await
+            .expect("reply");
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "peer {peer:?}");
+    }
     // A POST from another site is refused before its form is read.
     let req = axum::http::Request::post("/c/ledger/act")
         .header("host", "127.0.0.1:8080")
         .header("sec-fetch-site", "cross-site")
         .body(axum::body::Body::empty())
         .expect("request");
-    let r = tower::ServiceExt::oneshot(router.clone(), req)
+    let r = tower::ServiceExt::oneshot(router.clone(), from_loopback(req))
         .await
         .expect("reply");
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
@@ -495,7 +515,7 @@ async fn authentication_hosts_and_listen_addresses() {
         .header("authorization", format!("Basic {basic}"))
         .body(axum::body::Body::empty())
         .expect("request");
-    let r = tower::ServiceExt::oneshot(router.clone(), req)
+    let r = tower::ServiceExt::oneshot(router.clone(), from_loopback(req))
         .await
         .expect("reply");
     assert_eq!(r.status(), StatusCode::OK);

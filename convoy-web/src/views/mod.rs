@@ -143,9 +143,30 @@ fn is_action(path: &str) -> bool {
 /// authentication, read-only, cross-site checks of a POST; then every
 /// response gets the security headers, and a failure its page.
 async fn guard(AxState(state): AxState<Arc<State>>, mut req: Request, next: Next) -> Response {
-    let headers = req.headers();
     let s = &state.settings;
-    let refused = if matches!(s.auth, crate::Auth::None)
+    // Without authentication, only this machine's clients: the peer's
+    // address, not a header it chose, decides. A router mounted without
+    // connection info refuses every request until authentication is
+    // configured.
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let headers = req.headers();
+    let refused = if matches!(s.auth, crate::Auth::None) && !peer.is_some_and(|ip| ip.is_loopback())
+    {
+        Some(Failure::new(
+            StatusCode::FORBIDDEN,
+            match peer {
+                Some(_) => {
+                    "without authentication this page answers only clients on this machine (loopback); configure a token or basic credentials"
+                }
+                None => {
+                    "without authentication this page answers only clients on this machine, and this server does not say who the client is: serve the router with `into_make_service_with_connect_info::<SocketAddr>()`, or configure a token or basic credentials"
+                }
+            },
+        ))
+    } else if matches!(s.auth, crate::Auth::None)
         && !headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
