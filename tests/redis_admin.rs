@@ -562,3 +562,43 @@ async fn unreachable_redis_is_reported_as_such() {
     assert!(text.contains("cannot connect"), "{text}");
     assert!(!text.contains("secret"), "{text}");
 }
+
+/// A page of partition keys never holds more keys than asked, even when
+/// one `SSCAN` reply (a prefix search with a large `COUNT`) brings many
+/// more: the next page reads that call again and skips what was shown,
+/// so walking the pages gives every key once.
+#[tokio::test]
+async fn a_page_of_keys_holds_no_more_than_asked_and_the_pages_give_every_key() {
+    use convoy_runtime::redis::admin::ScanCursor;
+    let server = RedisServer::start().expect("redis");
+    let mut c = server.connection().await.expect("conn");
+    let shards = keys::DEFAULT_SHARDS;
+    let mut all = std::collections::BTreeSet::new();
+    for i in 0..3000 {
+        let key = format!("k{i:04}");
+        let index = keys::partition_index(keys::shard_of(&key, shards), "order");
+        let _: i64 = c.sadd(&index, &key).await.expect("SADD");
+        all.insert(key);
+    }
+    let admin = Admin::connect(&server.url()).await.expect("admin");
+    let mut at = ScanCursor::default();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = admin
+            .partition_keys_page("order", at, "k", 50, 1000, 8)
+            .await
+            .expect("page");
+        assert!(page.keys.len() <= 50, "a page of {} keys", page.keys.len());
+        seen.extend(page.keys);
+        pages += 1;
+        match page.next {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    assert!(pages >= 60, "{pages} pages");
+    let unique: std::collections::BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no key twice");
+    assert_eq!(unique, all, "every key");
+}

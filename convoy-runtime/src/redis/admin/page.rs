@@ -20,20 +20,29 @@ use crate::error::Error;
 use crate::names;
 use crate::redis::reply::{entries, int, text};
 
-/// Where a walk over a category's partition indexes stands: a shard and
-/// the `SSCAN` cursor in that shard's index. Written `shard.cursor`
-/// (`0.0` is the start).
+/// Where a walk over a category's partition indexes stands: a shard, the
+/// `SSCAN` cursor in that shard's index, and how many keys of that call's
+/// reply an earlier page already showed (a page never holds more keys
+/// than asked: the rest of a reply is read again, and skipped, by the
+/// next page). Written `shard.cursor` or `shard.cursor.skip` (`0.0` is the
+/// start).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ScanCursor {
     /// The shard whose index is read next.
     pub shard: u32,
     /// The `SSCAN` cursor in it (`0`: from its start).
     pub cursor: u64,
+    /// Keys of the reply at this cursor shown already.
+    pub skip: usize,
 }
 
 impl fmt::Display for ScanCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.shard, self.cursor)
+        write!(f, "{}.{}", self.shard, self.cursor)?;
+        if self.skip > 0 {
+            write!(f, ".{}", self.skip)?;
+        }
+        Ok(())
     }
 }
 
@@ -41,11 +50,20 @@ impl FromStr for ScanCursor {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not a cursor (shard.cursor)");
-        let (shard, cursor) = s.split_once('.').ok_or_else(bad)?;
+        let bad = || format!("{s:?} is not a cursor (shard.cursor or shard.cursor.skip)");
+        let mut parts = s.split('.');
+        let (Some(shard), Some(cursor), skip, None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
         Ok(ScanCursor {
             shard: shard.parse().map_err(|_| bad())?,
             cursor: cursor.parse().map_err(|_| bad())?,
+            skip: match skip {
+                Some(n) => n.parse().map_err(|_| bad())?,
+                None => 0,
+            },
         })
     }
 }
@@ -273,16 +291,27 @@ impl Admin {
                     what: format!("SSCAN {index}"),
                     reply: format!("{page:?}"),
                 })?;
-            keys.extend(members);
+            let fresh = members.len().saturating_sub(at.skip);
+            let room = want - keys.len();
+            if fresh > room {
+                // The page is full within this reply: the next page reads
+                // the same call again and skips what this one showed.
+                keys.extend(members.into_iter().skip(at.skip).take(room));
+                at.skip += room;
+                break;
+            }
+            keys.extend(members.into_iter().skip(at.skip));
             at = if cursor == 0 {
                 ScanCursor {
                     shard: at.shard + 1,
                     cursor: 0,
+                    skip: 0,
                 }
             } else {
                 ScanCursor {
                     shard: at.shard,
                     cursor,
+                    skip: 0,
                 }
             };
         }
@@ -466,9 +495,14 @@ mod tests {
         let c = ScanCursor {
             shard: 3,
             cursor: 917,
+            skip: 0,
         };
         assert_eq!(c.to_string(), "3.917");
         assert_eq!("3.917".parse::<ScanCursor>(), Ok(c));
+        let mid = ScanCursor { skip: 50, ..c };
+        assert_eq!(mid.to_string(), "3.917.50");
+        assert_eq!("3.917.50".parse::<ScanCursor>(), Ok(mid));
+        assert!("3.917.50.1".parse::<ScanCursor>().is_err());
         assert!("3".parse::<ScanCursor>().is_err());
         assert!("x.1".parse::<ScanCursor>().is_err());
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
