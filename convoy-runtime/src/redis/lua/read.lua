@@ -13,13 +13,21 @@
 -- ARGV[6] n, ARGV[7] the lane to look at first (rotates for fairness
 -- between the categories of one unit), ARGV[8] the owner's incarnation,
 -- ARGV[9] '1' when priority lanes are on (the backfill streams are in KEYS)
+-- ARGV[10] for a read of new entries: '' (no check), or how many entries
+-- the caller holds pending (handled, not yet acknowledged) in the stream
+-- KEYS[ARGV[11]] (none in the others). This consumer holding more pending
+-- than that means an earlier read ran without the caller seeing its reply
+-- (the client sent it again after a dropped connection, as the Redis
+-- Cluster client does): its entries would be passed over, so nothing new
+-- is read and {0} is returned; the caller reads its pending entries first.
 --
 -- Every key is passed by name, never as '': a Redis ACL user limited to
 -- convoy's key patterns is refused any key outside them, even an empty one.
 --
 -- A stream without the group (new, or re-created by a publish after a
 -- reap) gets the group at id 0, so nothing published is skipped.
--- Returns {refusal} (see fence.lua) when fenced out; {-4, stream, type}
+-- Returns {refusal} (see fence.lua) when fenced out; {0} (see ARGV[10]);
+-- {-4, stream, type}
 -- when a lane's key holds something other than a stream; else
 -- {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
 -- backfill lane, 0 none; entries as XREADGROUP returns them for one stream
@@ -29,9 +37,24 @@ if no then
   return {no}
 end
 
-local function read(stream, count)
+local function unseen(stream, at)
+  if ARGV[5] ~= '>' or ARGV[10] == nil or ARGV[10] == '' then
+    return false
+  end
+  local held = 0
+  if tostring(at) == ARGV[11] then
+    held = tonumber(ARGV[10])
+  end
+  local p = redis.pcall('XPENDING', stream, ARGV[2], '-', '+', held + 1, ARGV[1])
+  return type(p) == 'table' and not p.err and #p > held
+end
+
+local function read(stream, count, at)
   if redis.call('EXISTS', stream) == 0 then
     return false
+  end
+  if unseen(stream, at) then
+    return {unseen = true}
   end
   local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', count,
     'STREAMS', stream, ARGV[5])
@@ -63,10 +86,14 @@ end
 for pass = 0, passes do
   for j = 0, n - 1 do
     local i = (first + j) % n
-    local stream = KEYS[2 + pass * n + i]
-    local e = read(stream, ARGV[3 + pass])
+    local at = 2 + pass * n + i
+    local stream = KEYS[at]
+    local e = read(stream, ARGV[3 + pass], at)
     if e and e.wrong then
       return {-4, stream, e.wrong}
+    end
+    if e and e.unseen then
+      return {0}
     end
     if e then
       return {1, pass * n + i + 1, e}

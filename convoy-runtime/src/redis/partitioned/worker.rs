@@ -427,6 +427,15 @@ impl Worker {
                     }
                     continue;
                 }
+                Err(ReadError::Unseen) => {
+                    // A read ran twice (sent again by the client after a
+                    // dropped connection): what the first delivered is
+                    // pending for this consumer, unhandled. Read it first.
+                    pending_mode = true;
+                    drained = false;
+                    tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries delivered by a read whose reply was lost are pending; reading them before anything new");
+                    continue;
+                }
                 Err(ReadError::Failed(e)) => {
                     // The read may have run without its reply reaching us:
                     // the entries it delivered are then pending for this
@@ -466,12 +475,24 @@ impl Worker {
     async fn read(&mut self, pending: bool) -> Result<Option<(At, Vec<Entry>)>, ReadError> {
         self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
         let mut c = self.conn().await.map_err(ReadError::Failed)?;
+        // On a cluster the client sends a read again after a dropped
+        // connection: the script checks that nothing pending is unseen.
+        let held = c.is_cluster().then(|| {
+            (
+                self.unacked_at.unwrap_or(At {
+                    lane: 0,
+                    backfill: false,
+                }),
+                self.unacked.len(),
+            )
+        });
         let reply = Read {
             by: self.caller(),
             which: if pending { Which::Pending } else { Which::New },
             primary_count: PRIMARY_BATCH,
             backfill_count: BACKFILL_BATCH,
             first_lane: self.rotate,
+            held,
         }
         .run(&mut c)
         .await
@@ -481,6 +502,7 @@ impl Worker {
             ReadReply::Empty => Ok(None),
             ReadReply::Refused(why) => Err(ReadError::Refused(why)),
             ReadReply::NotAStream { stream, kind } => Err(ReadError::NotAStream { stream, kind }),
+            ReadReply::Unseen => Err(ReadError::Unseen),
         }
     }
 
@@ -1011,6 +1033,8 @@ impl Worker {
 
 enum ReadError {
     Refused(Refusal),
+    /// An earlier read delivered entries this worker did not see.
+    Unseen,
     /// A lane's key holds something other than a stream.
     NotAStream {
         stream: String,

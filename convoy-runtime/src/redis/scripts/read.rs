@@ -30,6 +30,12 @@ pub(crate) struct Read<'a> {
     /// The lane to look at first (rotates for fairness between the
     /// categories of one unit).
     pub(crate) first_lane: usize,
+    /// For a read of new entries: check that the consumer holds no pending
+    /// entry the caller has not seen, given the entries it holds pending
+    /// (handled, not yet acknowledged) and where. A client that sends a
+    /// read again after a dropped connection (the Redis Cluster client
+    /// does) would otherwise pass over what the first one delivered.
+    pub(crate) held: Option<(At, usize)>,
 }
 
 /// What [`Read`] found.
@@ -43,6 +49,9 @@ pub(crate) enum ReadReply {
     Refused(Refusal),
     /// A lane's key holds another type than a stream.
     NotAStream { stream: String, kind: String },
+    /// The consumer holds pending entries the caller has not seen (see
+    /// [`Read::held`]): read them first.
+    Unseen,
 }
 
 impl Read<'_> {
@@ -76,9 +85,20 @@ impl Read<'_> {
             .arg(self.first_lane)
             .arg(by.incarnation)
             .arg(if backfill_on { "1" } else { "0" });
+        match self.held {
+            Some((at, n)) if self.which == Which::New => {
+                // KEYS index (1-based) of the stream holding them.
+                let index = 2 + at.lane + if at.backfill { lanes.len() } else { 0 };
+                inv.arg(n).arg(index);
+            }
+            _ => {
+                inv.arg("").arg(0);
+            }
+        }
         let reply = call("read", &inv, conn, "fenced read failed").await?;
         match &reply.status {
             Status::Done => {}
+            Status::NotDone => return Ok(ReadReply::Unseen),
             Status::Refused(why) => return Ok(ReadReply::Refused(*why)),
             Status::NotAStream => {
                 return Ok(ReadReply::NotAStream {

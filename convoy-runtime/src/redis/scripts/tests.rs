@@ -85,16 +85,64 @@ fn by<'a>(u: &'a Unit, token: &'a str, alive: &'a str, inc: &'a str) -> Caller<'
 }
 
 async fn read(c: &mut Conn, token: &str, alive: &str, inc: &str) -> ReadReply {
+    read_holding(c, token, alive, inc, None, 10).await
+}
+
+/// A read of new entries by a caller that holds `held` pending entries
+/// (checked when `Some`).
+async fn read_holding(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    held: Option<usize>,
+    count: usize,
+) -> ReadReply {
+    let primary = crate::redis::unit::At {
+        lane: 0,
+        backfill: false,
+    };
     Read {
         by: by(&unit(), token, alive, inc),
         which: Which::New,
-        primary_count: 10,
-        backfill_count: 10,
+        primary_count: count,
+        backfill_count: count,
         first_lane: 0,
+        held: held.map(|n| (primary, n)),
     }
     .run(c)
     .await
     .expect("read")
+}
+
+/// A read sent twice (the cluster client sends it again after a dropped
+/// connection, its first reply lost): the second one reads nothing new,
+/// since the first one's entry is pending unseen, and says so; a caller
+/// that holds that entry (it saw it) reads on.
+#[tokio::test]
+async fn a_read_sent_twice_does_not_pass_over_what_the_first_delivered() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["XADD", STREAM, "1-1", "f", "v"]).await;
+    cmd(&mut c, &["XADD", STREAM, "1-2", "f", "v"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // The first read delivers 1-1; its reply is lost.
+    match read_holding(&mut c, &token, ALIVE_A, "a1", Some(0), 1).await {
+        ReadReply::Entries(_, e) => assert_eq!(e[0].id, "1-1"),
+        other => panic!("{other:?}"),
+    }
+    // Sent again: 1-1 is pending and unseen, so 1-2 is not read.
+    assert!(matches!(
+        read_holding(&mut c, &token, ALIVE_A, "a1", Some(0), 1).await,
+        ReadReply::Unseen
+    ));
+    // Without the check, 1-2 would have been read past 1-1.
+    // A caller that holds 1-1 (handled, not acknowledged) reads on.
+    match read_holding(&mut c, &token, ALIVE_A, "a1", Some(1), 1).await {
+        ReadReply::Entries(_, e) => assert_eq!(e[0].id, "1-2"),
+        other => panic!("{other:?}"),
+    }
 }
 
 fn refusal(r: &ReadReply) -> Option<Refusal> {
