@@ -634,6 +634,11 @@ impl Connection {
         }
     }
 
+    /// Whether this names a cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.client, Client::Cluster { .. })
+    }
+
     /// The URL with its password hidden.
     pub(crate) fn url(&self) -> String {
         redact_url(&self.url)

@@ -3,7 +3,7 @@
 //! while each still waits for its own acknowledgement before its next event
 //! (so a crash re-runs at most the event in flight, with `max_unacked = 1`).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -54,10 +54,37 @@ impl AckRequest {
     }
 }
 
-/// Sends the queued acknowledgements, as many per call as are waiting (one
-/// call per shard, at once: a script touches one shard), until every sender
-/// is gone. `alive` is the owner's liveness key of each shard.
+/// Sends the queued acknowledgements, as many per call as are waiting,
+/// until every sender is gone. On one server one lane takes them all; on a
+/// cluster one lane per shard (a script touches one shard), each batching
+/// what queued while its previous call ran, so a shard whose master is
+/// failing over holds up no other shard's acknowledgements. `alive` is
+/// the owner's liveness key of each shard.
 pub(crate) async fn run(
+    redis: Arc<Connection>,
+    group: &'static str,
+    alive: Arc<[String]>,
+    wait: Option<Replicated>,
+    mut rx: mpsc::UnboundedReceiver<AckRequest>,
+) {
+    let cluster = redis.is_cluster();
+    let mut lanes: HashMap<u32, mpsc::UnboundedSender<AckRequest>> = HashMap::new();
+    while let Some(r) = rx.recv().await {
+        let shard = if cluster { r.unit.shard } else { 0 };
+        let to = lanes.entry(shard).or_insert_with(|| {
+            let (tx, lane_rx) = mpsc::unbounded_channel();
+            tokio::spawn(lane(redis.clone(), group, alive.clone(), wait, lane_rx));
+            tx
+        });
+        // A lane ends only with its sender; a request it cannot take drops
+        // its reply channel, which its worker sees as a failed
+        // acknowledgement (sent again).
+        let _ = to.send(r);
+    }
+}
+
+/// One lane: a call per batch of what queued meanwhile.
+async fn lane(
     redis: Arc<Connection>,
     group: &'static str,
     alive: Arc<[String]>,
@@ -72,44 +99,26 @@ pub(crate) async fn run(
                 Err(_) => break,
             }
         }
-        let conn = match redis.shared().await {
+        let mut conn = match redis.shared().await {
             Ok(c) => c,
             Err(e) => {
                 answer(batch, Err(e));
                 continue;
             }
         };
-        // One call for the whole batch on one server; on a cluster one per
-        // shard (a script's keys must be in one hash slot), sent at once.
-        let mut by_shard: BTreeMap<u32, Vec<AckRequest>> = BTreeMap::new();
-        let cluster = conn.is_cluster();
-        for r in batch {
-            let shard = if cluster { r.unit.shard } else { 0 };
-            by_shard.entry(shard).or_default().push(r);
+        let items: Vec<AckItem<'_>> = batch
+            .iter()
+            .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
+            .collect();
+        let result = Ack {
+            group,
+            now_ms: now_ms(),
+            items: &items,
         }
-        // Each shard's call runs on its own: a shard whose master is
-        // failing over holds up no other shard's acknowledgements (a unit
-        // has at most one acknowledgement in flight: its worker waits for
-        // the answer).
-        for batch in by_shard.into_values() {
-            let mut conn = conn.clone();
-            let alive = alive.clone();
-            tokio::spawn(async move {
-                let items: Vec<AckItem<'_>> = batch
-                    .iter()
-                    .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
-                    .collect();
-                let result = Ack {
-                    group,
-                    now_ms: now_ms(),
-                    items: &items,
-                }
-                .run(&mut conn, wait)
-                .await;
-                drop(items);
-                answer(batch, result);
-            });
-        }
+        .run(&mut conn, wait)
+        .await;
+        drop(items);
+        answer(batch, result);
     }
 }
 

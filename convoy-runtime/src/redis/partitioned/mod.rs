@@ -406,13 +406,9 @@ impl Coordinator {
         if exit.maybe_held {
             self.orphans.insert(exit.key.clone());
         }
-        if self
-            .draining
-            .get(&exit.key)
-            .is_some_and(JoinHandle::is_finished)
-        {
-            self.draining.remove(&exit.key);
-        }
+        // A worker given up on a lapse reports its end last: its event is
+        // finished, so its key may be taken again.
+        self.draining.remove(&exit.key);
         if self
             .units
             .get(&exit.key)
