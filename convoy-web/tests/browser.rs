@@ -88,8 +88,7 @@ async fn browser(driver: &Driver, binary: &Path) -> Client {
             "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1360,1000"],
         }),
     );
-    ClientBuilder::rustls()
-        .expect("rustls")
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
         .capabilities(caps)
         .connect(&format!("http://127.0.0.1:{}", driver.port))
         .await
