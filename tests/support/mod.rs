@@ -93,7 +93,12 @@ impl Recording {
             Some(r) => {
                 let generation = ctx.fence().map(|f| f.generation).unwrap_or(0);
                 let label = format!("{}@{generation}", self.instance);
-                Some(r.enter(&e.client_id, &e.id(), &label).await?)
+                // The window starts at the engine's dispatch: a process
+                // stopped after it runs this line only once resumed.
+                Some(
+                    r.enter_dispatched(&e.client_id, &e.id(), &label, ctx.dispatched_at())
+                        .await?,
+                )
             }
             None => None,
         };

@@ -12,6 +12,9 @@ use super::TestingError;
 /// How often waits poll the child for its exit.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
+/// How long [`ChildEngine::stop`] waits for every thread to be stopped.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
 /// A process started by a test (typically a second engine instance) that the
 /// test can crash, stall and resume with real signals.
 ///
@@ -83,11 +86,23 @@ impl ChildEngine {
         self.wait()
     }
 
-    /// Stalls the process with `SIGSTOP` (it cannot catch or ignore it).
+    /// Stalls the process with `SIGSTOP` (it cannot catch or ignore it) and
+    /// returns once every thread of it is stopped, so a clock read after
+    /// this call is later than anything the process did.
     ///
     /// Resume it with [`cont`](Self::cont).
     pub fn stop(&mut self) -> Result<(), TestingError> {
-        self.signal_running(Signal::SIGSTOP)
+        self.signal_running(Signal::SIGSTOP)?;
+        let deadline = Instant::now() + STOP_WAIT;
+        while !all_threads_stopped(self.pid()) {
+            if Instant::now() >= deadline {
+                // Not a Linux /proc, or a thread that will not stop (in
+                // uninterruptible sleep): the signal is sent all the same.
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Resumes a stalled process with `SIGCONT`.
@@ -164,6 +179,30 @@ impl ChildEngine {
     fn signal(&self, signal: Signal) -> Result<(), TestingError> {
         send_signal(self.pid(), signal)
     }
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in
+/// `/proc/{pid}/task/*/stat`). False when `/proc` cannot tell.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return false;
+        };
+        // `pid (comm) S ...`: the state follows the last `)`, as comm may
+        // hold anything.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 impl Drop for ChildEngine {

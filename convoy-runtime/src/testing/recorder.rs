@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Script;
 use redis::aio::ConnectionManager;
@@ -21,7 +21,8 @@ pub const DEFAULT_MARKER_TTL: Duration = Duration::from_secs(30);
 ///
 /// KEYS: 1 active hash, 2 seen list, 3 keys set, 4 windows hash,
 /// 5 violations list, 6 window counter.
-/// ARGV: 1 instance, 2 event id, 3 marker ttl (ms), 4 key.
+/// ARGV: 1 instance, 2 event id, 3 marker ttl (ms), 4 key, 5 the window's
+/// start in microseconds (empty: now).
 ///
 /// The active hash maps `instance|event_id` to `deadline_ms:window_id`.
 /// Times come from Redis `TIME`, so every process uses one clock.
@@ -31,6 +32,9 @@ const ENTER_LUA: &str = r"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+if ARGV[5] ~= '' then
+  now_us = ARGV[5]
+end
 local ttl = tonumber(ARGV[3])
 local me = ARGV[1] .. '|' .. ARGV[2]
 local violations = 0
@@ -165,6 +169,38 @@ impl Recorder {
         event_id: &str,
         instance: &str,
     ) -> Result<ActiveGuard, TestingError> {
+        self.enter_window(key, event_id, instance, None).await
+    }
+
+    /// Like [`enter`](Self::enter), but the window starts at `dispatched_at`
+    /// (the engine's [`Context::dispatched_at`](crate::Context::dispatched_at),
+    /// read before its last lease check) rather than when this call reaches
+    /// Redis.
+    ///
+    /// A process stopped between the engine's dispatch and this call runs it
+    /// only once resumed; that is the attempt it already had in flight, and
+    /// its window must say so. Both clocks are the host's wall clock, so this
+    /// is meant for processes on the Redis server's machine.
+    pub async fn enter_dispatched(
+        &self,
+        key: &str,
+        event_id: &str,
+        instance: &str,
+        dispatched_at: SystemTime,
+    ) -> Result<ActiveGuard, TestingError> {
+        let us = dispatched_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.enter_window(key, event_id, instance, Some(us)).await
+    }
+
+    async fn enter_window(
+        &self,
+        key: &str,
+        event_id: &str,
+        instance: &str,
+        start_us: Option<u64>,
+    ) -> Result<ActiveGuard, TestingError> {
         if instance.contains('|') {
             return Err(TestingError::InvalidInstance {
                 instance: instance.to_string(),
@@ -185,6 +221,7 @@ impl Recorder {
             .arg(event_id)
             .arg(ttl_ms)
             .arg(key)
+            .arg(start_us.map(|us| us.to_string()).unwrap_or_default())
             .invoke_async(&mut connection)
             .await
             .map_err(TestingError::redis("recording a handler entry"))?;
