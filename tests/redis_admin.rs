@@ -205,7 +205,18 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(report.totals.halted, 1);
     assert_eq!(report.totals.owned, 1);
 
+    assert_eq!(p.paused_since_ms, None);
+    // The owner's handler paused (an outage of its dependency): its
+    // heartbeat writes when the pause started; the partition shows it.
+    let _: () = c
+        .set(keys::paused(G, "owner"), 1_700_000_000_000u64)
+        .await
+        .expect("set");
     let i = admin.inspect("cat", "k", G).await.expect("inspect");
+    assert_eq!(i.status.paused_since_ms, Some(1_700_000_000_000));
+    let _: () = c.del(keys::paused(G, "owner")).await.expect("del");
+    let i = admin.inspect("cat", "k", G).await.expect("inspect");
+    assert_eq!(i.status.paused_since_ms, None);
     assert_eq!(i.status.shard, shard());
     assert!(i.status.owner_alive);
     let head = i.head.expect("head");
@@ -226,6 +237,7 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
         force: false,
         operator: "op",
         expect_entry: Some(&ids[1]),
+        expect_generation: None,
     };
     let e = admin
         .act_on_head(HeadOp::Skip, &req)
@@ -233,8 +245,30 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
         .expect_err("changed");
     assert!(matches!(e, AdminError::HeadChanged { .. }), "{e}");
 
+    // The right head, but the unit moved to another generation since the
+    // operator looked (another owner took it): refused, nothing changed.
+    let seen_generation = i.status.durable_generation;
+    let stale = HeadRequest {
+        expect_entry: Some(&ids[0]),
+        expect_generation: Some(seen_generation + 1),
+        ..req
+    };
+    let e = admin
+        .act_on_head(HeadOp::Skip, &stale)
+        .await
+        .expect_err("generation moved");
+    assert!(
+        matches!(e, AdminError::GenerationMoved { expected, generation, .. } if expected == seen_generation + 1 && generation == seen_generation),
+        "{e}"
+    );
+    assert!(e.is_refusal());
+    let pending: redis::streams::StreamPendingReply =
+        c.xpending(stream(), G).await.expect("xpending");
+    assert_eq!(pending.count(), 3, "nothing acknowledged");
+
     let req = HeadRequest {
         expect_entry: Some(&ids[0]),
+        expect_generation: Some(seen_generation),
         ..req
     };
     let out = admin.act_on_head(HeadOp::Skip, &req).await.expect("skip");

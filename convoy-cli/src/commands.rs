@@ -429,6 +429,7 @@ async fn head_action(
             force: args.force,
             operator: who,
             expect_entry: None,
+            expect_generation: Some(i.status.durable_generation),
         };
         admin.act_on_head(op, &request).await?;
         return Ok(format!(
@@ -488,6 +489,7 @@ async fn head_action(
                 force: args.force,
                 operator: who,
                 expect_entry: Some(&head.entry_id),
+                expect_generation: Some(i.status.durable_generation),
             },
         )
         .await?;
@@ -539,6 +541,7 @@ async fn retry_all_halted(admin: &Admin, args: &RetryArgs, who: &str) -> Result<
             force: false,
             operator: who,
             expect_entry: p.halt_entry.as_deref(),
+            expect_generation: Some(p.durable_generation),
         };
         match admin.act_on_head(HeadOp::Retry, &request).await {
             Ok(_) => done += 1,

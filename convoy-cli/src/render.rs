@@ -456,6 +456,14 @@ pub fn inspection(category: &str, i: &Inspection) -> String {
         rows.push(("state", format!("HALTED since {since}: {reason}")));
         rows.push(("halted on", dash_text(s.halt_entry.as_ref())));
         rows.push(("halt error", dash_text(s.halt_error.as_ref())));
+    } else if let Some(since) = s.paused_since_ms {
+        rows.push((
+            "state",
+            format!(
+                "PAUSED since {}: the owner's handler sees its dependency down and runs one probe at a time",
+                utc(since)
+            ),
+        ));
     } else {
         rows.push(("state", "running".to_owned()));
     }
@@ -793,6 +801,7 @@ mod tests {
             generation: Some(12),
             durable_generation: 12,
             lease_ms_left: Some(1_900),
+            paused_since_ms: None,
             length: if halted { 7 } else { 0 },
             backfill_length: 0,
             pending: if halted { 7 } else { 0 },

@@ -140,6 +140,14 @@ pub fn alive(shard: u32, group: &str, owner: &str) -> String {
     format!("{}convoy:alive:{group}:{owner}", tag(shard))
 }
 
+/// `convoy:paused:{group}:{owner}`: set (to the pause's start, ms since the
+/// Unix epoch, expiring with the liveness) while `owner`'s handler `group`
+/// is paused by an outage of its dependency; the operators' tools show its
+/// partitions as paused.
+pub fn paused(group: &str, owner: &str) -> String {
+    format!("convoy:paused:{group}:{owner}")
+}
+
 /// `{s}convoy:unit:{group}:{scope}:{key}`.
 pub fn unit(shard: u32, group: &str, scope: &str, key: &str) -> String {
     format!("{}convoy:unit:{group}:{scope}:{key}", tag(shard))

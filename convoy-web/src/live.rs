@@ -23,6 +23,9 @@ const SNAPSHOT_CHUNK: usize = 200;
 pub(crate) enum RowState {
     /// Halted on its head, waiting for an operator.
     Halted,
+    /// Its owner's handler is paused: its dependency is down (transient
+    /// failures of many keys at once); one probe at a time runs.
+    Paused,
     /// Its head failed and is being retried.
     Retrying,
     /// A gap was recorded (`on_poison = "dead_letter"`) and not
@@ -36,8 +39,9 @@ pub(crate) enum RowState {
 
 impl RowState {
     /// Every state, in the filter's order.
-    pub(crate) const ALL: [RowState; 5] = [
+    pub(crate) const ALL: [RowState; 6] = [
         RowState::Halted,
+        RowState::Paused,
         RowState::Retrying,
         RowState::Gap,
         RowState::Running,
@@ -47,6 +51,8 @@ impl RowState {
     pub(crate) fn of(s: &PartitionStatus) -> RowState {
         if s.halted {
             RowState::Halted
+        } else if s.paused_since_ms.is_some() {
+            RowState::Paused
         } else if s.attempts > 0 {
             RowState::Retrying
         } else if s.gap.is_some() {
@@ -61,6 +67,7 @@ impl RowState {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             RowState::Halted => "halted",
+            RowState::Paused => "paused",
             RowState::Retrying => "retrying",
             RowState::Gap => "gap",
             RowState::Running => "running",

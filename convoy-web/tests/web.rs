@@ -569,3 +569,223 @@ async fn authentication_hosts_and_listen_addresses() {
     assert!(convoy_web::check_listen(&"0.0.0.0:8080".parse().expect("addr"), &auth).is_ok());
     assert!(convoy_web::check_listen(&"[::1]:8080".parse().expect("addr"), &Auth::None).is_ok());
 }
+
+/// The replay confirmation of `dlq_id` of `key`, and the fields it POSTs
+/// for a replay at the head.
+async fn confirm_at_head(router: &axum::Router, key: &str, dlq_id: &str) -> common::Reply {
+    get(
+        router,
+        &format!(
+            "/c/ledger/confirm-replay?key={}&dlq_id={}",
+            enc(key),
+            enc(dlq_id)
+        ),
+    )
+    .await
+    .ok()
+}
+
+fn at_head_fields(r: &common::Reply) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = ["csrf", "key", "dlq_id", "handler", "generation"]
+        .iter()
+        .map(|f| (f.to_string(), r.field(f)))
+        .collect();
+    if r.body.contains("name=\"head\"") {
+        fields.push(("head".to_owned(), r.field("head")));
+    }
+    fields.push(("at".to_owned(), "head".to_owned()));
+    fields
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_at_the_head_shows_and_is_fenced_on_the_entry_it_goes_before_and_the_generation() {
+    let s = setup();
+    let engine = s.domain.engine().spawn();
+    let events: Vec<_> = (0..6)
+        .map(|seq| posted("c1", seq, seq == 2 || seq == 4))
+        .collect();
+    s.publish(&events).await;
+    wait_until(WAIT, "c1 halts on #2", || async {
+        s.halted_on("c1").await.is_some()
+    })
+    .await;
+    let page = s.page(settings()).await;
+    let router = page.router();
+    // Dead-letter #2; c1 runs on and halts on #4.
+    let (p, fields) = confirm(&router, &s, "dead_letter", "c1").await;
+    post(&router, "/c/ledger/act", &form(&fields), Some(&p.cookie()))
+        .await
+        .ok();
+    wait_until(WAIT, "c1 halts on #4", || async {
+        s.seen("c1").len() == 3 && s.halted_on("c1").await.is_some()
+    })
+    .await;
+    let halted_on_4 = s.halted_on("c1").await.expect("halted");
+    let letters = page_dlq_ids(&router).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let dlq_id = &letters[0];
+
+    // The confirmation names the entry the letter goes before (the halted
+    // head, #4) and the unit's generation.
+    let r = confirm_at_head(&router, "c1", dlq_id).await;
+    assert!(
+        r.body
+            .contains(&format!("id=\"replay-head-entry\">{halted_on_4}<")),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.field("head"), halted_on_4);
+    let generation: u64 = r.field("generation").parse().expect("generation");
+    assert!(
+        r.body
+            .contains(&format!("id=\"replay-head-generation\">{generation}<")),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("halted on its head"), "{}", r.body);
+    let stale = at_head_fields(&r);
+    let cookie = r.cookie();
+
+    // A wrong generation is refused, nothing done.
+    let moved = with(&stale, "generation", &(generation + 1).to_string());
+    let refused = post(&router, "/c/ledger/replay", &form(&moved), Some(&cookie)).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert!(
+        refused.body.contains("stale confirmation") && refused.body.contains("generation"),
+        "{}",
+        refused.body
+    );
+    // Another operator skips #4 meanwhile: the entry the page showed is
+    // no longer the first unfinished one; the replay is refused.
+    let (p, fields) = confirm(&router, &s, "skip", "c1").await;
+    post(&router, "/c/ledger/act", &form(&fields), Some(&p.cookie()))
+        .await
+        .ok();
+    wait_until(WAIT, "c1 finishes #5", || async { s.seen("c1").len() == 4 }).await;
+    let refused = post(&router, "/c/ledger/replay", &form(&stale), Some(&cookie)).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert!(
+        refused.body.contains("stale confirmation") && refused.body.contains(&halted_on_4),
+        "{}",
+        refused.body
+    );
+    assert_eq!(page_dlq_ids(&router).await, letters, "the letter stays");
+    let replays = s
+        .audit("c1")
+        .await
+        .iter()
+        .filter(|a| a["op"] == "replay")
+        .count();
+    assert_eq!(replays, 0, "nothing audited");
+
+    // Confirmed again: nothing unfinished to go before; cured, it runs.
+    let r = confirm_at_head(&router, "c1", dlq_id).await;
+    assert!(
+        r.body.contains("nothing: the handler has finished"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.field("head"), "none");
+    s.poison.store(false, Ordering::SeqCst);
+    let done = post(
+        &router,
+        "/c/ledger/replay",
+        &form(&at_head_fields(&r)),
+        Some(&r.cookie()),
+    )
+    .await
+    .ok();
+    assert!(done.body.contains("at the head"), "{}", done.body);
+    wait_until(WAIT, "the replayed event runs", || async {
+        s.seen("c1").len() == 5
+    })
+    .await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 3, 5, 2]));
+    let audit = s.audit("c1").await;
+    let replay = audit.iter().find(|a| a["op"] == "replay").expect("audited");
+    assert_eq!(
+        (replay["at"].as_str(), replay["operator"].as_str()),
+        ("head", "tester (web)")
+    );
+    // The key's page shows the key's audit records, read from its shard.
+    let key_page = get(&router, "/c/ledger/key?key=c1").await.ok();
+    for op in [">dead_letter<", ">skip<", ">replay<"] {
+        assert!(key_page.body.contains(op), "{op}: {}", key_page.body);
+    }
+    engine.shutdown().await.expect("shutdown");
+}
+
+/// The ids of the dead letters the dead letters view lists.
+async fn page_dlq_ids(router: &axum::Router) -> Vec<String> {
+    let r = get(router, "/c/ledger/dlq?key=c1").await.ok();
+    let mut out = Vec::new();
+    let mut rest = r.body.as_str();
+    while let Some(at) = rest.find("dlq_id=") {
+        rest = &rest[at + "dlq_id=".len()..];
+        let id: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-' || *c == '%')
+            .collect::<String>()
+            .replace("%2D", "-");
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_of_a_paused_handler_show_as_paused_until_its_dependency_is_back() {
+    let s = setup();
+    s.down.store(true, Ordering::SeqCst);
+    let engine = s.domain.engine().spawn();
+    let keys = ["c0", "c1", "c2", "c3"];
+    let events: Vec<_> = keys
+        .iter()
+        .flat_map(|k| (0..3).map(move |seq| posted(k, seq, false)))
+        .collect();
+    s.publish(&events).await;
+    let page = s.page(settings()).await;
+    let router = page.router();
+    // The dependency is down for every key: the handler pauses (3 keys
+    // failing at once, the default threshold) and its heartbeat says so.
+    wait_until(WAIT, "the page shows c0 paused", || async {
+        get(&router, "/c/ledger/key?key=c0")
+            .await
+            .body
+            .contains("state-paused")
+    })
+    .await;
+    let r = get(&router, "/c/ledger/key?key=c0").await.ok();
+    assert!(r.body.contains("its dependency down"), "{}", r.body);
+    page.refresh_snapshot().await;
+    let r = get(&router, "/c/ledger?state=paused").await.ok();
+    for k in keys {
+        assert!(r.body.contains(&format!(">{k}</a>")), "{k}: {}", r.body);
+    }
+    assert!(r.body.contains("state-paused"), "{}", r.body);
+    let r = get(&router, "/c/ledger?state=running").await.ok();
+    assert!(!r.body.contains(">c0</a>"), "{}", r.body);
+    assert!(s.seen("c0").is_empty());
+
+    // Back: every key runs, in order, and nothing shows paused any more.
+    s.down.store(false, Ordering::SeqCst);
+    wait_until(WAIT, "every key runs", || async {
+        keys.iter().all(|k| s.seen(k).len() == 3)
+    })
+    .await;
+    for k in keys {
+        assert_eq!(s.seen(k), ids(k, &[0, 1, 2]));
+    }
+    wait_until(WAIT, "the pause is no longer shown", || async {
+        !get(&router, "/c/ledger/key?key=c0")
+            .await
+            .body
+            .contains("state-paused")
+    })
+    .await;
+    page.refresh_snapshot().await;
+    let r = get(&router, "/c/ledger?state=paused").await.ok();
+    assert!(!r.body.contains(">c0</a>"), "{}", r.body);
+    engine.shutdown().await.expect("shutdown");
+}

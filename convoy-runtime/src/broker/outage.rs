@@ -92,6 +92,15 @@ impl Outage {
         self.state().paused_since.is_some()
     }
 
+    /// When the current pause started, in ms since the Unix epoch; `None`
+    /// while not paused. The heartbeat publishes it for the operators'
+    /// tools.
+    pub(crate) fn paused_since_ms(&self) -> Option<u64> {
+        let since = self.state().paused_since?;
+        let ago = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Some(crate::envelope::now_ms().saturating_sub(ago))
+    }
+
     /// Waits until an event may start: at once when the handler is not
     /// paused; while it is, until this worker gets the probe or the
     /// handler resumes. Cancel-safe (a probe is taken only on return).

@@ -35,6 +35,7 @@
 //! | `convoy:categories` | set | categories engines registered handlers for (operators' tools find every shard from it) |
 //! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `{s}convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |
 //! | `convoy:instances:{group}` | sorted set | live instances of a group, scored by expiry (ms) |
+//! | `convoy:paused:{group}:{owner}` | string, PX | while an instance's handler is paused by an outage of its dependency: when the pause started (ms); renewed per heartbeat, deleted once it resumes |
 //! | `convoy:pm:{process manager}:{value}` | hash | a process-manager instance: `version`, `state` (JSON), `ended`, `applied` |
 //! | `convoy:audit` | stream | operator actions outside any shard (the outbox's `retry` and `discard`) |
 //!
@@ -46,6 +47,7 @@
 pub use crate::names::{
     AUDIT_STREAM, CATEGORIES, DEFAULT_SHARDS, MAX_SHARDS, acked, alive, audit, backfill_stream,
     base_backfill_stream, base_groups, base_shard, base_stream, category_dlq, groups, instances,
-    key_field, lease, partition_dlq, partition_index, partition_stream, pm_state, producer_epoch,
-    producer_sent, published, scope, shard_in, shard_of, shards, tag, unit, wake_stream,
+    key_field, lease, partition_dlq, partition_index, partition_stream, paused, pm_state,
+    producer_epoch, producer_sent, published, scope, shard_in, shard_of, shards, tag, unit,
+    wake_stream,
 };

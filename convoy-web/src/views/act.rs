@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, Form, Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
-use convoy_runtime::redis::admin::{HeadOp, HeadRequest, Inspection};
+use convoy_runtime::redis::admin::{AdminError, HeadOp, HeadReplay, HeadRequest, Inspection, Lane};
 use maud::{Markup, html};
 use serde::Deserialize;
 
@@ -197,7 +197,6 @@ pub(crate) async fn act_head(
     let op = parse_op(&f.op)?;
     let force = forced(&f.force);
     let key = f.key.as_str();
-    let i = state.admin.inspect(&category, key, &f.handler).await?;
     let again = state.url(&format!(
         "/c/{category}/confirm?op={}&key={}&handler={}{}",
         f.op,
@@ -205,22 +204,19 @@ pub(crate) async fn act_head(
         enc(&f.handler),
         if force { "&force=1" } else { "" }
     ));
-    if i.status.durable_generation != f.generation {
-        return Err(Failure::new(
-            StatusCode::CONFLICT,
-            format!(
-                "stale confirmation: {category}:{key} moved from generation {} to {} since the page was shown (another owner took it, or another operator acted); nothing was done. Look again: {again}",
-                f.generation, i.status.durable_generation
-            ),
-        ));
+    if f.entry.is_empty() {
+        // Only a unit halted because its key was not a stream has no head
+        // to confirm.
+        let i = state.admin.inspect(&category, key, &f.handler).await?;
+        if i.status.halt_reason.as_deref() != Some("not a stream") {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "no head entry confirmed; nothing was done",
+            ));
+        }
     }
-    let not_a_stream = i.status.halt_reason.as_deref() == Some("not a stream");
-    if f.entry.is_empty() && !not_a_stream {
-        return Err(Failure::new(
-            StatusCode::BAD_REQUEST,
-            "no head entry confirmed; nothing was done",
-        ));
-    }
+    // The script acts only on the confirmed head at the confirmed
+    // generation, atomically with the action.
     let outcome = state
         .admin
         .act_on_head(
@@ -232,9 +228,11 @@ pub(crate) async fn act_head(
                 force,
                 operator: &operator.0,
                 expect_entry: (!f.entry.is_empty()).then_some(f.entry.as_str()),
+                expect_generation: Some(f.generation),
             },
         )
-        .await?;
+        .await
+        .map_err(|e| stale(e, &again))?;
     let (verb, _) = op_words(op);
     Ok(html_response(layout(
         &state,
@@ -254,6 +252,20 @@ pub(crate) async fn act_head(
             p { a class="button" href=(key_url(&state, &category, key)) { "Back to the key" } }
         },
     )))
+}
+
+/// A refusal because the page was stale (the head or the generation moved
+/// since it was shown) says so and links to a fresh confirmation.
+fn stale(e: AdminError, again: &str) -> Failure {
+    let moved = matches!(
+        e,
+        AdminError::GenerationMoved { .. } | AdminError::HeadChanged { .. }
+    );
+    let mut f = Failure::from(e);
+    if moved {
+        f.message = format!("stale confirmation: {}. Look again: {again}", f.message);
+    }
+    f
 }
 
 /// `?handler=`.
@@ -315,7 +327,7 @@ pub(crate) async fn confirm_retry_all(
                             td class="n" { (s.durable_generation) }
                             td class="err" { (s.halt_error.as_deref().unwrap_or("")) }
                         }
-                        input type="hidden" name="unit" value=(format!("{entry} {}", s.key));
+                        input type="hidden" name="unit" value=(format!("{entry} {} {}", s.durable_generation, s.key));
                     }
                 }
                 p { button type="submit" id="confirm" { "Retry " (halted.len()) " halted partitions in place" } }
@@ -345,7 +357,14 @@ pub(crate) async fn retry_all(
     let mut done = 0usize;
     let mut left = Vec::new();
     for (_, unit) in fields.iter().filter(|(k, _)| k == "unit") {
-        let Some((entry, key)) = unit.split_once(' ') else {
+        // `{entry} {generation} {key}` (a key may hold spaces).
+        let mut parts = unit.splitn(3, ' ');
+        let (Some(entry), Some(generation), Some(key)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Ok(generation) = generation.parse::<u64>() else {
+            left.push((key.to_owned(), "no generation confirmed".to_owned()));
             continue;
         };
         let request = HeadRequest {
@@ -355,6 +374,7 @@ pub(crate) async fn retry_all(
             force: false,
             operator: &operator.0,
             expect_entry: Some(entry),
+            expect_generation: Some(generation),
         };
         match state.admin.act_on_head(HeadOp::Retry, &request).await {
             Ok(_) => done += 1,
@@ -385,7 +405,41 @@ pub(crate) struct ReplayQuery {
     dlq_id: String,
 }
 
-/// The confirmation of a replay: the dead letter, where it goes.
+/// Where a replay at the head would put a dead letter: the handler, the
+/// unit's durable generation, and the first entry it has not finished in
+/// the primary lane, which the letter goes before (`Some("")`: none;
+/// `None`: not known from the inspection, when the head is pending in the
+/// backfill lane).
+struct AtHead {
+    group: String,
+    generation: u64,
+    first: Option<String>,
+    head: Option<convoy_runtime::redis::admin::Head>,
+    halted: bool,
+}
+
+impl AtHead {
+    fn of(group: String, i: Inspection) -> AtHead {
+        let first = match &i.head {
+            None => Some(String::new()),
+            Some(h) if h.lane == Lane::Primary => Some(h.entry_id.clone()),
+            // Nothing pending or new in the primary lane, else the head
+            // would be there.
+            Some(h) if !h.pending => Some(String::new()),
+            Some(_) => None,
+        };
+        AtHead {
+            group,
+            generation: i.status.durable_generation,
+            first,
+            halted: i.status.halted,
+            head: i.head,
+        }
+    }
+}
+
+/// The confirmation of a replay: the dead letter, and where it goes: at
+/// the tail, or at the head before the exact entry (and generation) shown.
 pub(crate) async fn confirm_replay(
     AxState(state): AxState<Arc<State>>,
     Path(category): Path<String>,
@@ -397,6 +451,13 @@ pub(crate) async fn confirm_replay(
             StatusCode::NOT_FOUND,
             format!("no dead letter {} for {category}:{}", q.dlq_id, q.key),
         ));
+    };
+    let at_head = match &l.group {
+        Some(g) => Some(AtHead::of(
+            g.clone(),
+            state.admin.inspect(&category, &q.key, g).await?,
+        )),
+        None => None,
     };
     let hide = state.settings.hide_payloads;
     let body: Markup = html! {
@@ -424,10 +485,33 @@ pub(crate) async fn confirm_replay(
             input type="hidden" name="dlq_id" value=(l.dlq_id);
             p {
                 label { input type="radio" name="at" value="tail" checked; " at the tail: after the events already there; every handler of the category receives it again (out of its original order)" }
-                br;
-                label { input type="radio" name="at" value="head"; " at the head: before every event its handler has not finished, restoring the key's order" }
-                br;
-                label class="err" { input type="checkbox" name="force" value="1"; " FORCE (at the head only): fence a running owner out first" }
+            }
+            @if let Some(h) = &at_head {
+                input type="hidden" name="handler" value=(h.group);
+                input type="hidden" name="generation" value=(h.generation);
+                @if let Some(first) = &h.first { input type="hidden" name="head" value=(if first.is_empty() { "none" } else { first.as_str() }); }
+                div class="box" {
+                    p { label { input type="radio" name="at" value="head"; " at the head of " span class="mono" { (short(&h.group)) } ": before every event it has not finished, restoring the key's order" } }
+                    dl {
+                        dt { "goes before" } dd class="mono" id="replay-head-entry" {
+                            @match (&h.first, &h.head) {
+                                (Some(f), _) if f.is_empty() => { "nothing: the handler has finished every event of the key" }
+                                (Some(f), _) => { (f) }
+                                (None, Some(head)) => { "the primary lane's first unfinished event (the head, " (head.entry_id) ", is in the backfill lane)" }
+                                (None, None) => { "—" }
+                            }
+                        }
+                        @if let Some(env) = h.head.as_ref().and_then(|x| x.envelope.as_ref()) {
+                            dt { "that event" } dd { (env.type_name) " " span class="mono" { (env.id) } ", published " (utc(env.time_ms)) }
+                        }
+                        dt { "generation" } dd class="mono" id="replay-head-generation" { (h.generation) }
+                        dt { "state" } dd { @if h.halted { "halted on its head" } @else if h.head.as_ref().is_some_and(|x| x.pending) { span class="err" { "running, with an event in flight" } } @else { "idle" } }
+                    }
+                    p class="muted" { "Done only if that entry is still the first unfinished one and the generation has not moved." }
+                    p { label class="err" { input type="checkbox" name="force" value="1"; " FORCE: fence a running owner out first (its event in flight may still take effect)" } }
+                }
+            } @else {
+                p class="muted" { "This dead letter names no handler: it can be replayed at the tail only." }
             }
             button type="submit" id="confirm" { "Replay dead letter " (l.dlq_id) }
             " "
@@ -446,10 +530,16 @@ pub(crate) struct ReplayForm {
     dlq_id: String,
     at: Option<String>,
     force: Option<String>,
+    /// At the head: the handler, the generation and the first unfinished
+    /// entry (`none`) the confirmation showed.
+    handler: Option<String>,
+    generation: Option<u64>,
+    head: Option<String>,
 }
 
-/// A confirmed replay (the dead letter id fences it: a letter replayed
-/// meanwhile is gone and refused).
+/// A confirmed replay: the dead letter id fences it (a letter replayed
+/// meanwhile is gone and refused); at the head, so do the entry it goes
+/// before and the unit's generation, as the confirmation showed them.
 pub(crate) async fn replay(
     AxState(state): AxState<Arc<State>>,
     Path(category): Path<String>,
@@ -460,17 +550,31 @@ pub(crate) async fn replay(
     check_csrf(&state, &headers, &f.csrf)?;
     let head = f.at.as_deref() == Some("head");
     let o = if head {
+        let (Some(group), Some(generation)) = (f.handler.as_deref(), f.generation) else {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "a replay at the head needs the handler and generation its confirmation showed; nothing was done",
+            ));
+        };
+        let again = state.url(&format!(
+            "/c/{category}/confirm-replay?key={}&dlq_id={}",
+            enc(&f.key),
+            enc(&f.dlq_id)
+        ));
         state
             .admin
-            .replay_at_head(
-                &category,
-                &f.key,
-                &f.dlq_id,
-                None,
-                &operator.0,
-                forced(&f.force),
-            )
-            .await?
+            .replay_head(&HeadReplay {
+                category: &category,
+                key: &f.key,
+                dlq_id: &f.dlq_id,
+                group: Some(group),
+                operator: &operator.0,
+                force: forced(&f.force),
+                expect_head: f.head.as_deref().map(|h| if h == "none" { "" } else { h }),
+                expect_generation: Some(generation),
+            })
+            .await
+            .map_err(|e| stale(e, &again))?
     } else {
         state
             .admin

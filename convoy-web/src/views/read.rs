@@ -505,17 +505,10 @@ pub(crate) async fn key(
         .admin
         .latest_dead_letters(&category, Some(key), 50)
         .await?;
-    let audit: Vec<AuditRecord> = state
+    let audit = state
         .admin
-        .audit(500)
-        .await?
-        .into_iter()
-        .filter(|r| {
-            r.fields.get("category").map(String::as_str) == Some(category.as_str())
-                && r.fields.get("key").map(String::as_str) == Some(key)
-        })
-        .rev()
-        .collect();
+        .key_audit(&category, key, KEY_AUDIT_SHOWN, KEY_AUDIT_SEARCHED)
+        .await?;
     let now = now_ms();
     let lines: Vec<(String, Series)> = {
         let kept = state.settings.samples_kept;
@@ -566,10 +559,19 @@ pub(crate) async fn key(
         h2 { "Dead letters of this key" }
         (letters_table(&state, &category, Some(key), &letters))
         h2 { "Audit records of this key" }
-        (audit_table(&audit))
+        (audit_table(&audit.records))
+        @if !audit.complete && audit.records.len() < KEY_AUDIT_SHOWN {
+            p class="muted" { "Searched the newest " (audit.searched) " records of the key's shard audit stream; older ones are on the " a href=(state.url("/audit")) { "audit log" } " and in " span class="mono" { "convoy audit" } "." }
+        }
     };
     whole_or_part(&state, key, q.fragment.is_some(), &here, head, part)
 }
+
+/// Audit records a key's page shows, at most.
+const KEY_AUDIT_SHOWN: usize = 50;
+
+/// Records of the key's shard audit stream a key's page reads, at most.
+const KEY_AUDIT_SEARCHED: usize = 5_000;
 
 /// One handler's unit of a key: its status, its head, the actions.
 fn unit(state: &State, category: &str, key: &str, group: &str, i: &Inspection) -> Markup {
@@ -603,6 +605,9 @@ fn unit(state: &State, category: &str, key: &str, group: &str, i: &Inspection) -
                         @if let Some(t) = s.halt_since_ms { " since " (utc(t)) }
                         @if let Some(b) = s.behind_halt { "; " (b) " events wait behind it" }
                     }
+                }
+                @if let Some(t) = s.paused_since_ms {
+                    dt { "paused" } dd class="err" { "since " (utc(t)) ": the owner's handler sees its dependency down (many keys failing with transient errors); it starts no event but one probe at a time and resumes by itself when a probe succeeds" }
                 }
                 @if let Some(g) = &s.gap {
                     dt { "gap" } dd { "entry " span class="mono" { (g.entry_id) } " (message " (g.message_id) ") dead-lettered as " span class="mono" { (g.dead_letter_id) } ": " (g.reason) }

@@ -57,6 +57,8 @@ pub type Seen = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
 pub struct Recorder {
     pub seen: Seen,
     pub poison: Arc<AtomicBool>,
+    /// The handler's dependency is down: every event fails transiently.
+    pub down: Arc<AtomicBool>,
 }
 
 #[event_handler(part_of = Ledger, sequential_by = "client_id")]
@@ -64,6 +66,11 @@ impl Recorder {
     #[handle]
     async fn posted(&self, e: Posted) -> Result<(), HandlerError> {
         let id = format!("{}#{}", e.client_id, e.seq);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(HandlerError::transient(std::io::Error::other(format!(
+                "dependency down while handling {id}"
+            ))));
+        }
         if e.poison && self.poison.load(Ordering::SeqCst) {
             return Err(HandlerError::msg(format!("poison event {id}")));
         }
@@ -95,6 +102,7 @@ pub struct Setup {
     pub domain: Domain,
     pub seen: Seen,
     pub poison: Arc<AtomicBool>,
+    pub down: Arc<AtomicBool>,
     pub group: String,
 }
 
@@ -103,12 +111,14 @@ pub fn setup() -> Setup {
     let url = server.url();
     let seen = Seen::default();
     let poison = Arc::new(AtomicBool::new(true));
+    let down = Arc::new(AtomicBool::new(false));
     let domain = Domain::builder()
         .config(config(&url))
         .instance_id("e0")
         .handler(Recorder {
             seen: seen.clone(),
             poison: poison.clone(),
+            down: down.clone(),
         })
         .init()
         .expect("domain init");
@@ -125,6 +135,7 @@ pub fn setup() -> Setup {
         domain,
         seen,
         poison,
+        down,
         group,
     }
 }

@@ -41,7 +41,93 @@ impl AuditRecord {
     }
 }
 
+/// Records [`Admin::key_audit`] reads per call.
+const KEY_AUDIT_CHUNK: usize = 500;
+
+/// What [`Admin::key_audit`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyAudit {
+    /// The key's records, newest first.
+    pub records: Vec<AuditRecord>,
+    /// How many records of the key's shard's audit stream were read.
+    pub searched: usize,
+    /// Whether the whole stream was read (else older records of the key
+    /// may exist beyond the `searched` newest).
+    pub complete: bool,
+}
+
+impl AuditRecord {
+    fn from_entry(stream: &str, e: crate::redis::reply::Entry) -> AuditRecord {
+        AuditRecord {
+            id: e.id,
+            stream: stream.to_owned(),
+            fields: e
+                .fields
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect(),
+        }
+    }
+}
+
 impl Admin {
+    /// The latest `count` audit records of one partition key: its shard's
+    /// audit stream (where every action on the key's units is recorded)
+    /// read backwards, [`KEY_AUDIT_CHUNK`] records a call, at most `search`
+    /// records in all, keeping those of `category` and `key`. Bounded work
+    /// however long the stream.
+    pub async fn key_audit(
+        &self,
+        category: &str,
+        key: &str,
+        count: usize,
+        search: usize,
+    ) -> Result<KeyAudit, AdminError> {
+        super::check_category(category)?;
+        let shards = self.shards(category).await?;
+        let stream = names::audit(names::shard_of(key, shards));
+        let mut c = self.conn.clone();
+        let mut out = KeyAudit {
+            records: Vec::new(),
+            searched: 0,
+            complete: false,
+        };
+        let mut end = "+".to_owned();
+        while out.records.len() < count && out.searched < search {
+            let chunk = KEY_AUDIT_CHUNK.min(search - out.searched);
+            let v: Value = redis::cmd("XREVRANGE")
+                .arg(&stream)
+                .arg(&end)
+                .arg("-")
+                .arg("COUNT")
+                .arg(chunk)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
+            let got = entries(&v);
+            let n = got.len();
+            out.searched += n;
+            if let Some(last) = got.last() {
+                end = format!("({}", last.id);
+            }
+            out.records.extend(
+                got.into_iter()
+                    .map(|e| AuditRecord::from_entry(&stream, e))
+                    .filter(|r| {
+                        r.fields.get("category").map(String::as_str) == Some(category)
+                            && r.fields.get("key").map(String::as_str) == Some(key)
+                    }),
+            );
+            if n < chunk {
+                out.complete = true;
+                break;
+            }
+        }
+        out.records.truncate(count);
+        Ok(out)
+    }
+
     /// The latest `count` audit records of every audit stream, oldest
     /// first (ordered by their `time`). The shards' streams read are those
     /// of the largest shard count recorded for a category an engine
@@ -65,16 +151,9 @@ impl Admin {
             .iter()
             .zip(&replies)
             .flat_map(|(stream, v)| {
-                entries(v).into_iter().map(move |e| AuditRecord {
-                    id: e.id,
-                    stream: stream.clone(),
-                    fields: e
-                        .fields
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
-                        .collect(),
-                })
+                entries(v)
+                    .into_iter()
+                    .map(move |e| AuditRecord::from_entry(stream, e))
             })
             .collect();
         out.sort_by_key(|r| std::cmp::Reverse(r.order()));

@@ -117,6 +117,32 @@ impl Admin {
     }
 }
 
+/// A replay of a dead letter at the head of its partition (see
+/// [`Admin::replay_head`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadReplay<'a> {
+    /// The category.
+    pub category: &'a str,
+    /// The partition key.
+    pub key: &'a str,
+    /// The dead letter's id in the key's dead letter stream.
+    pub dlq_id: &'a str,
+    /// The handler (consumer group) whose head it goes to; `None`: the one
+    /// that dead-lettered it (its `dlq_group`).
+    pub group: Option<&'a str>,
+    /// Who did it (recorded in the audit stream).
+    pub operator: &'a str,
+    /// Go ahead on a partition with an event in flight (not halted on it),
+    /// fencing its owner out first.
+    pub force: bool,
+    /// Act only if the handler's first unfinished entry of the partition
+    /// (the one the letter goes before) is still this one; `Some("")`:
+    /// only if there is none. What the operator looked at and confirmed.
+    pub expect_head: Option<&'a str>,
+    /// Act only if the unit's durable generation is still this one.
+    pub expect_generation: Option<u64>,
+}
+
 impl Admin {
     /// Puts dead letter `dlq_id` back at the **head** of its partition for
     /// `group` (the handler that dead-lettered it when `None`): before every
@@ -136,6 +162,34 @@ impl Admin {
         operator: &str,
         force: bool,
     ) -> Result<ReplayOutcome, AdminError> {
+        self.replay_head(&HeadReplay {
+            category,
+            key,
+            dlq_id,
+            group,
+            operator,
+            force,
+            expect_head: None,
+            expect_generation: None,
+        })
+        .await
+    }
+
+    /// [`replay_at_head`](Self::replay_at_head), also fenced on what the
+    /// operator confirmed ([`HeadReplay::expect_head`],
+    /// [`HeadReplay::expect_generation`]), checked in the replay's script,
+    /// atomically with it.
+    pub async fn replay_head(&self, req: &HeadReplay<'_>) -> Result<ReplayOutcome, AdminError> {
+        let HeadReplay {
+            category,
+            key,
+            dlq_id,
+            group,
+            operator,
+            force,
+            expect_head,
+            expect_generation,
+        } = *req;
         super::check_category(category)?;
         let shards = self.shards(category).await?;
         let shard = names::shard_of(key, shards);
@@ -172,6 +226,8 @@ impl Admin {
             dlq_id,
             operator,
             force,
+            expect_head,
+            expect_generation,
             now_ms: now_ms(),
         }
         .run(&mut c)
@@ -187,6 +243,20 @@ impl Admin {
                 audit_id,
             }),
             ReplayedHead::Missing => Err(missing()),
+            ReplayedHead::Changed { head } => Err(AdminError::HeadChanged {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                group,
+                expected: expect_head.unwrap_or_default().to_owned(),
+                head,
+            }),
+            ReplayedHead::GenerationMoved { generation } => Err(AdminError::GenerationMoved {
+                category: category.to_owned(),
+                key: key.to_owned(),
+                group,
+                expected: expect_generation.unwrap_or_default(),
+                generation,
+            }),
             ReplayedHead::Refused(problem) => Err(AdminError::NotReplayable {
                 category: category.to_owned(),
                 key: key.to_owned(),

@@ -58,6 +58,24 @@ pub enum AdminError {
         head: String,
     },
 
+    /// The unit changed hands (or another operator acted) since the
+    /// operator looked at it.
+    #[error(
+        "partition {category}:{key} for handler {group} is at generation {generation} now, not {expected} as confirmed (another owner took it, or another operator acted); nothing was changed: look at it again and retry"
+    )]
+    GenerationMoved {
+        /// The category.
+        category: String,
+        /// The partition key.
+        key: String,
+        /// The consumer group (handler).
+        group: String,
+        /// The generation the caller confirmed.
+        expected: u64,
+        /// The unit's durable generation now.
+        generation: u64,
+    },
+
     /// The partition has no entry for this group.
     #[error(
         "partition {category}:{key} has no event to act on for handler {group}; check the key with `convoy partitions {category}`"
@@ -235,6 +253,7 @@ impl AdminError {
                 | AdminError::BadCategory { .. }
                 | AdminError::HeadMoved { .. }
                 | AdminError::HeadChanged { .. }
+                | AdminError::GenerationMoved { .. }
                 | AdminError::NothingToDo { .. }
                 | AdminError::NotAStream { .. }
                 | AdminError::EntryDeleted { .. }

@@ -50,6 +50,11 @@ pub struct HeadRequest<'a> {
     /// Act only if the head is still this entry (the one the operator
     /// looked at and confirmed).
     pub expect_entry: Option<&'a str>,
+    /// Act only if the unit's durable generation is still this one (the
+    /// one the operator looked at): another owner or another operator's
+    /// action since makes the confirmation stale. Checked in the action's
+    /// script, atomically with the action.
+    pub expect_generation: Option<u64>,
 }
 
 impl<'a> HeadRequest<'a> {
@@ -68,6 +73,7 @@ impl<'a> HeadRequest<'a> {
             force,
             operator,
             expect_entry: None,
+            expect_generation: None,
         }
     }
 }
@@ -165,6 +171,7 @@ impl Admin {
             force,
             operator,
             expect_entry,
+            expect_generation,
         } = *req;
         super::check_category(category)?;
         let scope = self.scope(group, category).await?;
@@ -177,6 +184,7 @@ impl Admin {
             force,
             operator,
             expect_entry,
+            expect_generation,
             now_ms: now_ms(),
         }
         .run(&mut c)
@@ -243,6 +251,13 @@ impl Admin {
                 group,
                 expected: expect_entry.unwrap_or_default().to_owned(),
                 head,
+            }),
+            HeadActed::GenerationMoved { generation } => Err(AdminError::GenerationMoved {
+                category,
+                key,
+                group,
+                expected: expect_generation.unwrap_or_default(),
+                generation,
             }),
             HeadActed::NotHalted => Err(AdminError::NotHalted {
                 category,

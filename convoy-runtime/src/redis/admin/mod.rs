@@ -91,8 +91,8 @@ mod page;
 mod partitions;
 mod status;
 
-pub use audit::AuditRecord;
-pub use dlq::{DeadLetter, ReplayOutcome};
+pub use audit::{AuditRecord, KeyAudit};
+pub use dlq::{DeadLetter, HeadReplay, ReplayOutcome};
 pub use error::AdminError;
 pub use head::{HeadOp, HeadOutcome, HeadRequest};
 pub use inspect::{Head, Inspection};

@@ -58,6 +58,12 @@ pub struct PartitionStatus {
     /// read ahead or not); they run, in order, once the head is skipped or
     /// dead-lettered. `None` when not halted or the lag is unknown.
     pub behind_halt: Option<u64>,
+    /// When the owner's handler paused, in ms since the Unix epoch: an
+    /// outage of its dependency (as many keys failing with transient
+    /// errors at once as `outage_threshold`), during which the owner
+    /// starts no event but one probe and keeps its leases. `None` when it
+    /// is not paused or the owner is not alive.
+    pub paused_since_ms: Option<u64>,
     /// Whether the unit is halted.
     pub halted: bool,
     /// Why (`max_retries exceeded`).
@@ -126,6 +132,20 @@ impl Admin {
                 cmds.push((alive.clone(), cmd));
             }
         }
+        // Whether each owner's handler is paused (an outage of its
+        // dependency): one key per handler and owner, whatever the shard.
+        let mut handlers: Vec<(String, String)> = owners
+            .iter()
+            .map(|(_, g, o)| (g.clone(), o.clone()))
+            .collect();
+        handlers.sort();
+        handlers.dedup();
+        for (g, o) in &handlers {
+            let key = names::paused(g, o);
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(&key);
+            cmds.push((key, cmd));
+        }
         let mut c = self.conn.clone();
         let replies = query_by_slot(&mut c, cmds).await.map_err(|e| {
             Error::redis(
@@ -133,9 +153,15 @@ impl Admin {
                 e,
             )
         })?;
+        let (alive_replies, paused_replies) = replies.split_at(2 * owners.len());
+        let paused: BTreeMap<(String, String), u64> = handlers
+            .into_iter()
+            .zip(paused_replies)
+            .filter_map(|(h, v)| Some((h, u64::try_from(int(v)?).ok()?)))
+            .collect();
         let left: BTreeMap<(u32, String, String), (i64, Option<String>)> = owners
             .into_iter()
-            .zip(replies.chunks(2))
+            .zip(alive_replies.chunks(2))
             .map(|(owner, r)| {
                 let ttl = r.first().and_then(int).unwrap_or(-2);
                 (owner, (ttl, r.get(1).and_then(text)))
@@ -158,6 +184,9 @@ impl Admin {
                 }
                 -1 => r.owner_alive = true,
                 _ => {}
+            }
+            if r.owner_alive {
+                r.paused_since_ms = paused.get(&(r.group.clone(), owner.clone())).copied();
             }
         }
         Ok(())
@@ -269,6 +298,7 @@ pub(super) fn status(
         generation,
         durable_generation: num("gen").unwrap_or(0),
         lease_ms_left: None,
+        paused_since_ms: None,
         length,
         backfill_length,
         pending,

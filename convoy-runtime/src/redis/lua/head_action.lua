@@ -13,7 +13,9 @@
 -- (`convoy_lag` is published - acknowledged); all in the key's shard
 -- ARGV[1] group, ARGV[2] force ('1' or '0'), ARGV[3] operator,
 -- ARGV[4] now (ms), ARGV[5] category, ARGV[6] partition key,
--- ARGV[7] the head the operator confirmed ('' for whatever it is)
+-- ARGV[7] the head the operator confirmed ('' for whatever it is),
+-- ARGV[8] the action, ARGV[9] the unit's durable generation the operator
+-- confirmed ('' for whatever it is)
 --
 -- The head is the group's first pending entry (primary lane, then
 -- backfill), or, when nothing is pending, the first entry after the group's
@@ -40,6 +42,8 @@
 --   {'unhalted', audit id}             the unit was halted because its key
 --                                      was not a stream (fixed since): the
 --                                      halt is cleared, nothing skipped
+--   {'generation_moved', generation}  the unit's durable generation is
+--                                      not ARGV[9] (checked first)
 --   {'changed', head}                  the head is not ARGV[7]
 --   {'not_halted', head}               running partition, no force
 --   {'head_moved', head, halt_entry}   halted on another entry, no force
@@ -93,6 +97,15 @@ local function first_new(stream)
     return nil, last ~= nil
   end
   return r[1][1], last ~= nil
+end
+
+-- The operator confirmed what they saw at this generation: a new owner
+-- or another operator's action since makes the confirmation stale.
+if ARGV[9] ~= '' then
+  local gen = redis.call('HGET', unit, 'gen') or '0'
+  if gen ~= ARGV[9] then
+    return {'generation_moved', gen}
+  end
 end
 
 for i = 1, 2 do

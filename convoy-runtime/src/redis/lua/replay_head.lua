@@ -12,7 +12,10 @@
 -- KEYS[6] the category's set of registered groups in the shard, KEYS[7] the
 -- group's unit state hash, KEYS[8] the group's lease; all in the key's shard
 -- ARGV[1] dead letter id, ARGV[2] partition key, ARGV[3] operator,
--- ARGV[4] now (ms), ARGV[5] category, ARGV[6] group, ARGV[7] force ('1')
+-- ARGV[4] now (ms), ARGV[5] category, ARGV[6] group, ARGV[7] force ('1'),
+-- ARGV[8] the first unfinished entry the operator confirmed ('' for
+-- whatever it is, 'none' for none), ARGV[9] the unit's durable generation
+-- the operator confirmed ('' for whatever it is)
 --
 -- Refused (nothing changed) when another group has already read an entry
 -- that would move (it would get it again), or when the group has events in
@@ -23,7 +26,8 @@
 --
 -- Returns {'missing'}, {'empty'}, {'wrong_key', key}, {'wrong_group',
 -- group}, {'other_lane', stream}, {'read_elsewhere', group},
--- {'running', head}, or {'ok', new entry id, audit id, moved count}.
+-- {'running', head}, {'generation_moved', generation}, {'changed', first
+-- unfinished entry or ''}, or {'ok', new entry id, audit id, moved count}.
 local stream = KEYS[2]
 local group = ARGV[6]
 local r = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
@@ -97,6 +101,19 @@ if redis.call('EXISTS', stream) == 1 then
       first = after[1][1]
     end
   end
+end
+
+-- What the operator confirmed: the unit at this generation, this entry
+-- first unfinished (a new owner, another operator's action or events
+-- handled since make the confirmation stale).
+if ARGV[9] ~= '' then
+  local gen = redis.call('HGET', KEYS[7], 'gen') or '0'
+  if gen ~= ARGV[9] then
+    return {'generation_moved', gen}
+  end
+end
+if ARGV[8] ~= '' and ARGV[8] ~= (first or 'none') then
+  return {'changed', first or ''}
 end
 
 local forced, fenced = '0', ''

@@ -251,6 +251,10 @@ pub(crate) struct Coordinator {
     /// give units away on a guess (a failing shard's partitions counted
     /// as none would make it shed units of the healthy ones).
     counted: bool,
+    /// Whether `convoy:paused:{group}:{owner}` may be set: the heartbeat
+    /// deletes it once the handler is not paused (true at start, so a
+    /// marker left by an earlier run under this instance id goes too).
+    pause_marked: bool,
     warned: bool,
 }
 
@@ -309,6 +313,7 @@ impl Coordinator {
             heartbeats: 0,
             rescan_until: None,
             instances: Vec::new(),
+            pause_marked: true,
             live: 1,
             partitions: 0,
             counts: HashMap::new(),
@@ -727,6 +732,25 @@ impl Coordinator {
                     cmds.push((key, c));
                 }
             }
+        }
+        // Last, as its reply is not read: the handler's pause (an outage
+        // of its dependency) for the operators' tools, expiring with the
+        // liveness; deleted once, after the pause.
+        let paused = names::paused(s.group(), &s.owner);
+        match s.outage.paused_since_ms() {
+            Some(since) => {
+                let mut c = redis::cmd("SET");
+                c.arg(&paused).arg(since).arg("PX").arg(ttl);
+                cmds.push((paused, c));
+                self.pause_marked = true;
+            }
+            None if self.pause_marked => {
+                let mut c = redis::cmd("DEL");
+                c.arg(&paused);
+                cmds.push((paused, c));
+                self.pause_marked = false;
+            }
+            None => {}
         }
         // A shard that does not answer within a heartbeat interval holds
         // up no other's renewal.

@@ -707,6 +707,10 @@ impl Worker {
                         force: false,
                         operator: "convoy (on_poison = dead_letter)",
                         expect_entry: Some(&entry.id),
+                        // Only while the unit is still this owner's: a
+                        // replaced owner (stalled past its lease) leaves
+                        // the head to its successor.
+                        expect_generation: Some(self.fence.generation),
                         now_ms: now_ms(),
                     }
                     .run(&mut c)
@@ -716,6 +720,10 @@ impl Worker {
             };
             match acted {
                 Ok(HeadActed::Done { dlq_id, .. }) => break dlq_id.unwrap_or_default(),
+                Ok(HeadActed::GenerationMoved { generation }) => {
+                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, owned_at = self.fence.generation, now = generation, "the unit changed hands before its poisoned head was dead-lettered; leaving it to the new owner");
+                    return Err(Exit::Lost(Refusal::FencedOut));
+                }
                 Ok(other) => {
                     // Someone else acted on the head first (an operator):
                     // nothing of ours to record; read on.

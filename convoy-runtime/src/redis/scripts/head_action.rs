@@ -20,6 +20,8 @@ pub(crate) struct HeadAction<'a> {
     pub(crate) operator: &'a str,
     /// Act only if the head is still this entry.
     pub(crate) expect_entry: Option<&'a str>,
+    /// Act only if the unit's durable generation is still this one.
+    pub(crate) expect_generation: Option<u64>,
     /// Now, in ms since the Unix epoch.
     pub(crate) now_ms: u64,
 }
@@ -48,6 +50,8 @@ pub(crate) enum HeadActed {
     Empty,
     /// The head is not the expected entry.
     Changed { head: String },
+    /// The unit's durable generation is not the expected one.
+    GenerationMoved { generation: u64 },
     /// A running unit, without force.
     NotHalted,
     /// Halted on another entry than the head, without force.
@@ -83,7 +87,12 @@ impl HeadAction<'_> {
             .arg(&lane.category)
             .arg(&u.key)
             .arg(self.expect_entry.unwrap_or(""))
-            .arg(self.op);
+            .arg(self.op)
+            .arg(
+                self.expect_generation
+                    .map(|g| g.to_string())
+                    .unwrap_or_default(),
+            );
         let doing = format!("{} script failed", self.op);
         let reply = call("head_action", &inv, conn, &doing).await?;
         let Status::Word(status) = &reply.status else {
@@ -115,6 +124,9 @@ impl HeadAction<'_> {
             "unhalted" => HeadActed::Unhalted { audit_id: at(0) },
             "empty" => HeadActed::Empty,
             "changed" => HeadActed::Changed { head: at(0) },
+            "generation_moved" => HeadActed::GenerationMoved {
+                generation: at(0).parse().map_err(|_| reply.unexpected())?,
+            },
             "not_halted" => HeadActed::NotHalted,
             "head_moved" => HeadActed::HeadMoved {
                 head: at(0),

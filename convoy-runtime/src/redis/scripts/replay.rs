@@ -81,6 +81,11 @@ pub(crate) struct ReplayHead<'a> {
     pub(crate) operator: &'a str,
     /// Act on a partition with events in flight, fencing its owner out.
     pub(crate) force: bool,
+    /// Act only if the group's first unfinished entry of the primary lane
+    /// is this one (`Some("")`: none).
+    pub(crate) expect_head: Option<&'a str>,
+    /// Act only if the unit's durable generation is this one.
+    pub(crate) expect_generation: Option<u64>,
     /// Now, in ms since the Unix epoch.
     pub(crate) now_ms: u64,
 }
@@ -98,6 +103,10 @@ pub(crate) enum ReplayedHead {
     Refused(String),
     /// No such dead letter.
     Missing,
+    /// The first unfinished entry is not the expected one (`""`: none).
+    Changed { head: String },
+    /// The unit's durable generation is not the expected one.
+    GenerationMoved { generation: u64 },
 }
 
 impl ReplayHead<'_> {
@@ -120,7 +129,17 @@ impl ReplayHead<'_> {
             .arg(self.now_ms)
             .arg(self.category)
             .arg(&*unit.group)
-            .arg(if self.force { "1" } else { "0" });
+            .arg(if self.force { "1" } else { "0" })
+            .arg(match self.expect_head {
+                None => "",
+                Some("") => "none",
+                Some(entry) => entry,
+            })
+            .arg(
+                self.expect_generation
+                    .map(|g| g.to_string())
+                    .unwrap_or_default(),
+            );
         let reply = call("replay_head", &inv, conn, "replay script failed").await?;
         let Status::Word(status) = &reply.status else {
             return Err(reply.unexpected());
@@ -137,6 +156,12 @@ impl ReplayHead<'_> {
                 }
             }
             "missing" => ReplayedHead::Missing,
+            "changed" => ReplayedHead::Changed {
+                head: reply.text(0),
+            },
+            "generation_moved" => ReplayedHead::GenerationMoved {
+                generation: reply.text(0).parse().map_err(|_| reply.unexpected())?,
+            },
             "empty" => ReplayedHead::Refused("holds no event fields".into()),
             "wrong_key" => ReplayedHead::Refused(format!("is an event of key {:?}", reply.text(0))),
             "wrong_group" => ReplayedHead::Refused(format!(
