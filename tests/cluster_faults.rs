@@ -262,6 +262,65 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
             .sum()
     };
     assert_eq!(counted("publisher"), 5, "the publisher counted its loss");
+
+    // 3. Lost last, with nothing published after it: the publisher's
+    //    outbox loop, idle, reads the shard's count again and finds out.
+    //    (Its first publish here reports case 2's loss too.)
+    cluster
+        .restart_node(master)
+        .expect("the old master back, as a replica");
+    let master = cluster.master_of_key(&stream).expect("the shard's master");
+    let replica = cluster
+        .cut_replication(master)
+        .expect("cut the replica off");
+    let lost_last: Vec<Posted> = (14..17).map(|n| Posted::new(key, n)).collect();
+    publish_until_out(&p, &lost_last).await;
+    cluster
+        .lose_master(master, replica)
+        .expect("lose the master to its replica");
+    let stop = convoy_runtime::CancellationToken::new();
+    let idle = {
+        let processor = relay(&p);
+        let stop = stop.clone();
+        tokio::spawn(async move { processor.run(stop).await })
+    };
+    let last_three = || {
+        logs.text().lines().find_map(|l| {
+            (l.contains("Redis lost published events")
+                && l.contains(&format!("shard={s}"))
+                && l.contains("seen_by=\"publisher\"")
+                && l.contains("the last 3 events published there"))
+            .then(|| l.to_owned())
+        })
+    };
+    wait_until(
+        WAIT,
+        "the idle publisher reports its last events lost",
+        || {
+            let found = last_three().is_some();
+            async move { found }
+        },
+    )
+    .await;
+    let line = last_three().unwrap_or_default();
+    assert!(
+        line.contains("ERROR") && line.contains("outbox seqs"),
+        "{line}"
+    );
+    let lines: Vec<String> = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("Redis lost") && l.contains(&format!("shard={s}")))
+        .map(str::to_owned)
+        .collect();
+    // (A snapshot counts since the one before.)
+    assert_eq!(
+        counted("publisher"),
+        4 + 3,
+        "every loss counted once: {lines:#?}"
+    );
+    stop.cancel();
+    idle.await.expect("the outbox loop");
     engine.shutdown().await.expect("shutdown");
 }
 

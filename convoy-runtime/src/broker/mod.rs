@@ -278,6 +278,15 @@ pub trait Broker: Any + Send + Sync + 'static {
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>>;
 
+    /// Called by an outbox processor while it has nothing to publish (about
+    /// once a second): a broker that replicates asynchronously looks again
+    /// at what it published last and reports what a failover lost since,
+    /// which the next publish would otherwise tell only if there is one.
+    /// Never fails: what it cannot read, it looks at next time.
+    fn recheck_published(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     /// Consumes for every subscription of `plan` until `shutdown` fires, then
     /// finishes the events in flight and returns.
     fn run(

@@ -351,6 +351,12 @@ impl OutboxProcessor {
         &self.wake
     }
 
+    /// Nothing was left to publish: lets the broker look again at what it
+    /// published last (see [`Broker::recheck_published`]).
+    pub(crate) async fn recheck_published(&self) {
+        self.broker.recheck_published().await;
+    }
+
     /// The last publish of a stopping relay: what is pending, for up to 5 s.
     pub(crate) async fn final_drain(&self, producer: &Producer) {
         match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
@@ -374,8 +380,11 @@ impl OutboxProcessor {
                 }
             }
             match self.drain().await {
-                Ok(_) => {
+                Ok(published) => {
                     backoff.reset();
+                    if published == 0 {
+                        self.recheck_published().await;
+                    }
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = notified => {}

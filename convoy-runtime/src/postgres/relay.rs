@@ -175,8 +175,11 @@ impl Leader {
             }
             let notified = processor.wake().notified();
             let wait = match processor.drain_as(&producer).await {
-                Ok(_) => {
+                Ok(published) => {
                     backoff.reset();
+                    if published == 0 {
+                        processor.recheck_published().await;
+                    }
                     outbox.poll_interval()
                 }
                 Err(Error::PublisherReplaced { newer, .. }) => {

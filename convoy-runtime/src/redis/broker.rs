@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{Client, Conn, Connection};
+use super::connection::{Client, Conn, Connection, query_each_slot};
 use super::layout;
 use super::loss::PublishMarks;
 use super::partitioned::Coordinator;
@@ -25,6 +25,9 @@ use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::names;
 use crate::process_manager::StateStore;
+
+/// How long a recheck of the published counts waits for each shard.
+const RECHECK_WITHIN: Duration = Duration::from_secs(1);
 
 /// The Redis Streams broker. Cheap to share; connects on first use.
 pub struct RedisBroker {
@@ -281,6 +284,36 @@ impl Broker for RedisBroker {
                 r?;
             }
             Ok(())
+        })
+    }
+
+    fn recheck_published(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let due = self.marks.to_recheck();
+            if due.is_empty() {
+                return;
+            }
+            let Ok(mut conn) = self.redis.shared().await else {
+                return;
+            };
+            let cmds = due
+                .iter()
+                .map(|(shard, category)| {
+                    let key = names::published(*shard, category);
+                    let mut cmd = redis::cmd("GET");
+                    cmd.arg(&key);
+                    (key, cmd)
+                })
+                .collect();
+            let read_at = std::time::Instant::now();
+            let replies = query_each_slot(&mut conn, cmds, RECHECK_WITHIN).await;
+            for ((shard, category), answer) in due.iter().zip(replies) {
+                // A shard that does not answer is looked at next time.
+                if let Ok(v) = answer {
+                    self.marks
+                        .rechecked(*shard, category, super::reply::int(&v), read_at);
+                }
+            }
         })
     }
 

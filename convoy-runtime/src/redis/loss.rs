@@ -20,12 +20,21 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::broker::Publication;
 
 /// How many of its last outbox seqs the publisher keeps per shard and
 /// category, to name lost events.
 const RECENT: usize = 1024;
+
+/// How long after its last publish into a shard the publisher keeps
+/// looking at the shard's count while it publishes nothing there: a loss
+/// of its last events (the master killed just after them) shows only at
+/// the next publish otherwise, and there may be none. A replica has
+/// usually received a write within milliseconds; after this the engines'
+/// heartbeats still see later losses of counts they read.
+const RECHECK_FOR: Duration = Duration::from_secs(10);
 
 /// The publisher's marks: per shard and category, the count its last
 /// publish left and the seqs it wrote last.
@@ -38,6 +47,44 @@ pub(crate) struct PublishMarks {
 struct Mark {
     count: i64,
     recent: VecDeque<u64>,
+    /// When this publisher last published into the shard (rechecked until
+    /// [`RECHECK_FOR`] after).
+    last_publish: Option<Instant>,
+}
+
+impl Mark {
+    /// The shard's count is `now` (before this publisher's records, if it
+    /// is publishing): a value below the mark is a loss, reported with the
+    /// seqs this publisher wrote last. The mark becomes `now`.
+    fn saw(&mut self, shard: u32, category: &str, now: i64) {
+        if now < self.count {
+            let lost = (self.count - now) as u64;
+            let known = self.recent.len().min(lost as usize);
+            let gone: Vec<u64> = self.recent.drain(self.recent.len() - known..).collect();
+            let seqs = match (gone.first(), gone.last()) {
+                (Some(first), Some(last)) if known as u64 == lost => {
+                    format!("this publisher's outbox seqs {first}..={last} among them")
+                }
+                (Some(first), Some(last)) => format!(
+                    "this publisher's outbox seqs {first}..={last} among them, and {} more it no longer knows",
+                    lost - known as u64
+                ),
+                _ => "none of them known to this publisher".to_owned(),
+            };
+            reported(
+                category,
+                shard,
+                "published",
+                lost,
+                "publisher",
+                &format!(
+                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {now}, so the last {lost} events published there ({seqs}) are gone (its master failed over to a replica, or restarted, without them) and will never be handled; set [broker] wait_replicas = 1 to wait for a replica on every publish",
+                    self.count
+                ),
+            );
+        }
+        self.count = now;
+    }
 }
 
 impl PublishMarks {
@@ -58,42 +105,18 @@ impl PublishMarks {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let marks = all.entry(shard).or_default();
+        let now = Instant::now();
         for (key, after, added) in counts {
             let Some((_, category)) = key.split_once("convoy:published:") else {
                 continue;
             };
-            let before = after - added;
             let mark = match marks.get_mut(category) {
                 Some(m) => m,
                 None => marks.entry(category.to_owned()).or_default(),
             };
-            if before < mark.count {
-                let lost = (mark.count - before) as u64;
-                let known = mark.recent.len().min(lost as usize);
-                let gone: Vec<u64> = mark.recent.drain(mark.recent.len() - known..).collect();
-                let seqs = match (gone.first(), gone.last()) {
-                    (Some(first), Some(last)) if known as u64 == lost => {
-                        format!("this publisher's outbox seqs {first}..={last} among them")
-                    }
-                    (Some(first), Some(last)) => format!(
-                        "this publisher's outbox seqs {first}..={last} among them, and {} more it no longer knows",
-                        lost - known as u64
-                    ),
-                    _ => "none of them known to this publisher".to_owned(),
-                };
-                reported(
-                    category,
-                    shard,
-                    "published",
-                    lost,
-                    "publisher",
-                    &format!(
-                        "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {before}, so the last {lost} events published there ({seqs}) are gone (its master failed over to a replica, or restarted, without them) and will never be handled; set [broker] wait_replicas = 1 to wait for a replica on every publish",
-                        mark.count
-                    ),
-                );
-            }
+            mark.saw(shard, category, after - added);
             mark.count = *after;
+            mark.last_publish = Some(now);
         }
         let new = records.len().saturating_sub(written as usize);
         for p in records[new..].iter().filter(|p| p.partition.is_some()) {
@@ -104,6 +127,50 @@ impl PublishMarks {
                 mark.recent.push_back(p.seq);
             }
         }
+    }
+
+    /// The (shard, category) counts to look at again while nothing is
+    /// published there: those published into within [`RECHECK_FOR`].
+    pub(crate) fn to_recheck(&self) -> Vec<(u32, String)> {
+        let all = self
+            .shards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out: Vec<(u32, String)> = all
+            .iter()
+            .flat_map(|(shard, marks)| {
+                marks
+                    .iter()
+                    .filter(|(_, m)| m.last_publish.is_some_and(|t| t.elapsed() < RECHECK_FOR))
+                    .map(|(category, _)| (*shard, category.clone()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// A recheck read `count` for `shard`'s `category` (`None`: the key is
+    /// gone, a count of 0). Reports a count below the mark. A mark that
+    /// moved since the recheck was read (a publish meanwhile) is left to
+    /// that publish.
+    pub(crate) fn rechecked(
+        &self,
+        shard: u32,
+        category: &str,
+        count: Option<i64>,
+        read_at: Instant,
+    ) {
+        let mut all = self
+            .shards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(mark) = all.get_mut(&shard).and_then(|m| m.get_mut(category)) else {
+            return;
+        };
+        if mark.last_publish.is_some_and(|t| t > read_at) {
+            return;
+        }
+        mark.saw(shard, category, count.unwrap_or(0));
     }
 }
 
