@@ -180,16 +180,7 @@ impl Admin {
     /// [`HeadReplay::expect_generation`]), checked in the replay's script,
     /// atomically with it.
     pub async fn replay_head(&self, req: &HeadReplay<'_>) -> Result<ReplayOutcome, AdminError> {
-        let HeadReplay {
-            category,
-            key,
-            dlq_id,
-            group,
-            operator,
-            force,
-            expect_head,
-            expect_generation,
-        } = *req;
+        let (category, key, dlq_id, operator) = (req.category, req.key, req.dlq_id, req.operator);
         super::check_category(category)?;
         let shards = self.shards(category).await?;
         let shard = names::shard_of(key, shards);
@@ -200,7 +191,7 @@ impl Admin {
             stream: stream.clone(),
             id: dlq_id.to_owned(),
         };
-        let group = match group {
+        let group = match req.group {
             Some(g) => g.to_owned(),
             None => self
                 .dlq(category, Some(key))
@@ -225,9 +216,9 @@ impl Admin {
             category,
             dlq_id,
             operator,
-            force,
-            expect_head,
-            expect_generation,
+            force: req.force,
+            expect_head: req.expect_head,
+            expect_generation: req.expect_generation,
             now_ms: now_ms(),
         }
         .run(&mut c)
@@ -247,14 +238,14 @@ impl Admin {
                 category: category.to_owned(),
                 key: key.to_owned(),
                 group,
-                expected: expect_head.unwrap_or_default().to_owned(),
+                expected: req.expect_head.unwrap_or_default().to_owned(),
                 head,
             }),
             ReplayedHead::GenerationMoved { generation } => Err(AdminError::GenerationMoved {
                 category: category.to_owned(),
                 key: key.to_owned(),
                 group,
-                expected: expect_generation.unwrap_or_default(),
+                expected: req.expect_generation.unwrap_or_default(),
                 generation,
             }),
             ReplayedHead::Refused(problem) => Err(AdminError::NotReplayable {
