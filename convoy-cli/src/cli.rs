@@ -71,33 +71,10 @@ pub struct Connection {
 pub enum Command {
     /// List a category's live partitions for every handler: owner,
     /// generation, lease left, length, pending, lag, halt; with totals.
-    Partitions {
-        /// The category (aggregate stream name), e.g. `order`.
-        category: String,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Show each key whole, in hexadecimal (its UTF-8 bytes), to name
-        /// it with `--key-hex` (the table otherwise shows keys escaped and
-        /// cut to fit).
-        #[arg(long)]
-        key_hex: bool,
-    },
+    Partitions(PartitionsArgs),
     /// Show a partition's head event (decoded), its delivery count, the
     /// unit's attempts and last error.
-    Inspect {
-        /// The category.
-        category: String,
-        /// The partition key, e.g. a client id.
-        #[command(flatten)]
-        key: KeyArg,
-        /// The handler (consumer group); optional when unambiguous.
-        #[command(flatten)]
-        handler: HandlerArg,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Inspect(InspectArgs),
     /// Acknowledge a halted partition's head without running it; the
     /// partition resumes with its next event.
     Skip(HeadArgs),
@@ -118,41 +95,10 @@ pub enum Command {
     /// handler, skipped entry and message id, reason, dead letter id. With
     /// `--ack` and a key, acknowledge the key's gap once reconciled (the
     /// record is cleared and audited; the dead letter stays).
-    Gaps {
-        /// The category.
-        category: String,
-        /// Only this partition key.
-        key: Option<String>,
-        /// KEY is hexadecimal: the key's UTF-8 bytes.
-        #[arg(long, requires = "key")]
-        key_hex: bool,
-        /// The handler (consumer group), for `--ack`.
-        #[command(flatten)]
-        handler: HandlerArg,
-        /// Acknowledge the key's gap.
-        #[arg(long, requires = "key")]
-        ack: bool,
-        /// Do not ask for confirmation (`--ack`).
-        #[arg(long, short = 'y')]
-        yes: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Gaps(GapsArgs),
     /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
     /// else the category's `{s}{category}:dlq` (ordinary handlers').
-    Dlq {
-        /// The category.
-        category: String,
-        /// The partition key.
-        key: Option<String>,
-        /// KEY is hexadecimal: the key's UTF-8 bytes.
-        #[arg(long, requires = "key")]
-        key_hex: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Dlq(DlqArgs),
     /// Put a dead letter back into its partition, on purpose. `--at tail`
     /// (the default): after the events already in the partition, and every
     /// handler of the category receives it again; it runs out of its
@@ -161,39 +107,12 @@ pub enum Command {
     /// is restored (after a mistaken dead-letter); refused when another
     /// handler already read those events, or when the partition has an
     /// event in flight and is not halted on it (unless --force).
-    Replay {
-        /// The category.
-        category: String,
-        /// The partition key.
-        #[command(flatten)]
-        key: KeyArg,
-        /// The dead letter's id (from `convoy dlq`).
-        entry_id: String,
-        /// Where it goes: `tail` or `head`.
-        #[arg(long, value_parser = ["tail", "head"], default_value = "tail")]
-        at: String,
-        /// With `--at head`: the handler it goes before the events of.
-        #[command(flatten)]
-        handler: HandlerArg,
-        /// With `--at head`: fence a running owner out first.
-        #[arg(long)]
-        force: bool,
-        /// Do not ask for confirmation.
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Replay(ReplayArgs),
     /// Print the least-privilege Redis ACL rule for a domain: the
     /// `ACL SETUSER` command of a user limited to the categories' keys,
     /// convoy's own keys and the commands convoy runs (for the engines,
     /// publishers and this command line). Needs no connection.
-    Acl {
-        /// Every category of the domain (aggregate stream names).
-        #[arg(required = true, value_name = "CATEGORY")]
-        categories: Vec<String>,
-        /// The Redis user's name.
-        #[arg(long, default_value = "convoy", value_name = "NAME")]
-        user: String,
-    },
+    Acl(AclArgs),
     /// The PostgreSQL outbox: backlog, oldest pending age, abandoned rows
     /// with their reasons; `retry` or `discard` an abandoned row.
     Outbox(OutboxArgs),
@@ -208,14 +127,123 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show the latest operator actions (every shard's `{s}convoy:audit`
     /// and `convoy:audit`, merged by time).
-    Audit {
-        /// How many records.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Audit(AuditArgs),
+}
+
+/// Arguments of `partitions`.
+#[derive(Debug, Args)]
+pub struct PartitionsArgs {
+    /// The category (aggregate stream name), e.g. `order`.
+    pub category: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Show each key whole, in hexadecimal (its UTF-8 bytes), to name
+    /// it with `--key-hex` (the table otherwise shows keys escaped and
+    /// cut to fit).
+    #[arg(long)]
+    pub key_hex: bool,
+}
+
+/// Arguments of `inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key, e.g. a client id.
+    #[command(flatten)]
+    pub key: KeyArg,
+    /// The handler (consumer group); optional when unambiguous.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `gaps`.
+#[derive(Debug, Args)]
+pub struct GapsArgs {
+    /// The category.
+    pub category: String,
+    /// Only this partition key.
+    pub key: Option<String>,
+    /// KEY is hexadecimal: the key's UTF-8 bytes.
+    #[arg(long, requires = "key")]
+    pub key_hex: bool,
+    /// The handler (consumer group), for `--ack`.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// Acknowledge the key's gap.
+    #[arg(long, requires = "key")]
+    pub ack: bool,
+    /// Do not ask for confirmation (`--ack`).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `dlq`.
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key.
+    pub key: Option<String>,
+    /// KEY is hexadecimal: the key's UTF-8 bytes.
+    #[arg(long, requires = "key")]
+    pub key_hex: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key.
+    #[command(flatten)]
+    pub key: KeyArg,
+    /// The dead letter's id (from `convoy dlq`).
+    pub entry_id: String,
+    /// Where it goes: `tail` or `head`.
+    #[arg(long, value_parser = ["tail", "head"], default_value = "tail")]
+    pub at: String,
+    /// With `--at head`: the handler it goes before the events of.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// With `--at head`: fence a running owner out first.
+    #[arg(long)]
+    pub force: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+/// Arguments of `acl`.
+#[derive(Debug, Args)]
+pub struct AclArgs {
+    /// Every category of the domain (aggregate stream names).
+    #[arg(required = true, value_name = "CATEGORY")]
+    pub categories: Vec<String>,
+    /// The Redis user's name.
+    #[arg(long, default_value = "convoy", value_name = "NAME")]
+    pub user: String,
+}
+
+/// Arguments of `audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// How many records.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `convoy serve`.
@@ -354,6 +382,11 @@ pub fn key_value(key: &str, hex: bool) -> Result<String, String> {
     })
 }
 
+/// An optional `key`, decoded from hexadecimal when `hex`.
+pub fn optional_key(key: Option<&str>, hex: bool) -> Result<Option<String>, String> {
+    key.map(|k| key_value(k, hex)).transpose()
+}
+
 /// Arguments of `retry`: one partition's, or `--all-halted`.
 #[derive(Debug, Args)]
 pub struct RetryArgs {
@@ -453,11 +486,11 @@ mod tests {
         assert_eq!(cli.conn.operator.as_deref(), Some("alice"));
         assert_eq!(cli.conn.config, PathBuf::from("domain.toml"));
         match cli.command {
-            Command::Partitions {
+            Command::Partitions(PartitionsArgs {
                 category,
                 json,
                 key_hex,
-            } => {
+            }) => {
                 assert_eq!(category, "order");
                 assert!(json && !key_hex);
             }
@@ -498,20 +531,26 @@ mod tests {
     #[test]
     fn dlq_key_is_optional_and_replay_needs_an_entry() {
         let cli = parse(&["dlq", "order"]).expect("parses");
-        assert!(matches!(cli.command, Command::Dlq { key: None, .. }));
+        assert!(matches!(
+            cli.command,
+            Command::Dlq(DlqArgs { key: None, .. })
+        ));
         let cli = parse(&["dlq", "order", "acme", "--json"]).expect("parses");
         assert!(matches!(
             cli.command,
-            Command::Dlq {
+            Command::Dlq(DlqArgs {
                 key: Some(_),
                 json: true,
                 ..
-            }
+            })
         ));
         let e = parse(&["replay", "order", "acme"]).expect_err("no entry id");
         assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
         let cli = parse(&["replay", "order", "acme", "1-0", "--yes"]).expect("parses");
-        assert!(matches!(cli.command, Command::Replay { yes: true, .. }));
+        assert!(matches!(
+            cli.command,
+            Command::Replay(ReplayArgs { yes: true, .. })
+        ));
     }
 
     #[test]
@@ -528,7 +567,7 @@ mod tests {
             assert!(e.starts_with("--key-hex: "), "{e}");
         }
         let cli = parse(&["replay", "order", "6163", "1-0", "--key-hex"]).expect("parses");
-        let Command::Replay { key, entry_id, .. } = cli.command else {
+        let Command::Replay(ReplayArgs { key, entry_id, .. }) = cli.command else {
             panic!("not replay")
         };
         assert_eq!(
@@ -544,7 +583,7 @@ mod tests {
     #[test]
     fn acl_takes_categories() {
         let cli = parse(&["acl", "order", "payment", "--user", "app"]).expect("parses");
-        let Command::Acl { categories, user } = cli.command else {
+        let Command::Acl(AclArgs { categories, user }) = cli.command else {
             panic!("not acl")
         };
         assert_eq!((categories.len(), user.as_str()), (2, "app"));

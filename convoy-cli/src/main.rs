@@ -9,27 +9,24 @@
 
 mod cli;
 mod commands;
-mod outbox;
+mod confirm;
+mod connect;
+mod error;
 mod render;
-mod serve;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-/// Exit code of a usage error (`EX_USAGE`), kept apart from 2 (Redis
-/// cannot be reached).
-const USAGE: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { USAGE } else { 0 });
+            return ExitCode::from(if e.use_stderr() { error::USAGE } else { 0 });
         }
     };
-    let urls = commands::urls_for_errors(&cli);
+    let urls = connect::urls_for_errors(&cli);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -43,7 +40,7 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("convoy: {}", commands::one_line(&e, &urls));
+            eprintln!("convoy: {}", error::one_line(&e, &urls));
             ExitCode::from(e.exit_code())
         }
     }

@@ -81,6 +81,21 @@ impl Ctxt {
     }
 }
 
+/// The messages of the errors `check` records, in order; when it records
+/// none, it must have succeeded (returned `Some`). For tests.
+#[cfg(test)]
+pub(crate) fn messages<T>(check: impl FnOnce(&Ctxt) -> Option<T>) -> Vec<String> {
+    let cx = Ctxt::new();
+    let value = check(&cx);
+    match cx.check() {
+        Ok(()) => {
+            assert!(value.is_some(), "rejected without an error");
+            Vec::new()
+        }
+        Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
+    }
+}
+
 impl Drop for Ctxt {
     fn drop(&mut self) {
         if !thread::panicking() && self.errors.borrow().is_some() {

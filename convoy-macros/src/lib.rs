@@ -9,7 +9,9 @@
 //! derives live in `message/`, the handler attributes in `handler/`
 //! (`attr.rs` parses, `check.rs` validates, `expand.rs` generates).
 //! `#[process_manager]` lives in `process_manager/`, split the same way;
-//! `tokens.rs` holds parsing and span helpers shared by the attributes.
+//! `impl_block.rs` holds what both attributes on an impl block share (the
+//! expansion frame, the `#[handle]` markers, the impl block's checks, the
+//! generated `dispatch`), and `tokens.rs` parsing and span helpers.
 
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
@@ -18,6 +20,7 @@ use syn::{DeriveInput, parse_macro_input};
 
 mod ctxt;
 mod handler;
+mod impl_block;
 mod message;
 mod process_manager;
 mod signature;

@@ -1,39 +1,100 @@
 //! Checks shared by the `#[handle]` methods of handlers and process
-//! managers: what any such method must be, whatever its receiver.
+//! managers: what any such method must be, with the receiver each asks
+//! for.
 
 use std::fmt::Display;
 
 use proc_macro2::Span;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
-use syn::{FnArg, ReturnType, Safety, Signature, Type};
+use syn::{FnArg, ReceiverKind, ReturnType, Safety, Signature, Type};
 
 use crate::ctxt::Ctxt;
 
 /// Collects the problems of one method and remembers whether there were any.
-pub(crate) struct Problems<'c> {
-    pub(crate) cx: &'c Ctxt,
-    pub(crate) found: bool,
+struct Problems<'c> {
+    cx: &'c Ctxt,
+    found: bool,
 }
 
 impl Problems<'_> {
     /// A problem with `tokens` (spanned across all of them).
-    pub(crate) fn on(&mut self, tokens: impl ToTokens, message: impl Display) {
+    fn on(&mut self, tokens: impl ToTokens, message: impl Display) {
         self.cx.error_spanned_by(tokens, message);
         self.found = true;
     }
 
     /// A problem at `span`.
-    pub(crate) fn at(&mut self, span: Span, message: impl Display) {
+    fn at(&mut self, span: Span, message: impl Display) {
         self.cx.error_at(span, message);
         self.found = true;
     }
 }
 
+/// The receiver the `#[handle]` methods of one macro take, and how its
+/// errors name them.
+pub(crate) struct Receiver<'m> {
+    /// `&mut self` (a process manager's state) rather than `&self`.
+    pub(crate) mutable: bool,
+    /// Whose methods they are, after "methods" in errors (`""`,
+    /// `" of a process manager"`).
+    pub(crate) owner: &'m str,
+    /// Why a reference of the other mutability is wrong.
+    pub(crate) wrong_mutability: &'m str,
+}
+
+/// Checks a `#[handle]` method,
+/// `async fn name(<receiver>, <noun>: T [, ctx: &Context]) -> Result<(), E>`
+/// (the argument after `before_ctx` is the context), reporting every
+/// problem. Returns what the arguments say and whether a problem was found.
+pub(crate) fn check_method<'a>(
+    cx: &Ctxt,
+    sig: &'a Signature,
+    receiver: &Receiver<'_>,
+    noun: &str,
+    before_ctx: &str,
+) -> (Arguments<'a>, bool) {
+    let Receiver {
+        mutable,
+        owner,
+        wrong_mutability,
+    } = *receiver;
+    let self_ref = if mutable { "&mut self" } else { "&self" };
+    let shape = format!(
+        "`async fn {}({self_ref}, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
+        sig.ident
+    );
+    let mut problems = Problems { cx, found: false };
+
+    check_qualifiers(&mut problems, sig, &shape);
+
+    let mut inputs = sig.inputs.iter();
+    match inputs.next() {
+        Some(FnArg::Receiver(receiver)) => match &receiver.kind {
+            ReceiverKind::Reference(_, _, m)
+                if m.is_some() == mutable && (mutable || receiver.mutability.is_none()) => {}
+            ReceiverKind::Reference(_, _, m) if m.is_some() != mutable => {
+                problems.on(receiver, wrong_mutability)
+            }
+            _ => problems.on(
+                receiver,
+                format!("`#[handle]` methods{owner} take `{self_ref}`: {shape}"),
+            ),
+        },
+        _ => problems.at(
+            sig.paren_token.span.join(),
+            format!("`#[handle]` methods{owner} take `{self_ref}` first: {shape}"),
+        ),
+    }
+
+    let arguments = check_arguments(&mut problems, sig, inputs, noun, before_ctx, &shape);
+    (arguments, problems.found)
+}
+
 /// A `#[handle]` method is a plain `async fn`: not `const`, `unsafe`,
 /// `extern`, generic or variadic. `shape` is the expected signature, shown
 /// when `async` is missing.
-pub(crate) fn check_qualifiers(problems: &mut Problems<'_>, sig: &Signature, shape: &str) {
+fn check_qualifiers(problems: &mut Problems<'_>, sig: &Signature, shape: &str) {
     if let Some(constness) = &sig.constness {
         problems.on(constness, "`#[handle]` methods cannot be `const`");
     }
@@ -78,7 +139,7 @@ pub(crate) struct Arguments<'a> {
 /// Checks what follows the receiver: the `noun` by value, an optional
 /// `ctx: &Context` (the argument after the `before_ctx`), nothing more, and
 /// a `Result` return type. `shape` is the expected signature.
-pub(crate) fn check_arguments<'a>(
+fn check_arguments<'a>(
     problems: &mut Problems<'_>,
     sig: &'a Signature,
     mut inputs: impl Iterator<Item = &'a FnArg>,

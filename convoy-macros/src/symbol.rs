@@ -3,6 +3,7 @@
 
 use std::fmt::{self, Display};
 
+use syn::ext::IdentExt;
 use syn::{Ident, Path};
 
 /// An attribute or argument name.
@@ -78,6 +79,15 @@ pub(crate) fn unknown_argument(unknown: &str, valid: &[Symbol]) -> String {
         Some(best) => format!("unknown argument `{unknown}`; did you mean `{best}`?"),
         None => format!("unknown argument `{unknown}`; expected {}", one_of(valid)),
     }
+}
+
+/// [`unknown_argument`] as an error spanned on the argument `unknown`
+/// (written raw or not).
+pub(crate) fn unknown_argument_at(unknown: &Ident, valid: &[Symbol]) -> syn::Error {
+    syn::Error::new(
+        unknown.span(),
+        unknown_argument(&unknown.unraw().to_string(), valid),
+    )
 }
 
 /// "`a`", "`a` or `b`", "`a`, `b` or `c`".

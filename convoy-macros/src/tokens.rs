@@ -1,6 +1,8 @@
 //! Small parsing and span helpers shared by the attribute macros
 //! (`handler/` and `process_manager/`).
 
+use std::fmt::Display;
+
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::Ident;
@@ -42,6 +44,17 @@ pub(crate) fn rest_of_value(input: ParseStream<'_>) -> syn::Result<TokenStream> 
         value.extend([input.parse::<TokenTree>()?]);
     }
     Ok(value)
+}
+
+/// The error for a value of the wrong shape: `message`, spanned on the
+/// value up to the next top-level comma (consumed), or at the end of the
+/// input when the value is missing.
+pub(crate) fn wrong_value(input: ParseStream<'_>, message: impl Display) -> syn::Error {
+    match rest_of_value(input) {
+        Ok(value) if value.is_empty() => input.error(message),
+        Ok(value) => syn::Error::new_spanned(value, message),
+        Err(error) => error,
+    }
 }
 
 /// `into_handler_result(__convoy_result)` spanned across a method's

@@ -12,9 +12,10 @@ use syn::punctuated::Punctuated;
 use syn::{Attribute, Ident, LitStr, Meta, Path, Token, Type, token};
 
 use crate::ctxt::Ctxt;
+use crate::impl_block::{self, QuotedField, quoted_field};
 use crate::message::{Kind, aggregate_path};
-use crate::symbol::{self, HANDLE, HANDLER_ARGS, HANDLES, NAME, ON_POISON, PART_OF, SEQUENTIAL_BY};
-use crate::tokens::{field_ident, not_yet, rest_of_value};
+use crate::symbol::{self, HANDLER_ARGS, HANDLES, NAME, ON_POISON, PART_OF, SEQUENTIAL_BY};
+use crate::tokens::{not_yet, wrong_value};
 
 mod kw {
     syn::custom_keyword!(part_of);
@@ -28,8 +29,8 @@ mod kw {
 pub(crate) struct Args {
     /// `part_of = Order`: the aggregate whose messages are handled.
     pub(crate) part_of: Path,
-    /// `sequential_by = "client_id"`.
-    pub(crate) sequential_by: Option<KeyField>,
+    /// `sequential_by = "client_id"`: the partition key field.
+    pub(crate) sequential_by: Option<QuotedField>,
     /// `handles = [OrderPlaced, OrderShipped]` (struct form only).
     pub(crate) handles: Option<Handles>,
     /// `name = "ledger-projector"`: the handler's stable name (checked in
@@ -38,17 +39,6 @@ pub(crate) struct Args {
     /// `on_poison = "dead_letter"` (`true`) or `"halt"` (`false`, the
     /// default), with the literal.
     pub(crate) on_poison: Option<(bool, LitStr)>,
-}
-
-/// The partition key field named by `sequential_by = "..."`.
-pub(crate) struct KeyField {
-    /// The field as an identifier carrying the literal's span, so that
-    /// rustc's errors about the field point at the user's string.
-    pub(crate) ident: Ident,
-    /// The field's name (`type` for `r#type`).
-    pub(crate) name: String,
-    /// The literal as written.
-    pub(crate) lit: LitStr,
 }
 
 /// `handles = [A, B]`.
@@ -97,13 +87,10 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
             not_yet(&name, key.span, NAME)?;
             input.parse::<Token![=]>()?;
             if !input.peek(LitStr) {
-                let value = rest_of_value(input)?;
-                let message = "`name` takes the handler's name in double quotes, for example `name = \"ledger-projector\"`";
-                return Err(if value.is_empty() {
-                    input.error(message)
-                } else {
-                    syn::Error::new_spanned(value, message)
-                });
+                return Err(wrong_value(
+                    input,
+                    "`name` takes the handler's name in double quotes, for example `name = \"ledger-projector\"`",
+                ));
             }
             name = Some(input.parse()?);
         } else if lookahead.peek(kw::on_poison) {
@@ -113,11 +100,7 @@ fn parse_args(kind: Kind, input: ParseStream<'_>) -> syn::Result<Args> {
             on_poison = Some(poison_policy(kind, key.span, input)?);
         } else if input.peek(Ident::peek_any) {
             let unknown = input.call(Ident::parse_any)?;
-            let name = unknown.unraw().to_string();
-            return Err(syn::Error::new(
-                unknown.span(),
-                symbol::unknown_argument(&name, HANDLER_ARGS),
-            ));
+            return Err(symbol::unknown_argument_at(&unknown, HANDLER_ARGS));
         } else {
             return Err(lookahead.error());
         }
@@ -155,12 +138,7 @@ fn poison_policy(kind: Kind, key: Span, input: ParseStream<'_>) -> syn::Result<(
         ));
     }
     if !input.peek(LitStr) {
-        let value = rest_of_value(input)?;
-        return Err(if value.is_empty() {
-            input.error(message)
-        } else {
-            syn::Error::new_spanned(value, message)
-        });
+        return Err(wrong_value(input, message));
     }
     let lit: LitStr = input.parse()?;
     match lit.value().as_str() {
@@ -171,43 +149,26 @@ fn poison_policy(kind: Kind, key: Span, input: ParseStream<'_>) -> syn::Result<(
 }
 
 /// Parses the value of `sequential_by`: a field name in double quotes.
-fn key_field(kind: Kind, input: ParseStream<'_>) -> syn::Result<KeyField> {
-    if !input.peek(LitStr) {
-        let value = rest_of_value(input)?;
-        let handler = match kind {
-            Kind::Event => "an event handler",
-            Kind::Command => "a command handler",
-        };
-        let message = format!(
+fn key_field(kind: Kind, input: ParseStream<'_>) -> syn::Result<QuotedField> {
+    let handler = match kind {
+        Kind::Event => "an event handler",
+        Kind::Command => "a command handler",
+    };
+    quoted_field(
+        input,
+        format!(
             "`sequential_by` on {handler} takes a field name in double quotes, for example `sequential_by = \"client_id\"`"
-        );
-        return Err(if value.is_empty() {
-            input.error(message)
-        } else {
-            syn::Error::new_spanned(value, message)
-        });
-    }
-    let lit: LitStr = input.parse()?;
-    let ident = lit.parse_with(field_ident).map_err(|_| {
-        syn::Error::new(lit.span(), "expected a single field name in double quotes")
-    })?;
-    Ok(KeyField {
-        name: ident.unraw().to_string(),
-        ident,
-        lit,
-    })
+        ),
+    )
 }
 
 /// Parses the value of `handles`: message types in brackets.
 fn handled_types(key: Span, input: ParseStream<'_>) -> syn::Result<Handles> {
     if !input.peek(token::Bracket) {
-        let value = rest_of_value(input)?;
-        let message = "`handles` takes a list of message types in brackets, for example `handles = [OrderPlaced, OrderShipped]`";
-        return Err(if value.is_empty() {
-            input.error(message)
-        } else {
-            syn::Error::new_spanned(value, message)
-        });
+        return Err(wrong_value(
+            input,
+            "`handles` takes a list of message types in brackets, for example `handles = [OrderPlaced, OrderShipped]`",
+        ));
     }
     let content;
     let brackets = syn::bracketed!(content in input);
@@ -219,27 +180,18 @@ fn handled_types(key: Span, input: ParseStream<'_>) -> syn::Result<Handles> {
     })
 }
 
-/// Whether `attr` is `#[handle]` (in any form).
-pub(crate) fn is_handle(attr: &Attribute) -> bool {
-    attr.path() == HANDLE
-}
-
 /// Whether `attrs` mark a handler method. A `#[handle]` with arguments or
 /// given twice is reported.
 pub(crate) fn handle_marker(cx: &Ctxt, attrs: &[Attribute]) -> bool {
-    let mut found = false;
-    for attr in attrs.iter().filter(|a| is_handle(a)) {
-        if found {
-            cx.error_spanned_by(attr, "`#[handle]` given more than once");
-        } else if !matches!(attr.meta, Meta::Path(_)) {
+    impl_block::handle_marker(cx, attrs, |first| {
+        if !matches!(first.meta, Meta::Path(_)) {
             cx.error_spanned_by(
-                &attr.meta,
+                &first.meta,
                 "`#[handle]` takes no arguments on an event or command handler",
             );
         }
-        found = true;
-    }
-    found
+    })
+    .is_some()
 }
 
 #[cfg(test)]

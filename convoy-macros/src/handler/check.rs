@@ -9,21 +9,19 @@
 //! that are compiled but never called, spanned at the user's tokens so that
 //! rustc's errors point there.
 
-use std::collections::BTreeMap;
-
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{ToTokens, format_ident, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{
-    FnArg, Generics, Ident, ImplItem, ImplItemFn, Item, ItemImpl, ItemStruct, Path, PathArguments,
-    ReceiverKind, Type,
-};
+use syn::{Ident, ImplItemFn, Item, ItemImpl, ItemStruct, Path, Type};
 
-use super::attr::{self, Args, KeyField};
+use super::attr::{self, Args};
 use crate::ctxt::Ctxt;
+use crate::impl_block::{
+    self, Header, QuotedField, check_header, item_keyword_span, reject_generics, written,
+};
 use crate::message::Kind;
-use crate::signature::{Arguments, Problems, check_arguments, check_qualifiers};
+use crate::signature::{Arguments, Receiver, check_method};
 
 /// A validated handler declaration.
 pub(crate) struct Handler<'a> {
@@ -40,7 +38,7 @@ pub(crate) struct Handler<'a> {
     /// `part_of = ...`.
     pub(crate) part_of: &'a Path,
     /// `sequential_by = "..."`.
-    pub(crate) sequential_by: Option<&'a KeyField>,
+    pub(crate) sequential_by: Option<&'a QuotedField>,
     /// `on_poison = "dead_letter"`.
     pub(crate) dead_letter_poison: bool,
     /// The handled message types, in declaration order.
@@ -92,7 +90,12 @@ pub(crate) fn validate<'a>(
             return None;
         }
     };
-    reject_duplicates(cx, &name, &handled);
+    impl_block::reject_duplicates(
+        cx,
+        &name,
+        handled.iter().map(|h| h.ty),
+        "message type is handled once per handler",
+    );
     let args = args?;
     let explicit_name = args.name.as_ref().map(|lit| {
         let value = lit.value();
@@ -157,6 +160,9 @@ pub(crate) fn macro_name(kind: Kind) -> &'static str {
 
 type Form<'a> = (TokenStream, String, Vec<Handled<'a>>);
 
+/// The error for generic parameters or arguments of a handler.
+const GENERIC: &str = "convoy handlers cannot be generic";
+
 /// `#[event_handler(..)] impl ClientLedger { #[handle] async fn .. }`.
 fn impl_form<'a>(
     cx: &Ctxt,
@@ -165,20 +171,15 @@ fn impl_form<'a>(
     imp: &'a ItemImpl,
 ) -> Option<Form<'a>> {
     let macro_name = macro_name(kind);
-    if let Some((trait_path, _)) = &imp.trait_ {
-        cx.error_spanned_by(
-            trait_path,
-            format!(
-                "`#[{macro_name}]` goes on an inherent impl block (`impl ClientLedger {{ .. }}`), not on a trait impl"
-            ),
-        );
-    }
-    if let Some(unsafety) = &imp.unsafety {
-        cx.error_spanned_by(unsafety, "a handler impl block cannot be `unsafe`");
-    }
-    let generic = !imp.generics.params.is_empty();
-    reject_generics(cx, &imp.generics, "convoy handlers cannot be generic");
-    let name = self_type_name(cx, &imp.self_ty, !generic);
+    let header = Header {
+        trait_impl: &format!(
+            "`#[{macro_name}]` goes on an inherent impl block (`impl ClientLedger {{ .. }}`), not on a trait impl"
+        ),
+        unsafe_impl: "a handler impl block cannot be `unsafe`",
+        generic: GENERIC,
+        not_named: "a handler is a named struct type, for example `impl ClientLedger { .. }`",
+    };
+    let name = check_header(cx, imp, &header);
     if let Some(handles) = args.and_then(|a| a.handles.as_ref()) {
         cx.error_at(
             handles.key,
@@ -188,20 +189,14 @@ fn impl_form<'a>(
 
     let mut handled = Vec::new();
     let mut marked = 0;
-    for impl_item in &imp.items {
-        match impl_item {
-            ImplItem::Fn(method) if attr::handle_marker(cx, &method.attrs) => {
-                marked += 1;
-                if let Some(h) = handler_method(cx, kind, method) {
-                    handled.push(h);
-                }
+    impl_block::for_each_method(cx, imp, |method| {
+        if attr::handle_marker(cx, &method.attrs) {
+            marked += 1;
+            if let Some(h) = handler_method(cx, kind, method) {
+                handled.push(h);
             }
-            ImplItem::Const(c) => reject_marker(cx, &c.attrs),
-            ImplItem::Type(t) => reject_marker(cx, &t.attrs),
-            ImplItem::Macro(m) => reject_marker(cx, &m.attrs),
-            _ => {}
         }
-    }
+    });
     if marked == 0 {
         cx.error_spanned_by(
             &imp.self_ty,
@@ -221,7 +216,7 @@ fn struct_form<'a>(
     args: Option<&'a Args>,
     st: &'a ItemStruct,
 ) -> Option<Form<'a>> {
-    reject_generics(cx, &st.generics, "convoy handlers cannot be generic");
+    reject_generics(cx, &st.generics, GENERIC);
     let args = args?;
     let Some(handles) = &args.handles else {
         cx.error_at(
@@ -255,81 +250,24 @@ fn struct_form<'a>(
     ))
 }
 
-/// The name of an impl block's self type, which must be a plain path.
-/// Generic arguments are reported when `report_arguments` (not when the
-/// impl's own generics were already reported).
-fn self_type_name(cx: &Ctxt, ty: &Type, report_arguments: bool) -> Option<String> {
-    if let Type::Path(path) = ty
-        && path.qself.is_none()
-    {
-        let last = path.path.segments.last()?;
-        if let PathArguments::None = last.arguments {
-            return Some(last.ident.unraw().to_string());
-        }
-        if report_arguments {
-            cx.error_spanned_by(&last.arguments, "convoy handlers cannot be generic");
-        }
-        return None;
-    }
-    cx.error_spanned_by(
-        ty,
-        "a handler is a named struct type, for example `impl ClientLedger { .. }`",
-    );
-    None
-}
-
-/// Reports generic parameters or a where clause.
-fn reject_generics(cx: &Ctxt, generics: &Generics, message: &str) {
-    if !generics.params.is_empty() {
-        cx.error_spanned_by(generics, message);
-    } else if let Some(where_clause) = &generics.where_clause {
-        cx.error_spanned_by(where_clause, message);
-    }
-}
-
-/// Reports `#[handle]` on something that is not a method.
-fn reject_marker(cx: &Ctxt, attrs: &[syn::Attribute]) {
-    for marker in attrs.iter().filter(|a| attr::is_handle(a)) {
-        cx.error_spanned_by(marker, "`#[handle]` goes on an async method");
-    }
-}
-
 /// Checks a `#[handle]` method:
 /// `async fn name(&self, message: T [, ctx: &Context]) -> Result<(), E>`.
 fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<Handled<'a>> {
     let sig = &method.sig;
-    let noun = kind.noun();
-    let shape = format!(
-        "`async fn {}(&self, {noun}: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
-        sig.ident
-    );
-    let mut problems = Problems { cx, found: false };
-
-    check_qualifiers(&mut problems, sig, &shape);
-
-    let mut inputs = sig.inputs.iter();
-    match inputs.next() {
-        Some(FnArg::Receiver(receiver)) => match &receiver.kind {
-            ReceiverKind::Reference(_, _, None) if receiver.mutability.is_none() => {}
-            ReceiverKind::Reference(_, _, Some(_)) => problems.on(
-                receiver,
-                "`#[handle]` methods take `&self`, not `&mut self`: a handler runs for many partitions at once, so keep mutable state behind a lock",
-            ),
-            _ => problems.on(receiver, format!("`#[handle]` methods take `&self`: {shape}")),
+    let receiver = Receiver {
+        mutable: false,
+        owner: "",
+        wrong_mutability: "`#[handle]` methods take `&self`, not `&mut self`: a handler runs for many partitions at once, so keep mutable state behind a lock",
+    };
+    let (
+        Arguments {
+            message: message_ty,
+            with_ctx,
+            output,
         },
-        _ => problems.at(
-            sig.paren_token.span.join(),
-            format!("`#[handle]` methods take `&self` first: {shape}"),
-        ),
-    }
-
-    let Arguments {
-        message: message_ty,
-        with_ctx,
-        output,
-    } = check_arguments(&mut problems, sig, inputs, noun, "message", &shape);
-
-    if problems.found {
+        found,
+    ) = check_method(cx, sig, &receiver, kind.noun(), "message");
+    if found {
         return None;
     }
     Some(Handled {
@@ -340,38 +278,6 @@ fn handler_method<'a>(cx: &Ctxt, kind: Kind, method: &'a ImplItemFn) -> Option<H
             output: output?,
         },
     })
-}
-
-/// Reports a message type handled twice, at the second occurrence.
-fn reject_duplicates(cx: &Ctxt, handler: &str, handled: &[Handled<'_>]) {
-    let mut seen = BTreeMap::new();
-    for h in handled {
-        let key = h.ty.to_token_stream().to_string();
-        if seen.insert(key.clone(), ()).is_some() {
-            let written = key.replace(' ', "");
-            cx.error_spanned_by(
-                h.ty,
-                format!(
-                    "`{written}` is handled twice by `{handler}`; each message type is handled once per handler"
-                ),
-            );
-        }
-    }
-}
-
-/// The span of the keyword that starts an item, for "wrong kind of item".
-fn item_keyword_span(item: &Item) -> Span {
-    match item {
-        Item::Enum(i) => i.enum_token.span,
-        Item::Fn(i) => i.sig.fn_token.span,
-        Item::Trait(i) => i.trait_token.span,
-        Item::Union(i) => i.union_token.span,
-        Item::Mod(i) => i.mod_token.span,
-        Item::Type(i) => i.type_token.span,
-        Item::Const(i) => i.const_token.span,
-        Item::Static(i) => i.static_token.span,
-        _ => Span::call_site(),
-    }
 }
 
 /// Never-run functions asserting, for each handled type, that the
@@ -412,11 +318,7 @@ pub(crate) fn field_checks(handler: &Handler<'_>) -> TokenStream {
 /// is not a message, or a `part_of` that is not an aggregate, is not
 /// reported again here.
 pub(crate) fn part_of_checks(handler: &Handler<'_>, consts: &[Ident]) -> TokenStream {
-    let part_of = handler
-        .part_of
-        .to_token_stream()
-        .to_string()
-        .replace(' ', "");
+    let part_of = written(handler.part_of);
     let attr = handler.kind.attr();
     handler
         .handled
@@ -424,7 +326,7 @@ pub(crate) fn part_of_checks(handler: &Handler<'_>, consts: &[Ident]) -> TokenSt
         .zip(consts)
         .map(|(h, c)| {
             let ty = h.ty;
-            let written = ty.to_token_stream().to_string().replace(' ', "");
+            let written = written(ty);
             let message = format!(
                 "`{written}` is not part of `{part_of}`, the aggregate of this handler: use `part_of = ` the aggregate of `{written}` (its `#[{attr}(part_of = ..)]`), or handle it in a second handler"
             );
@@ -449,11 +351,7 @@ pub(crate) fn declared_key_check(handler: &Handler<'_>, consts: &[Ident]) -> Tok
     else {
         return TokenStream::new();
     };
-    let part_of = handler
-        .part_of
-        .to_token_stream()
-        .to_string()
-        .replace(' ', "");
+    let part_of = written(handler.part_of);
     let name = &key.name;
     let message = format!(
         "`sequential_by = \"{name}\"` is not the partition key that the aggregate `{part_of}` declares (`#[aggregate(partition_key = ..)]`): a category has one key, so name the declared field"
@@ -472,19 +370,14 @@ mod tests {
     use syn::parse_quote;
 
     use super::*;
+    use crate::ctxt::messages;
     use crate::message::Kind;
 
     fn errors(kind: Kind, args: TokenStream, item: Item) -> Vec<String> {
-        let cx = Ctxt::new();
-        let args = cx.ok(Args::parse(kind, args));
-        let handler = validate(&cx, kind, args.as_ref(), &item);
-        match cx.check() {
-            Ok(()) => {
-                assert!(handler.is_some());
-                Vec::new()
-            }
-            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
-        }
+        messages(|cx| {
+            let args = cx.ok(Args::parse(kind, args));
+            validate(cx, kind, args.as_ref(), &item).map(drop)
+        })
     }
 
     #[test]

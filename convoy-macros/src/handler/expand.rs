@@ -2,10 +2,13 @@
 //! ever sees a validated [`Handler`].
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, format_ident, quote, quote_spanned};
-use syn::{Item, PathArguments, Type};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::Item;
 
 use super::check::{self, Call, Handler};
+use crate::impl_block::{
+    dispatch_fn, dispatch_stub, handled_const_names, handled_consts, nameable_self_ty,
+};
 use crate::message::Kind;
 use crate::tokens::{
     dispatch_branch, into_command_result_spanned, into_result_spanned, reply_type, span_range,
@@ -25,8 +28,8 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
     let handler_kind = handler_kind(handler.kind);
     let handler_trait = handler_trait(handler.kind);
     let resolve = match handler.kind {
-        Kind::Event => quote!(handled_event),
-        Kind::Command => quote!(handled_command),
+        Kind::Event => "handled_event",
+        Kind::Command => "handled_command",
     };
 
     // `<Order as Aggregate>::CATEGORY`, spanned across the user's path so a
@@ -46,22 +49,8 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
     };
 
     let dead_letter_poison = handler.dead_letter_poison;
-    let consts: Vec<_> = (0..handler.handled.len())
-        .map(|i| format_ident!("__CONVOY_MESSAGE_{}", i))
-        .collect();
-
-    // One `Handled<T>` per message type: the only place that requires
-    // `T: Event` (or `Command`), spanned across the user's type so a type of
-    // the wrong kind is reported there, once.
-    let resolved = handler.handled.iter().zip(&consts).map(|(h, c)| {
-        let ty = h.ty;
-        let (first, last) = span_range(ty);
-        let head = quote_spanned!(first=> ::convoy_runtime::__private::#resolve::<);
-        let tail = quote_spanned!(last=> >());
-        quote! {
-            const #c: ::convoy_runtime::__private::Handled<#ty> = #head #ty #tail;
-        }
-    });
+    let consts = handled_const_names("MESSAGE", handler.handled.len());
+    let resolved = handled_consts(&consts, handler.handled.iter().map(|h| h.ty), resolve);
 
     let branches = handler.handled.iter().zip(&consts).map(|(h, c)| {
         let ty = h.ty;
@@ -106,6 +95,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         dispatch_branch(ty, c, call, into_result, box_span)
     });
 
+    let dispatch = dispatch_fn(false, branches);
     let checks = check::field_checks(handler);
     let part_of_checks = check::part_of_checks(handler, &consts);
     let declared_key_check = check::declared_key_check(handler, &consts);
@@ -114,7 +104,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
         #[doc(hidden)]
         #[allow(non_upper_case_globals, non_snake_case, unused_qualifications, clippy::all)]
         const _: () = {
-            #(#resolved)*
+            #resolved
 
             const __CONVOY_CATEGORY: &'static str = #category;
             #part_of_checks
@@ -140,22 +130,7 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
                     &__CONVOY_DESCRIPTOR
                 }
 
-                fn dispatch<'__convoy>(
-                    &'__convoy self,
-                    __convoy_envelope: &'__convoy ::convoy_runtime::Envelope,
-                    __convoy_ctx: &'__convoy ::convoy_runtime::Context,
-                ) -> ::convoy_runtime::__private::BoxFuture<
-                    '__convoy,
-                    ::core::result::Result<
-                        ::convoy_runtime::__private::Dispatched,
-                        ::convoy_runtime::HandlerError,
-                    >,
-                > {
-                    #(#branches)*
-                    ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Ok(
-                        ::convoy_runtime::__private::Dispatched::NotHandled,
-                    )))
-                }
+                #dispatch
             }
 
             #checks
@@ -168,43 +143,22 @@ pub(crate) fn handler(handler: &Handler<'_>) -> TokenStream {
 /// reported as well. Nothing when the handler type cannot be named.
 pub(crate) fn fallback(kind: Kind, item: &Item) -> TokenStream {
     let self_ty = match item {
-        Item::Impl(imp) if imp.trait_.is_none() && imp.generics.params.is_empty() => {
-            match &*imp.self_ty {
-                Type::Path(p)
-                    if p.qself.is_none()
-                        && p.path
-                            .segments
-                            .iter()
-                            .all(|s| matches!(s.arguments, PathArguments::None)) =>
-                {
-                    p.to_token_stream()
-                }
-                _ => return TokenStream::new(),
-            }
-        }
-        Item::Struct(st) if st.generics.params.is_empty() => st.ident.to_token_stream(),
-        _ => return TokenStream::new(),
+        Item::Impl(imp) => nameable_self_ty(imp),
+        Item::Struct(st) if st.generics.params.is_empty() => Some(st.ident.to_token_stream()),
+        _ => None,
+    };
+    let Some(self_ty) = self_ty else {
+        return TokenStream::new();
     };
     let handler_trait = handler_trait(kind);
+    let dispatch = dispatch_stub(false);
     quote! {
         impl #handler_trait for #self_ty {
             fn descriptor(&self) -> &'static ::convoy_runtime::__private::HandlerDescriptor {
                 ::core::unreachable!()
             }
 
-            fn dispatch<'__convoy>(
-                &'__convoy self,
-                _: &'__convoy ::convoy_runtime::Envelope,
-                _: &'__convoy ::convoy_runtime::Context,
-            ) -> ::convoy_runtime::__private::BoxFuture<
-                '__convoy,
-                ::core::result::Result<
-                    ::convoy_runtime::__private::Dispatched,
-                    ::convoy_runtime::HandlerError,
-                >,
-            > {
-                ::core::unreachable!()
-            }
+            #dispatch
         }
     }
 }

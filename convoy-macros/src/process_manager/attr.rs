@@ -7,10 +7,11 @@
 use proc_macro2::TokenStream;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::{Attribute, Ident, LitBool, LitStr, Meta, Token};
+use syn::{Attribute, Ident, LitBool, Meta, Token};
 
-use crate::symbol::{self, HANDLE, PART_OF, SEQUENTIAL_BY, Symbol};
-use crate::tokens::{field_ident, not_yet, rest_of_value};
+use crate::impl_block::{QuotedField, quoted_field};
+use crate::symbol::{self, PART_OF, SEQUENTIAL_BY, Symbol};
+use crate::tokens::{not_yet, rest_of_value, wrong_value};
 
 /// `correlate = "field"` in `#[handle(..)]`.
 pub(crate) const CORRELATE: Symbol = Symbol("correlate");
@@ -75,15 +76,12 @@ fn parse_args(input: ParseStream<'_>) -> syn::Result<Args> {
 /// The error for an unknown argument of `#[process_manager(..)]`; names the
 /// right place for the arguments of the handler attributes.
 fn unknown_argument(unknown: &Ident) -> syn::Error {
-    let name = unknown.unraw().to_string();
     let message = if unknown == PART_OF {
         "a process manager has no `part_of`: it subscribes to the category of each event it handles"
-            .to_owned()
     } else if unknown == CORRELATE {
         "`correlate` goes on each handler method, for example `#[handle(correlate = \"order_id\")]`"
-            .to_owned()
     } else {
-        symbol::unknown_argument(&name, PROCESS_MANAGER_ARGS)
+        return symbol::unknown_argument_at(unknown, PROCESS_MANAGER_ARGS);
     };
     syn::Error::new(unknown.span(), message)
 }
@@ -93,13 +91,10 @@ fn sequential_value(input: ParseStream<'_>) -> syn::Result<LitBool> {
     if input.peek(LitBool) {
         return input.parse();
     }
-    let message = "`sequential_by` on a process manager is `true` or `false`: it partitions each subscribed category by the field its `correlate` names";
-    let value = rest_of_value(input)?;
-    Err(if value.is_empty() {
-        input.error(message)
-    } else {
-        syn::Error::new_spanned(value, message)
-    })
+    Err(wrong_value(
+        input,
+        "`sequential_by` on a process manager is `true` or `false`: it partitions each subscribed category by the field its `correlate` names",
+    ))
 }
 
 /// The parsed arguments of one `#[handle(..)]` marker.
@@ -110,24 +105,8 @@ pub(crate) struct HandleAttrs<'a> {
     pub(crate) start: bool,
     /// `end`: the event completes the instance.
     pub(crate) end: bool,
-    /// `correlate = "field"`.
-    pub(crate) correlate: Option<Correlate>,
-}
-
-/// The correlation field named by `correlate = "..."`.
-pub(crate) struct Correlate {
-    /// The field as an identifier carrying the literal's span, so that
-    /// rustc's errors about the field point at the user's string.
-    pub(crate) ident: Ident,
-    /// The field's name (`type` for `r#type`).
-    pub(crate) name: String,
-    /// The literal as written.
-    pub(crate) lit: LitStr,
-}
-
-/// Whether `attr` is `#[handle]` (in any form).
-pub(crate) fn is_handle(attr: &Attribute) -> bool {
-    attr.path() == HANDLE
+    /// `correlate = "field"`: the correlation field.
+    pub(crate) correlate: Option<QuotedField>,
 }
 
 impl<'a> HandleAttrs<'a> {
@@ -177,11 +156,7 @@ fn parse_handle(out: &mut HandleAttrs<'_>, input: ParseStream<'_>) -> syn::Resul
             out.correlate = Some(correlate_field(input)?);
         } else if input.peek(Ident::peek_any) {
             let unknown = input.call(Ident::parse_any)?;
-            let name = unknown.unraw().to_string();
-            return Err(syn::Error::new(
-                unknown.span(),
-                symbol::unknown_argument(&name, HANDLE_ARGS),
-            ));
+            return Err(symbol::unknown_argument_at(&unknown, HANDLE_ARGS));
         } else {
             return Err(lookahead.error());
         }
@@ -209,25 +184,11 @@ fn no_value(input: ParseStream<'_>, key: Symbol) -> syn::Result<()> {
 }
 
 /// Parses the value of `correlate`: a field name in double quotes.
-fn correlate_field(input: ParseStream<'_>) -> syn::Result<Correlate> {
-    if !input.peek(LitStr) {
-        let message = "`correlate` takes a field name in double quotes, for example `correlate = \"order_id\"`";
-        let value = rest_of_value(input)?;
-        return Err(if value.is_empty() {
-            input.error(message)
-        } else {
-            syn::Error::new_spanned(value, message)
-        });
-    }
-    let lit: LitStr = input.parse()?;
-    let ident = lit.parse_with(field_ident).map_err(|_| {
-        syn::Error::new(lit.span(), "expected a single field name in double quotes")
-    })?;
-    Ok(Correlate {
-        name: ident.unraw().to_string(),
-        ident,
-        lit,
-    })
+fn correlate_field(input: ParseStream<'_>) -> syn::Result<QuotedField> {
+    quoted_field(
+        input,
+        "`correlate` takes a field name in double quotes, for example `correlate = \"order_id\"`",
+    )
 }
 
 #[cfg(test)]

@@ -9,19 +9,16 @@
 //! spanned at the user's `"field"` literal, so that rustc's errors point
 //! there.
 
-use std::collections::BTreeSet;
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote_spanned};
+use syn::{Ident, ImplItemFn, Item, ItemImpl, Type};
 
-use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, format_ident, quote_spanned};
-use syn::ext::IdentExt;
-use syn::{
-    Attribute, FnArg, Ident, ImplItem, ImplItemFn, Item, ItemImpl, PathArguments, ReceiverKind,
-    Type,
-};
-
-use super::attr::{self, Args, Correlate, HandleAttrs};
+use super::attr::{Args, HandleAttrs};
 use crate::ctxt::Ctxt;
-use crate::signature::{Arguments, Problems, check_arguments, check_qualifiers};
+use crate::impl_block::{
+    self, Header, QuotedField, check_header, handle_marker, item_keyword_span, written,
+};
+use crate::signature::{Arguments, Receiver, check_method};
 
 /// A validated process manager declaration.
 pub(crate) struct ProcessManager<'a> {
@@ -46,7 +43,7 @@ pub(crate) struct Handled<'a> {
     /// The declared return type (errors about it point there).
     pub(crate) output: &'a Type,
     /// `correlate = "..."`.
-    pub(crate) correlate: Correlate,
+    pub(crate) correlate: QuotedField,
     /// `start`.
     pub(crate) start: bool,
     /// `end`.
@@ -63,9 +60,12 @@ pub(crate) fn validate<'a>(
     item: &'a Item,
 ) -> Option<ProcessManager<'a>> {
     let Item::Impl(imp) = item else {
-        let (span, what) = item_keyword(item);
+        let what = match item {
+            Item::Struct(_) => "struct (not on the struct itself)",
+            _ => "type",
+        };
         cx.error_at(
-            span,
+            item_keyword_span(item),
             format!(
                 "`{MACRO}` goes on the `impl` block of the process manager's state {what}, with `#[handle(correlate = \"...\")]` methods: `impl Fulfilment {{ .. }}`"
             ),
@@ -73,7 +73,12 @@ pub(crate) fn validate<'a>(
         return None;
     };
     let (self_ty, name, handled) = impl_form(cx, imp)?;
-    reject_duplicates(cx, &name, &handled);
+    impl_block::reject_duplicates(
+        cx,
+        &name,
+        handled.iter().map(|h| h.ty),
+        "event type is handled once per process manager",
+    );
     let args = args?;
     if cx.has_errors() {
         return None;
@@ -88,60 +93,43 @@ pub(crate) fn validate<'a>(
 
 /// `#[process_manager(..)] impl Fulfilment { #[handle(..)] async fn .. }`.
 fn impl_form<'a>(cx: &Ctxt, imp: &'a ItemImpl) -> Option<(&'a Type, String, Vec<Handled<'a>>)> {
-    if let Some((trait_path, _)) = &imp.trait_ {
-        cx.error_spanned_by(
-            trait_path,
-            format!(
-                "`{MACRO}` goes on the inherent impl block of the state struct (`impl Fulfilment {{ .. }}`), not on a trait impl"
-            ),
-        );
-    }
-    if let Some(unsafety) = &imp.unsafety {
-        cx.error_spanned_by(unsafety, "a process manager impl block cannot be `unsafe`");
-    }
-    let generic = !imp.generics.params.is_empty();
-    if generic {
-        cx.error_spanned_by(&imp.generics, "a process manager cannot be generic");
-    } else if let Some(where_clause) = &imp.generics.where_clause {
-        cx.error_spanned_by(where_clause, "a process manager cannot be generic");
-    }
-    let name = self_type_name(cx, &imp.self_ty, !generic);
+    let header = Header {
+        trait_impl: &format!(
+            "`{MACRO}` goes on the inherent impl block of the state struct (`impl Fulfilment {{ .. }}`), not on a trait impl"
+        ),
+        unsafe_impl: "a process manager impl block cannot be `unsafe`",
+        generic: "a process manager cannot be generic",
+        not_named: "a process manager is a named state struct, for example `impl Fulfilment { .. }`",
+    };
+    let name = check_header(cx, imp, &header);
 
     let mut handled = Vec::new();
     let mut marked = 0;
-    for impl_item in &imp.items {
-        match impl_item {
-            ImplItem::Fn(method) => {
-                let Some(marker) = handle_marker(cx, &method.attrs) else {
-                    continue;
-                };
-                marked += 1;
-                let (event, checked) = handler_method(cx, method);
-                let Some(marker) = cx.ok(HandleAttrs::parse(marker)) else {
-                    continue;
-                };
-                let Some(correlate) = marker.correlate else {
-                    missing_correlate(cx, &marker, event);
-                    continue;
-                };
-                if let (Some(ty), Some((with_ctx, output))) = (event, checked) {
-                    handled.push(Handled {
-                        ty,
-                        method: &method.sig.ident,
-                        with_ctx,
-                        output,
-                        correlate,
-                        start: marker.start,
-                        end: marker.end,
-                    });
-                }
-            }
-            ImplItem::Const(c) => reject_marker(cx, &c.attrs),
-            ImplItem::Type(t) => reject_marker(cx, &t.attrs),
-            ImplItem::Macro(m) => reject_marker(cx, &m.attrs),
-            _ => {}
+    impl_block::for_each_method(cx, imp, |method| {
+        let Some(marker) = handle_marker(cx, &method.attrs, |_| {}) else {
+            return;
+        };
+        marked += 1;
+        let (event, checked) = handler_method(cx, method);
+        let Some(marker) = cx.ok(HandleAttrs::parse(marker)) else {
+            return;
+        };
+        let Some(correlate) = marker.correlate else {
+            missing_correlate(cx, &marker, event);
+            return;
+        };
+        if let (Some(ty), Some((with_ctx, output))) = (event, checked) {
+            handled.push(Handled {
+                ty,
+                method: &method.sig.ident,
+                with_ctx,
+                output,
+                correlate,
+                start: marker.start,
+                end: marker.end,
+            });
         }
-    }
+    });
     if marked == 0 {
         cx.error_spanned_by(
             &imp.self_ty,
@@ -151,17 +139,6 @@ fn impl_form<'a>(cx: &Ctxt, imp: &'a ItemImpl) -> Option<(&'a Type, String, Vec<
         );
     }
     Some((&imp.self_ty, name?, handled))
-}
-
-/// The first `#[handle]` marker of a method, if any; more than one is
-/// reported.
-fn handle_marker<'a>(cx: &Ctxt, attrs: &'a [Attribute]) -> Option<&'a Attribute> {
-    let mut markers = attrs.iter().filter(|a| attr::is_handle(a));
-    let first = markers.next()?;
-    for extra in markers {
-        cx.error_spanned_by(extra, "`#[handle]` given more than once");
-    }
-    Some(first)
 }
 
 /// Reports a `#[handle]` without `correlate`, at the marker.
@@ -184,36 +161,6 @@ fn missing_correlate(cx: &Ctxt, marker: &HandleAttrs<'_>, event: Option<&Type>) 
     );
 }
 
-/// The name of the impl block's self type, which must be a plain path.
-/// Generic arguments are reported when `report_arguments` (not when the
-/// impl's own generics were already reported).
-fn self_type_name(cx: &Ctxt, ty: &Type, report_arguments: bool) -> Option<String> {
-    if let Type::Path(path) = ty
-        && path.qself.is_none()
-    {
-        let last = path.path.segments.last()?;
-        if let PathArguments::None = last.arguments {
-            return Some(last.ident.unraw().to_string());
-        }
-        if report_arguments {
-            cx.error_spanned_by(&last.arguments, "a process manager cannot be generic");
-        }
-        return None;
-    }
-    cx.error_spanned_by(
-        ty,
-        "a process manager is a named state struct, for example `impl Fulfilment { .. }`",
-    );
-    None
-}
-
-/// Reports `#[handle]` on something that is not a method.
-fn reject_marker(cx: &Ctxt, attrs: &[Attribute]) {
-    for marker in attrs.iter().filter(|a| attr::is_handle(a)) {
-        cx.error_spanned_by(marker, "`#[handle]` goes on an async method");
-    }
-}
-
 /// Checks a `#[handle]` method:
 /// `async fn name(&mut self, event: T [, ctx: &Context]) -> Result<(), E>`.
 /// Returns the event type, when it could be read, and, when the method is
@@ -222,83 +169,23 @@ fn handler_method<'a>(
     cx: &Ctxt,
     method: &'a ImplItemFn,
 ) -> (Option<&'a Type>, Option<(bool, &'a Type)>) {
-    let sig = &method.sig;
-    let shape = format!(
-        "`async fn {}(&mut self, event: OrderPlaced, ctx: &Context) -> Result<(), HandlerError>`",
-        sig.ident
-    );
-    let mut problems = Problems { cx, found: false };
-
-    check_qualifiers(&mut problems, sig, &shape);
-
-    let mut inputs = sig.inputs.iter();
-    match inputs.next() {
-        Some(FnArg::Receiver(receiver)) => match &receiver.kind {
-            ReceiverKind::Reference(_, _, Some(_)) => {}
-            ReceiverKind::Reference(_, _, None) => problems.on(
-                receiver,
-                "`#[handle]` methods of a process manager take `&mut self`, not `&self`: they update the instance's state, which the runtime loads before the event and saves after it",
-            ),
-            _ => problems.on(
-                receiver,
-                format!("`#[handle]` methods of a process manager take `&mut self`: {shape}"),
-            ),
+    let receiver = Receiver {
+        mutable: true,
+        owner: " of a process manager",
+        wrong_mutability: "`#[handle]` methods of a process manager take `&mut self`, not `&self`: they update the instance's state, which the runtime loads before the event and saves after it",
+    };
+    let (
+        Arguments {
+            message: event_ty,
+            with_ctx,
+            output,
         },
-        _ => problems.at(
-            sig.paren_token.span.join(),
-            format!("`#[handle]` methods of a process manager take `&mut self` first: {shape}"),
-        ),
-    }
-
-    let Arguments {
-        message: event_ty,
-        with_ctx,
-        output,
-    } = check_arguments(&mut problems, sig, inputs, "event", "event", &shape);
-
-    if problems.found {
+        found,
+    ) = check_method(cx, &method.sig, &receiver, "event", "event");
+    if found {
         return (event_ty, None);
     }
     (event_ty, output.map(|output| (with_ctx, output)))
-}
-
-/// Reports an event type handled twice, at the second occurrence.
-fn reject_duplicates(cx: &Ctxt, name: &str, handled: &[Handled<'_>]) {
-    let mut seen = BTreeSet::new();
-    for h in handled {
-        let key = h.ty.to_token_stream().to_string();
-        if !seen.insert(key) {
-            cx.error_spanned_by(
-                h.ty,
-                format!(
-                    "`{}` is handled twice by `{name}`; each event type is handled once per process manager",
-                    written(h.ty)
-                ),
-            );
-        }
-    }
-}
-
-/// A type as the user wrote it, without the spaces of token printing.
-fn written(ty: &Type) -> String {
-    ty.to_token_stream().to_string().replace(' ', "")
-}
-
-/// The span of the keyword that starts an item and what the item is, for
-/// "wrong kind of item".
-fn item_keyword(item: &Item) -> (Span, &'static str) {
-    match item {
-        Item::Struct(i) => (i.struct_token.span, "struct (not on the struct itself)"),
-        Item::Enum(i) => (i.enum_token.span, "type"),
-        Item::Fn(i) => (i.sig.fn_token.span, "type"),
-        Item::Trait(i) => (i.trait_token.span, "type"),
-        Item::Union(i) => (i.union_token.span, "type"),
-        Item::Mod(i) => (i.mod_token.span, "type"),
-        Item::Type(i) => (i.type_token.span, "type"),
-        Item::Const(i) => (i.const_token.span, "type"),
-        Item::Static(i) => (i.static_token.span, "type"),
-        _ => (Span::call_site(), "type"),
-    }
 }
 
 /// For each handled event, the function that reads its `correlate` field as
@@ -352,18 +239,13 @@ mod tests {
     use syn::parse_quote;
 
     use super::*;
+    use crate::ctxt::messages;
 
     fn errors(args: TokenStream, item: Item) -> Vec<String> {
-        let cx = Ctxt::new();
-        let args = cx.ok(Args::parse(args));
-        let pm = validate(&cx, args.as_ref(), &item);
-        match cx.check() {
-            Ok(()) => {
-                assert!(pm.is_some());
-                Vec::new()
-            }
-            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
-        }
+        messages(|cx| {
+            let args = cx.ok(Args::parse(args));
+            validate(cx, args.as_ref(), &item).map(drop)
+        })
     }
 
     #[test]

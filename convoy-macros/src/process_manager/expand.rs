@@ -2,11 +2,14 @@
 //! [`ProcessManager`].
 
 use proc_macro2::TokenStream;
-use quote::{ToTokens, format_ident, quote, quote_spanned};
-use syn::{Item, PathArguments, Type};
+use quote::quote;
+use syn::Item;
 
 use super::check::{self, ProcessManager};
-use crate::tokens::{dispatch_branch, into_result_spanned, span_range};
+use crate::impl_block::{
+    dispatch_fn, dispatch_stub, handled_const_names, handled_consts, nameable_self_ty,
+};
+use crate::tokens::{dispatch_branch, into_result_spanned};
 
 /// The `ProcessManager` impl, its registration and the correlation
 /// functions, all inside one `const _: () = { .. };`.
@@ -15,22 +18,8 @@ pub(crate) fn process_manager(pm: &ProcessManager<'_>) -> TokenStream {
     let name = &pm.name;
     let sequential = pm.sequential;
 
-    let consts: Vec<_> = (0..pm.handled.len())
-        .map(|i| format_ident!("__CONVOY_EVENT_{}", i))
-        .collect();
-
-    // One `Handled<T>` per event type: the only place that requires
-    // `T: Event`, spanned across the user's type so that a type that is not
-    // an event is reported there, once.
-    let resolved = pm.handled.iter().zip(&consts).map(|(h, c)| {
-        let ty = h.ty;
-        let (first, last) = span_range(ty);
-        let head = quote_spanned!(first=> ::convoy_runtime::__private::handled_event::<);
-        let tail = quote_spanned!(last=> >());
-        quote! {
-            const #c: ::convoy_runtime::__private::Handled<#ty> = #head #ty #tail;
-        }
-    });
+    let consts = handled_const_names("EVENT", pm.handled.len());
+    let resolved = handled_consts(&consts, pm.handled.iter().map(|h| h.ty), "handled_event");
 
     let handles = pm.handled.iter().zip(&consts).map(|(h, c)| {
         let correlate = &h.correlate.name;
@@ -69,13 +58,14 @@ pub(crate) fn process_manager(pm: &ProcessManager<'_>) -> TokenStream {
         dispatch_branch(ty, c, call, into_result_spanned(h.output), method.span())
     });
 
+    let dispatch = dispatch_fn(true, branches);
     let correlation_fns = check::correlation_fns(pm);
 
     quote! {
         #[doc(hidden)]
         #[allow(non_upper_case_globals, non_snake_case, unused_qualifications, clippy::all)]
         const _: () = {
-            #(#resolved)*
+            #resolved
 
             static __CONVOY_DESCRIPTOR: ::convoy_runtime::__private::ProcessManagerDescriptor =
                 ::convoy_runtime::__private::ProcessManagerDescriptor {
@@ -106,22 +96,7 @@ pub(crate) fn process_manager(pm: &ProcessManager<'_>) -> TokenStream {
                     ::core::result::Result::Ok(::core::option::Option::None)
                 }
 
-                fn dispatch<'__convoy>(
-                    &'__convoy mut self,
-                    __convoy_envelope: &'__convoy ::convoy_runtime::Envelope,
-                    __convoy_ctx: &'__convoy ::convoy_runtime::Context,
-                ) -> ::convoy_runtime::__private::BoxFuture<
-                    '__convoy,
-                    ::core::result::Result<
-                        ::convoy_runtime::__private::Dispatched,
-                        ::convoy_runtime::HandlerError,
-                    >,
-                > {
-                    #(#branches)*
-                    ::std::boxed::Box::pin(::core::future::ready(::core::result::Result::Ok(
-                        ::convoy_runtime::__private::Dispatched::NotHandled,
-                    )))
-                }
+                #dispatch
             }
 
             #correlation_fns
@@ -133,24 +108,13 @@ pub(crate) fn process_manager(pm: &ProcessManager<'_>) -> TokenStream {
 /// declaration, so that using the process manager elsewhere is not
 /// reported as well. Nothing when the state type cannot be named.
 pub(crate) fn fallback(item: &Item) -> TokenStream {
-    let Item::Impl(imp) = item else {
+    let Some(self_ty) = (match item {
+        Item::Impl(imp) => nameable_self_ty(imp),
+        _ => None,
+    }) else {
         return TokenStream::new();
     };
-    if imp.trait_.is_some() || !imp.generics.params.is_empty() {
-        return TokenStream::new();
-    }
-    let self_ty = match &*imp.self_ty {
-        Type::Path(p)
-            if p.qself.is_none()
-                && p.path
-                    .segments
-                    .iter()
-                    .all(|s| matches!(s.arguments, PathArguments::None)) =>
-        {
-            p.to_token_stream()
-        }
-        _ => return TokenStream::new(),
-    };
+    let dispatch = dispatch_stub(true);
     quote! {
         impl ::convoy_runtime::ProcessManager for #self_ty {
             const DESCRIPTOR: &'static ::convoy_runtime::__private::ProcessManagerDescriptor =
@@ -169,19 +133,7 @@ pub(crate) fn fallback(item: &Item) -> TokenStream {
                 ::core::unreachable!()
             }
 
-            fn dispatch<'__convoy>(
-                &'__convoy mut self,
-                _: &'__convoy ::convoy_runtime::Envelope,
-                _: &'__convoy ::convoy_runtime::Context,
-            ) -> ::convoy_runtime::__private::BoxFuture<
-                '__convoy,
-                ::core::result::Result<
-                    ::convoy_runtime::__private::Dispatched,
-                    ::convoy_runtime::HandlerError,
-                >,
-            > {
-                ::core::unreachable!()
-            }
+            #dispatch
         }
     }
 }

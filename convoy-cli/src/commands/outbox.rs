@@ -16,7 +16,9 @@ use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
 use crate::cli::{Connection, OutboxAction, OutboxArgs, RowArgs};
-use crate::commands::{CliError, confirm, connect, load_config, operator, target};
+use crate::confirm::confirm;
+use crate::connect::{connect, load_config, operator, target};
+use crate::error::CliError;
 use crate::render::{self, Align, Table};
 
 /// How long the command waits for a PostgreSQL connection.

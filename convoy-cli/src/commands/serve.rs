@@ -11,15 +11,13 @@ use convoy_web::{Auth, OperatorPage, Settings};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Connection, OutboxArgs, ServeArgs};
-use crate::commands::{CliError, Target, connect, load_config, operator};
+use crate::connect::{connect, load_config, operator, target};
+use crate::error::CliError;
 
-/// Checks the address and credentials before connecting, then serves until
-/// SIGINT or SIGTERM.
-pub async fn run(
-    conn: &Connection,
-    target: &Target,
-    args: &ServeArgs,
-) -> Result<ExitCode, CliError> {
+/// Finds Redis, checks the address and credentials before connecting, then
+/// serves until SIGINT or SIGTERM.
+pub async fn run(conn: &Connection, args: &ServeArgs) -> Result<ExitCode, CliError> {
+    let target = &target(conn)?;
     let auth = Auth::from_sources(args.token_file.as_deref(), args.basic_file.as_deref())?;
     convoy_web::check_listen(&args.listen, &auth)?;
     let admin = connect(target).await?;
@@ -38,7 +36,7 @@ pub async fn run(
                 json: false,
                 action: None,
             };
-            let store = crate::outbox::open(conn, &outbox_args, &config).await?;
+            let store = super::outbox::open(conn, &outbox_args, &config).await?;
             let name = store.qualified_table().to_owned();
             Some((name, Arc::new(store) as Arc<dyn OutboxStore>))
         }
