@@ -463,27 +463,7 @@ pub(crate) fn short(group: &str) -> &str {
     group.rsplit("::").next().unwrap_or(group)
 }
 
-/// ms since the Unix epoch as UTC.
-pub(crate) fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Days to a civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+pub(crate) use convoy_runtime::redis::admin::utc;
 
 /// A duration in ms, short: `850ms`, `12s`, `3m05s`, `2h10m`.
 pub(crate) fn age(ms: u64) -> String {

@@ -90,6 +90,7 @@ mod outbox;
 mod page;
 mod partitions;
 mod status;
+mod time;
 
 pub use audit::{AuditRecord, KeyAudit};
 pub use dlq::{DeadLetter, HeadReplay, ReplayOutcome};
@@ -100,6 +101,7 @@ pub use outbox::{OutboxOp, OutboxOutcome};
 pub use page::{CategorySummary, Instance, KeyPage, RecentEntry, ScanCursor};
 pub use partitions::{CategoryReport, Totals};
 pub use status::{GapRecord, PartitionStatus};
+pub use time::utc;
 
 /// The stream operator actions are recorded in.
 pub use crate::names::AUDIT_STREAM;
