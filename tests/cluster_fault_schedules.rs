@@ -1422,6 +1422,10 @@ fn reconcile_losses(
     verdict.violations.retain(|v| {
         let key = if let Some(rest) = v.strip_prefix("(1) key ") {
             rest.split(':').next()
+        } else if let Some(rest) = v.strip_prefix("(2) key ") {
+            // `(2) key k08: one redelivery re-ran ...`, or with the key in
+            // backticks.
+            rest.split(':').next().map(|k| k.trim_matches('`'))
         } else if v.starts_with("(2) ") {
             v.split('`').nth(1)
         } else {
@@ -2078,6 +2082,7 @@ fn a_loss_is_a_note_only_when_its_shard_reported_as_much() {
         violations: vec![
             format!("(1) key {key}: 2 committed event(s) never handled to completion: ..."),
             format!("(2) key `{key}`: a re-run after later events"),
+            format!("(2) key {key}: one redelivery re-ran 6 events in a row"),
             "(liveness) a/p0: not connected".to_owned(),
         ],
         ..Default::default()
@@ -2087,7 +2092,7 @@ fn a_loss_is_a_note_only_when_its_shard_reported_as_much() {
     let mut v = verdict();
     let reports = BTreeMap::from([((shard, "published".to_owned()), 1)]);
     reconcile_losses(&mut v, &committed, &windows, &reports);
-    assert_eq!(v.violations.len(), 3, "{:?}", v.violations);
+    assert_eq!(v.violations.len(), 4, "{:?}", v.violations);
     // Both reported, and lost acknowledgements: only the liveness stays.
     let mut v = verdict();
     let reports = BTreeMap::from([
@@ -2104,7 +2109,7 @@ fn a_loss_is_a_note_only_when_its_shard_reported_as_much() {
     let mut v = verdict();
     let reports = BTreeMap::from([((shard + 1, "published".to_owned()), 9)]);
     reconcile_losses(&mut v, &committed, &windows, &reports);
-    assert_eq!(v.violations.len(), 3);
+    assert_eq!(v.violations.len(), 4);
 }
 
 #[test]

@@ -78,7 +78,7 @@ impl Mark {
                 lost,
                 "publisher",
                 &format!(
-                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {now}, so the last {lost} events published there ({seqs}) are gone (its master failed over to a replica, or restarted, without them) and will never be handled; set [broker] wait_replicas = 1 to wait for a replica on every publish",
+                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {now}, so the last {lost} events published there ({seqs}) are gone from Redis (its master failed over to a replica, or restarted, without them): those not handled before will never be; set [broker] wait_replicas = 1 to wait for a replica on every publish",
                     self.count
                 ),
             );

@@ -1213,7 +1213,7 @@ impl Counts {
                 lost,
                 group,
                 &format!(
-                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the last {lost} events published there are gone (its master failed over to a replica, or restarted, without them) and will never be handled; the publisher's own ERROR names their outbox seqs; set [broker] wait_replicas = 1 to wait for a replica on every publish",
+                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the last {lost} events published there are gone from Redis (its master failed over to a replica, or restarted, without them): those not handled before will never be; the publisher's own ERROR names their outbox seqs; set [broker] wait_replicas = 1 to wait for a replica on every publish",
                     self.published, now.published
                 ),
             );
