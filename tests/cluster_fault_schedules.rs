@@ -79,6 +79,8 @@ mod names;
 mod record;
 #[path = "support/schedule_dir.rs"]
 mod schedule_dir;
+#[path = "support/schedule_io.rs"]
+mod schedule_io;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -95,6 +97,7 @@ use convoy_runtime::testing::{
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::{Observed, Rng, StallRecord, Verdict};
 use schedule_dir::{log_dir, write_file};
+use schedule_io::{Spread, completed, publish_spread, windows};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -1231,88 +1234,24 @@ impl Topology {
 /// Raises the schedule's events in per-key order, interleaved across keys,
 /// over the fault phase; returns what `commit` returned Ok for.
 async fn publish(domain: &Domain, s: &Settings) -> BTreeMap<String, Vec<String>> {
-    let mut rng = Rng::new(s.seed).fork(3);
-    let mut left: Vec<(String, u64)> = (0..s.keys).map(|k| (key_name(k), 0)).collect();
-    let total = s.keys as u64 * s.per_key;
-    let mut committed: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut raised = 0u64;
-    let start = Instant::now();
-    while raised < total {
-        let mut uow = domain.unit_of_work();
-        let mut batch = Vec::new();
-        let n = if rng.chance(s.burst_percent) {
-            rng.range(10, 40)
-        } else {
-            rng.range(1, 3)
-        };
-        for _ in 0..n {
-            let open: Vec<usize> = (0..left.len()).filter(|&i| left[i].1 < s.per_key).collect();
-            if open.is_empty() {
-                break;
-            }
-            let i = *rng.pick(&open);
-            let (key, seq) = (left[i].0.clone(), left[i].1);
-            left[i].1 += 1;
-            uow.raise(Booked {
-                client_id: key.clone(),
-                seq,
-            })
-            .expect("raise");
-            batch.push((key, seq));
-        }
-        raised += batch.len() as u64;
-        if uow.commit().await.is_ok() {
-            for (key, seq) in batch {
-                committed
-                    .entry(key.clone())
-                    .or_default()
-                    .push(event_id(&key, seq));
-            }
-        }
-        let due = PHASE.mul_f64(raised as f64 / total as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            tokio::time::sleep(wait).await;
-        }
-    }
-    committed
-}
-
-/// Every key's processing windows (committed keys and any other key seen).
-async fn windows(
-    recorder: &Recorder,
-    committed: &BTreeMap<String, Vec<String>>,
-) -> BTreeMap<String, Vec<Window>> {
-    let mut keys: Vec<String> = committed.keys().cloned().collect();
-    if let Ok(seen) = recorder.seen_all().await {
-        keys.extend(seen.into_keys());
-    }
-    keys.sort();
-    keys.dedup();
-    let mut out = BTreeMap::new();
-    for key in keys {
-        let mut w = recorder
-            .windows_of(&key)
-            .await
-            .expect("record server windows");
-        w.sort_by_key(|w| w.start_us);
-        out.insert(key, w);
-    }
-    out
-}
-
-fn completed(
-    committed: &BTreeMap<String, Vec<String>>,
-    windows: &BTreeMap<String, Vec<Window>>,
-) -> usize {
-    committed
-        .iter()
-        .map(|(k, ids)| {
-            let ws = windows.get(k).map(Vec::as_slice).unwrap_or_default();
-            ids.iter()
-                .filter(|id| ws.iter().any(|w| &w.event == *id && w.end_us != u64::MAX))
-                .count()
-        })
-        .sum()
+    let keys: Vec<String> = (0..s.keys).map(key_name).collect();
+    let spread = Spread {
+        seed: s.seed,
+        keys: &keys,
+        per_key: s.per_key,
+        burst_percent: s.burst_percent,
+        phase: PHASE,
+    };
+    publish_spread(
+        domain,
+        &spread,
+        |key, seq| Booked {
+            client_id: key.to_owned(),
+            seq,
+        },
+        event_id,
+    )
+    .await
 }
 
 /// The Redis client's lines in the engines' logs: (written, left out by
