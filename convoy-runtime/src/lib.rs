@@ -91,7 +91,7 @@
 //!
 //! | layer | files | what |
 //! | --- | --- | --- |
-//! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config.rs`, `metrics.rs`, `log.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, the Redis client's log noise rate-limited, `BoxFuture`, the one retry back-off |
+//! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config/`, `metrics.rs`, `log.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, the Redis client's log noise rate-limited, `BoxFuture`, the one retry back-off |
 //! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
 //! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
 //! | 4. brokers and stores | `broker/inline.rs`, `redis/`, `postgres/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools); the PostgreSQL outbox, its relay and the exactly-once helper (feature `postgres`). A broker never imports the domain, the engine or the unit of work |

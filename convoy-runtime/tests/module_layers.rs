@@ -374,10 +374,8 @@ fn layer(m: &Module) -> Option<u8> {
         [] => return None,
         // Test modules kept in their own file may use the test kit.
         [.., "tests"] => 6,
-        [
-            "error" | "key" | "message" | "envelope" | "config" | "metrics" | "log" | "future"
-            | "backoff",
-        ] => 1,
+        ["error" | "key" | "message" | "envelope" | "metrics" | "log" | "future" | "backoff"]
+        | ["config", ..] => 1,
         ["raise" | "handler" | "process_manager"] | ["registry", ..] => 2,
         ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan" | "outage"] => 3,
         ["broker", "inline"] | ["redis", ..] | ["postgres", ..] => 4,

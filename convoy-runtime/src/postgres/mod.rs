@@ -75,7 +75,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{AssertSqlSafe, Row};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{OutboxConfig, is_sql_identifier, redact_url};
+use crate::config::validate::is_sql_identifier;
+use crate::config::{OutboxConfig, redact_url};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;

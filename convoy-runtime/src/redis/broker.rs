@@ -211,12 +211,11 @@ fn split_by_shard<'a>(
             None => names::base_shard(category, n),
         };
         if names::shard_in(&p.stream) != Some(expected) {
-            return Err(Error::Config {
-                file: "<code>".into(),
-                message: format!(
-                    "publication to {:?} is not in shard {expected} of category {category}'s {n} shards; route publications with an outbox processor given the broker's shard counts (OutboxProcessor::shards)",
-                    crate::key::Escaped(&p.stream)
-                ),
+            return Err(Error::Misrouted {
+                stream: p.stream.clone(),
+                category: category.clone(),
+                expected,
+                shards: n,
             });
         }
         by_shard.entry(expected).or_default().push(p);

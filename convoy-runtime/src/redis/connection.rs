@@ -133,19 +133,21 @@ impl Client {
             }
         }
     }
+}
 
-    fn cluster(&self, response_timeout: Duration) -> Option<redis::RedisResult<ClusterClient>> {
-        let Client::Cluster { nodes, ca_pem } = self else {
-            return None;
-        };
-        let builder = ClusterClientBuilder::new(nodes.clone())
-            .connection_timeout(response_timeout.min(Duration::from_secs(5)))
-            .response_timeout(response_timeout)
-            .retries(6)
-            .max_retry_wait(1_000)
-            .min_retry_wait(50);
-        Some(with_cluster_ca(builder, ca_pem.clone()).build())
-    }
+/// A cluster client for the seed `nodes`, with the server CA `ca_pem`.
+fn cluster_client(
+    nodes: &[String],
+    ca_pem: Option<Vec<u8>>,
+    response_timeout: Duration,
+) -> redis::RedisResult<ClusterClient> {
+    let builder = ClusterClientBuilder::new(nodes.to_vec())
+        .connection_timeout(response_timeout.min(Duration::from_secs(5)))
+        .response_timeout(response_timeout)
+        .retries(6)
+        .max_retry_wait(1_000)
+        .min_retry_wait(50);
+    with_cluster_ca(builder, ca_pem).build()
 }
 
 #[cfg(feature = "tls")]
@@ -668,8 +670,10 @@ impl Connection {
                         self.check_server_version(&mut conn).await?;
                         Ok(conn)
                     }
-                    Client::Cluster { .. } => {
-                        let mut conn = self.cluster(self.response_timeout).await?;
+                    Client::Cluster { nodes, ca_pem } => {
+                        let mut conn = self
+                            .cluster(nodes, ca_pem.clone(), self.response_timeout)
+                            .await?;
                         self.check_server_version(&mut conn).await?;
                         Ok(conn)
                     }
@@ -679,14 +683,14 @@ impl Connection {
             .cloned()
     }
 
-    async fn cluster(&self, response_timeout: Duration) -> Result<Conn, Error> {
-        let Some(client) = self.client.cluster(response_timeout) else {
-            return Err(Error::Config {
-                file: "<code>".into(),
-                message: format!("{} is not a cluster URL", self.url()),
-            });
-        };
-        let client = client.map_err(|e| self.connect_error(e))?;
+    async fn cluster(
+        &self,
+        nodes: &[String],
+        ca_pem: Option<Vec<u8>>,
+        response_timeout: Duration,
+    ) -> Result<Conn, Error> {
+        let client =
+            cluster_client(nodes, ca_pem, response_timeout).map_err(|e| self.connect_error(e))?;
         let timeout = self.response_timeout.max(Duration::from_secs(1));
         Recovering::connect(client, self.url(), timeout)
             .await
@@ -761,7 +765,10 @@ impl Connection {
                     .map(Conn::Node)
                     .map_err(|e| self.connect_error(e))
             }
-            Client::Cluster { .. } => self.cluster(BLOCK + self.response_timeout).await,
+            Client::Cluster { nodes, ca_pem } => {
+                self.cluster(nodes, ca_pem.clone(), BLOCK + self.response_timeout)
+                    .await
+            }
         }
     }
 }
