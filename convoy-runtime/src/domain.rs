@@ -100,7 +100,7 @@ impl Domain {
             1,
             self.inner.policy.clone(),
         )
-        .with_outbox(self.inner.outbox.store().clone());
+        .with_outbox(self.inner.outbox.transactional());
         match handler.dispatch(&envelope, &ctx).await {
             Ok(Dispatched::Handled) => {
                 let reply = ctx

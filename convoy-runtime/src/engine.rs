@@ -10,14 +10,13 @@
 //! 3. Events raised by those last handlers are published, then the outbox
 //!    processor stops.
 
-use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, ConsumerPlan, HealthState, InlineBroker, Subscription};
+use crate::broker::{Broker, ConsumerPlan, HealthState, Subscription};
 use crate::domain::Domain;
 use crate::error::Error;
 use crate::outbox::OutboxProcessor;
@@ -210,19 +209,21 @@ impl Engine {
     /// Inline broker only: publishes and handles until nothing is left to
     /// do (events raised by handlers included).
     pub async fn run_until_idle(&self) -> Result<(), Error> {
-        let broker: &dyn Any = &**self.domain.broker();
-        let inline = broker
-            .downcast_ref::<InlineBroker>()
-            .ok_or_else(|| Error::Unsupported {
-                operation: "Engine::run_until_idle",
-                broker: self.domain.broker().name().to_owned(),
-                hint: "it needs the inline broker; use run_until with other brokers",
-            })?;
+        let broker = self.domain.broker();
+        let unsupported = || Error::Unsupported {
+            operation: "Engine::run_until_idle",
+            broker: broker.name().to_owned(),
+            hint: "it needs a broker that delivers in this process (the inline broker); use run_until with other brokers",
+        };
         let processor = self.processor();
         let plan = self.plan();
         loop {
             processor.drain().await?;
-            if inline.drain(&plan).await == 0 {
+            let delivered = broker
+                .deliver_published(&plan)
+                .ok_or_else(unsupported)?
+                .await;
+            if delivered == 0 {
                 return Ok(());
             }
         }

@@ -213,6 +213,21 @@ impl Gap {
     }
 }
 
+/// What `commit_in` needs of the domain's outbox: writing records in the
+/// caller's own PostgreSQL transaction (`PgOutbox` can; the memory outbox
+/// cannot). An outbox store offers it through
+/// [`OutboxStore::transactional`](crate::outbox::OutboxStore::transactional).
+pub trait TransactionalOutbox: Send + Sync + 'static {
+    /// Writes `envelopes` in the transaction open on `tx`: they commit or
+    /// roll back with it.
+    #[cfg(feature = "postgres")]
+    fn insert_in<'a>(
+        &'a self,
+        tx: &'a mut sqlx::PgConnection,
+        envelopes: &'a [crate::envelope::Envelope],
+    ) -> crate::future::BoxFuture<'a, Result<(), Error>>;
+}
+
 /// What a handler knows about the message it handles.
 pub struct Context {
     handler: &'static str,
@@ -228,9 +243,9 @@ pub struct Context {
     policy: Arc<KeyPolicy>,
     pending: Mutex<PendingEvents>,
     position: Option<Position>,
-    /// The domain's outbox store, for `commit_in` (typed where it is used,
-    /// so that handlers do not depend on the outbox).
-    outbox: Option<Arc<dyn Any + Send + Sync>>,
+    /// The domain's outbox, when it can write in the handler's own
+    /// transaction (for `commit_in`).
+    outbox: Option<Arc<dyn TransactionalOutbox>>,
     /// What a command handler returned, for `Domain::process`.
     reply: Mutex<Option<Box<dyn Any + Send>>>,
 }
@@ -285,16 +300,16 @@ impl Context {
         self
     }
 
-    /// Sets the outbox store that `commit_in` writes to.
-    #[doc(hidden)]
-    pub fn with_outbox(mut self, outbox: Arc<dyn Any + Send + Sync>) -> Self {
-        self.outbox = Some(outbox);
+    /// Sets the outbox that `commit_in` writes to (the domain's, when it
+    /// can write in the caller's transaction).
+    pub(crate) fn with_outbox(mut self, outbox: Option<Arc<dyn TransactionalOutbox>>) -> Self {
+        self.outbox = outbox;
         self
     }
 
-    /// The domain's outbox store, if the consumer set it.
+    /// The domain's outbox, if it can write in the handler's transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn outbox(&self) -> Option<&(dyn Any + Send + Sync)> {
+    pub(crate) fn outbox(&self) -> Option<&dyn TransactionalOutbox> {
         self.outbox.as_deref()
     }
 

@@ -99,9 +99,9 @@ impl UnitOfWork {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn commit_in(self, tx: &mut sqlx::PgConnection) -> Result<usize, Error> {
-        let store: &dyn std::any::Any = &**self.outbox.store();
-        let outbox = store
-            .downcast_ref::<crate::postgres::PgOutbox>()
+        let outbox = self
+            .outbox
+            .transactional()
             .ok_or(Error::Unsupported {
                 operation: "UnitOfWork::commit_in",
                 broker: "memory outbox".into(),

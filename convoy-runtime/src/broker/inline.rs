@@ -169,6 +169,10 @@ impl Broker for InlineBroker {
         "inline"
     }
 
+    fn deliver_published<'a>(&'a self, plan: &'a ConsumerPlan) -> Option<BoxFuture<'a, usize>> {
+        Some(Box::pin(self.drain(plan)))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::SERIAL_DELIVERY
     }

@@ -287,6 +287,16 @@ pub trait Broker: Any + Send + Sync + 'static {
         Box::pin(async {})
     }
 
+    /// For a broker that delivers in this process (the inline broker):
+    /// delivers everything published so far to `plan`'s handlers, events
+    /// they raise meanwhile included once published, and returns how many
+    /// it delivered. `None` for a broker that delivers through a server
+    /// (what `Engine::run_until_idle` needs).
+    fn deliver_published<'a>(&'a self, plan: &'a ConsumerPlan) -> Option<BoxFuture<'a, usize>> {
+        let _ = plan;
+        None
+    }
+
     /// Consumes for every subscription of `plan` until `shutdown` fires, then
     /// finishes the events in flight and returns.
     fn run(

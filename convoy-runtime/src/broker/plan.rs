@@ -370,7 +370,7 @@ impl ConsumerPlan {
             }
             let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone())
                 .with_dispatched_at(dispatched_at)
-                .with_outbox(self.outbox.store().clone())
+                .with_outbox(self.outbox.transactional())
                 .with_gap(gap);
             if let Some(f) = fence {
                 ctx = ctx.with_fence(f);

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
+pub use crate::handler::TransactionalOutbox;
 
 /// Where an outbox record stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +141,12 @@ pub trait OutboxStore: Any + Send + Sync + 'static {
         format!("{instance_id}/{}", *PROCESS_IDENTITY)
     }
 
+    /// This store as one that writes records in the caller's own
+    /// transaction (`commit_in`), if it can; the default cannot.
+    fn transactional(self: Arc<Self>) -> Option<Arc<dyn TransactionalOutbox>> {
+        None
+    }
+
     /// Runs the relay of this store until `shutdown` fires: publishing
     /// pending records with `processor`. The default publishes whenever
     /// records are committed in this process (and once a second), with
@@ -165,6 +172,8 @@ static PROCESS_IDENTITY: std::sync::LazyLock<String> =
 #[derive(Clone)]
 pub(crate) struct OutboxHandle {
     store: Arc<dyn OutboxStore>,
+    /// The store, if it writes in the caller's transaction.
+    transactional: Option<Arc<dyn TransactionalOutbox>>,
     wake: Arc<Notify>,
 }
 
@@ -177,6 +186,7 @@ impl std::fmt::Debug for OutboxHandle {
 impl OutboxHandle {
     pub(crate) fn new(store: Arc<dyn OutboxStore>) -> Self {
         OutboxHandle {
+            transactional: store.clone().transactional(),
             store,
             wake: Arc::new(Notify::new()),
         }
@@ -185,6 +195,11 @@ impl OutboxHandle {
     /// The store.
     pub(crate) fn store(&self) -> &Arc<dyn OutboxStore> {
         &self.store
+    }
+
+    /// The store, if it writes in the caller's transaction.
+    pub(crate) fn transactional(&self) -> Option<Arc<dyn TransactionalOutbox>> {
+        self.transactional.clone()
     }
 
     /// What wakes the processor.

@@ -282,10 +282,7 @@ impl Context {
     /// raised after this call are committed after the handler returns, as
     /// usual. Returns how many were written.
     pub async fn commit_in(&self, tx: &mut PgConnection) -> Result<usize, Error> {
-        let outbox = self
-            .outbox()
-            .and_then(|o| o.downcast_ref::<PgOutbox>())
-            .ok_or(Error::Unsupported {
+        let outbox = self.outbox().ok_or(Error::Unsupported {
                 operation: "Context::commit_in",
                 broker: "memory outbox".into(),
                 hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",

@@ -80,7 +80,9 @@ use crate::config::{OutboxConfig, redact_url};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
-use crate::outbox::{OutboxProcessor, OutboxRecord, OutboxStats, OutboxStatus, OutboxStore};
+use crate::outbox::{
+    OutboxProcessor, OutboxRecord, OutboxStats, OutboxStatus, OutboxStore, TransactionalOutbox,
+};
 
 use schema::Tables;
 
@@ -338,7 +340,21 @@ fn ids(seqs: &[u64]) -> Vec<i64> {
     seqs.iter().map(|s| *s as i64).collect()
 }
 
+impl TransactionalOutbox for PgOutbox {
+    fn insert_in<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        envelopes: &'a [Envelope],
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(PgOutbox::insert_in(self, tx, envelopes))
+    }
+}
+
 impl OutboxStore for PgOutbox {
+    fn transactional(self: Arc<Self>) -> Option<Arc<dyn TransactionalOutbox>> {
+        Some(self)
+    }
+
     fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(async move {
             let ctx = |what: &str| format!("outbox {}: {what}", self.inner.tables.qualified);
