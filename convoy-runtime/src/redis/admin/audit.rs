@@ -74,7 +74,7 @@ impl AuditRecord {
 impl Admin {
     /// The latest `count` audit records of one partition key: its shard's
     /// audit stream (where every action on the key's units is recorded)
-    /// read backwards, [`KEY_AUDIT_CHUNK`] records a call, at most `search`
+    /// read backwards, 500 records a call, at most `search`
     /// records in all, keeping those of `category` and `key`. Bounded work
     /// however long the stream.
     pub async fn key_audit(
