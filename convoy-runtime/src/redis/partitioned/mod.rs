@@ -5,6 +5,7 @@
 //! [`worker`] per owned unit.
 
 mod acks;
+mod heartbeat;
 mod worker;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::connection::{Conn, Connection, query_by_slot, query_each_slot};
 use super::layout;
 use super::loss;
-use super::reply::{int, text};
+use super::reply::text;
 use super::scripts::Replicated;
 use super::scripts::acquire::{self, Acquire, Acquired};
 use super::scripts::release::{Held, Release, Released};
@@ -697,57 +698,38 @@ impl Coordinator {
         let sent = mono_ms();
         let ttl = s.ttl().as_millis() as u64;
         let set = names::instances(s.group());
-        let mut cmds: Vec<(String, redis::Cmd)> = Vec::new();
-        let registered: Vec<u32> = self.registered.iter().copied().collect();
-        for shard in &registered {
-            let key = s.alive(*shard).to_owned();
-            let mut c = redis::cmd("SET");
-            c.arg(&key)
-                .arg(&*s.incarnation(*shard))
-                .arg("XX")
-                .arg("PX")
-                .arg(ttl)
-                .arg("GET");
-            cmds.push((key, c));
+        let mut pipe = heartbeat::Pipeline::default();
+        for shard in &self.registered {
+            pipe.renew(*shard, s.alive(*shard), &s.incarnation(*shard), ttl);
         }
-        let mut c = redis::cmd("ZADD");
-        c.arg(&set).arg(now + ttl).arg(&s.owner);
-        cmds.push((set.clone(), c));
-        let mut c = redis::cmd("ZREMRANGEBYSCORE");
-        c.arg(&set).arg("-inf").arg(now);
-        cmds.push((set.clone(), c));
-        let mut c = redis::cmd("ZRANGE");
-        c.arg(&set).arg(0).arg(-1);
-        cmds.push((set.clone(), c));
+        pipe.register(&set, &s.owner, now, ttl);
         let categories = s.categories();
-        for cat in categories {
+        for (c, cat) in categories.iter().enumerate() {
             for shard in 0..s.shards {
-                for (key, op) in [
-                    (names::partition_index(shard, cat), "SCARD"),
-                    (names::published(shard, cat), "GET"),
-                    (names::acked(shard, s.group(), cat), "GET"),
-                ] {
-                    let mut c = redis::cmd(op);
-                    c.arg(&key);
-                    cmds.push((key, c));
-                }
+                pipe.counts(
+                    c,
+                    shard,
+                    names::partition_index(shard, cat),
+                    names::published(shard, cat),
+                    names::acked(shard, s.group(), cat),
+                );
             }
         }
-        // Last, as its reply is not read: the handler's pause (an outage
-        // of its dependency) for the operators' tools, expiring with the
-        // liveness; deleted once, after the pause.
+        // The handler's pause (an outage of its dependency) for the
+        // operators' tools, expiring with the liveness; deleted once,
+        // after the pause.
         let paused = names::paused(s.group(), &s.owner);
         match s.outage.paused_since_ms() {
             Some(since) => {
                 let mut c = redis::cmd("SET");
                 c.arg(&paused).arg(since).arg("PX").arg(ttl);
-                cmds.push((paused, c));
+                pipe.also(paused, c);
                 self.pause_marked = true;
             }
             None if self.pause_marked => {
                 let mut c = redis::cmd("DEL");
                 c.arg(&paused);
-                cmds.push((paused, c));
+                pipe.also(paused, c);
                 self.pause_marked = false;
             }
             None => {}
@@ -755,31 +737,30 @@ impl Coordinator {
         // A shard that does not answer within a heartbeat interval holds
         // up no other's renewal.
         let within = s.plan.config.server.partitioning.heartbeat_interval();
-        let replies = query_each_slot(&mut conn, cmds, within).await;
+        let replies = pipe.send(&mut conn, within).await;
         // Each liveness key held this incarnation: renewed. Missing:
         // lapsed. Another value: another process renews it under the same
         // instance id (and this call just overwrote it). No answer: not
         // renewed; its units stop at the shard's deadline.
-        let n = registered.len();
         let mut lapsed = BTreeSet::new();
         let mut failed: Vec<(u32, String)> = Vec::new();
-        for (shard, reply) in registered.iter().zip(&replies) {
+        for (shard, reply) in replies.renewals() {
             let held = match reply {
                 Ok(v) => text(v),
                 Err(e) => {
-                    failed.push((*shard, e.to_string()));
+                    failed.push((shard, e.to_string()));
                     continue;
                 }
             };
             match held.as_deref() {
-                Some(h) if h == &*s.incarnation(*shard) => s.set_deadline(*shard, Some(sent)),
+                Some(h) if h == &*s.incarnation(shard) => s.set_deadline(shard, Some(sent)),
                 Some(other) => {
-                    lapsed.insert(*shard);
+                    lapsed.insert(shard);
                     tracing::error!(handler = s.group(), owner = %s.owner, shard, other, "another process renews this instance's liveness: two engines run with the same instance id; give each engine its own instance_id");
                 }
                 None => {
-                    lapsed.insert(*shard);
-                    if mono_ms() < s.deadline(*shard) {
+                    lapsed.insert(shard);
+                    if mono_ms() < s.deadline(shard) {
                         // The key should still be there: its TTL had not
                         // run out.
                         crate::metrics::state_lost(s.group());
@@ -798,7 +779,7 @@ impl Coordinator {
                 "heartbeat failed in these shards; their units stop at the local lease deadline unless a later heartbeat succeeds (the other shards' units go on)"
             );
         }
-        match replies.get(n + 2) {
+        match replies.instances() {
             Some(Ok(Value::Array(items))) => {
                 let mut instances: Vec<String> = items.iter().filter_map(text).collect();
                 instances.sort();
@@ -825,35 +806,22 @@ impl Coordinator {
         let threshold = s.warning_threshold();
         let mut partitions = 0usize;
         let mut counted = true;
-        let mut at = n + 3;
-        for (c, cat) in categories.iter().enumerate() {
-            let (mut count, mut published, mut acked) = (0u64, 0i64, 0i64);
-            for shard in 0..s.shards {
-                let read = |i: usize| match replies.get(i) {
-                    Some(Ok(v)) => Some(int(v).unwrap_or(0)),
-                    _ => None,
-                };
-                let seen = match (read(at), read(at + 1), read(at + 2)) {
-                    (Some(n), Some(p), Some(a)) => Some(Counts {
-                        partitions: n.max(0) as u64,
-                        published: p,
-                        acked: a,
-                    }),
-                    _ => None,
-                };
-                at += 3;
-                let last = self.counts.entry((c, shard)).or_default();
-                match seen {
-                    Some(seen) => {
-                        last.check_lost(&seen, s.group(), cat, shard);
-                        *last = seen;
-                    }
-                    None => counted = false,
+        let mut totals = vec![(0u64, 0i64, 0i64); categories.len()];
+        for (c, shard, seen) in replies.counts() {
+            let last = self.counts.entry((c, shard)).or_default();
+            match seen {
+                Some(seen) => {
+                    last.check_lost(&seen, s.group(), categories[c], shard);
+                    *last = seen;
                 }
-                count += last.partitions;
-                published += last.published;
-                acked += last.acked;
+                None => counted = false,
             }
+            let t = &mut totals[c];
+            t.0 += last.partitions;
+            t.1 += last.published;
+            t.2 += last.acked;
+        }
+        for (cat, (count, published, acked)) in categories.iter().zip(totals) {
             crate::metrics::partitions(cat, count as usize, count > threshold);
             crate::metrics::lag(s.group(), cat, published - acked);
             partitions += count as usize;
