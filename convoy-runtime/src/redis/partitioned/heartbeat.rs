@@ -196,7 +196,8 @@ mod tests {
         let renewed: Vec<(u32, bool)> = r.renewals().map(|(s, v)| (s, v.is_ok())).collect();
         assert_eq!(renewed, vec![(3, true), (7, false)]);
         assert!(matches!(r.instances(), Some(Ok(Value::Array(a))) if a.len() == 1));
-        let counts: Vec<(usize, u32, Option<(u64, i64, i64)>)> = r
+        type Read = (usize, u32, Option<(u64, i64, i64)>);
+        let counts: Vec<Read> = r
             .counts()
             .map(|(c, s, n)| (c, s, n.map(|n| (n.partitions, n.published, n.acked))))
             .collect();
