@@ -30,6 +30,7 @@ use super::wake;
 use crate::backoff::Backoff;
 use crate::broker::outage::Outage;
 use crate::broker::{ConsumerPlan, Subscription};
+use crate::config::{Config, RetryConfig};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::Fence;
@@ -45,9 +46,47 @@ pub(crate) fn mono_ms() -> u64 {
 }
 
 /// What every worker of one subscription shares.
+/// What the partitioned consumer reads of the configuration, read once
+/// when it starts.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `[server.partitioning] lease_ttl_ms`.
+    pub(crate) lease_ttl: Duration,
+    /// Between two heartbeats; also how long a shard's command may take
+    /// within one before the others go on.
+    pub(crate) heartbeat: Duration,
+    /// How often an idle worker polls at most.
+    pub(crate) poll: Duration,
+    /// A unit idle this long is released (reaped).
+    pub(crate) reap_idle: Duration,
+    /// Handled but unacknowledged events per unit, at least 1.
+    pub(crate) max_unacked: usize,
+    /// Live partitions of a category above which a warning is logged.
+    pub(crate) partition_warning: u64,
+    /// `[server.retry]`.
+    pub(crate) retry: RetryConfig,
+}
+
+impl Settings {
+    fn of(config: &Config) -> Settings {
+        let p = &config.server.partitioning;
+        Settings {
+            lease_ttl: p.lease_ttl(),
+            heartbeat: p.heartbeat_interval(),
+            poll: p.poll_interval(),
+            reap_idle: p.reap_idle(),
+            max_unacked: p.max_unacked.max(1),
+            partition_warning: p.partition_warning_threshold,
+            retry: config.server.retry.clone(),
+        }
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) redis: Arc<Connection>,
     pub(crate) plan: Arc<ConsumerPlan>,
+    /// The configuration this consumer reads, read once.
+    pub(crate) settings: Settings,
     pub(crate) index: usize,
     pub(crate) owner: String,
     pub(crate) permits: Semaphore,
@@ -159,15 +198,11 @@ impl Shared {
 
     /// Warn when a category has more live partitions.
     fn warning_threshold(&self) -> u64 {
-        self.plan
-            .config
-            .server
-            .partitioning
-            .partition_warning_threshold
+        self.settings.partition_warning
     }
 
     pub(crate) fn ttl(&self) -> Duration {
-        self.plan.config.server.partitioning.lease_ttl()
+        self.settings.lease_ttl
     }
 
     /// The local deadline of a lease renewed (or taken) at `sent` ms: the
@@ -288,6 +323,7 @@ impl Coordinator {
         Coordinator {
             shared: Arc::new(Shared {
                 redis,
+                settings: Settings::of(&plan.config),
                 plan,
                 index,
                 owner,
@@ -365,7 +401,7 @@ impl Coordinator {
             })
             .collect();
         drop(wake_tx);
-        let heartbeat = s.plan.config.server.partitioning.heartbeat_interval();
+        let heartbeat = s.settings.heartbeat;
         let mut tick = tokio::time::interval(heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -513,7 +549,7 @@ impl Coordinator {
             .collect();
         let sent = mono_ms();
         let mut failed = None;
-        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let within = s.settings.heartbeat;
         for (shard, r) in new.iter().zip(query_each_slot(conn, cmds, within).await) {
             match r {
                 Ok(_) => {
@@ -736,7 +772,7 @@ impl Coordinator {
         }
         // A shard that does not answer within a heartbeat interval holds
         // up no other's renewal.
-        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let within = s.settings.heartbeat;
         let replies = pipe.send(&mut conn, within).await;
         // Each liveness key held this incarnation: renewed. Missing:
         // lapsed. Another value: another process renews it under the same
@@ -854,7 +890,7 @@ impl Coordinator {
         let mut calls = 0u32;
         let mut wrapped = false;
         let mut failures = 0u32;
-        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let within = s.settings.heartbeat;
         while found.len() < want && read < budget && calls < max_calls {
             calls += 1;
             let (position, cursor) = self.scan;
@@ -986,7 +1022,7 @@ impl Coordinator {
         };
         // At once, each within a heartbeat interval: a shard that does not
         // answer holds up no other.
-        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let within = s.settings.heartbeat;
         let releases = keys.into_iter().map(|key| {
             let mut conn = conn.clone();
             let s = s.clone();
@@ -1050,7 +1086,7 @@ impl Coordinator {
         by_shard.retain(|shard, _| self.registered.contains(shard));
         // Each shard's calls within a heartbeat interval: a shard that does
         // not answer holds up no other.
-        let within = s.plan.config.server.partitioning.heartbeat_interval();
+        let within = s.settings.heartbeat;
         let mut left = max;
         for (shard, units) in by_shard {
             if left == 0 {

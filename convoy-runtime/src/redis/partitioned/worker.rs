@@ -126,7 +126,7 @@ pub(super) fn spawn(
     let token: Arc<str> = Arc::from(fence.to_string());
     let inc = s.incarnation(unit.shard);
     let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
-    let max_unacked = s.plan.config.server.partitioning.max_unacked.max(1);
+    let max_unacked = s.settings.max_unacked;
     let mut w = Worker {
         rotate: 0,
         gap: None,
@@ -334,9 +334,9 @@ impl Worker {
         let mut last_active = Instant::now();
         // Whether the unit rests (its consumer deleted) since it drained.
         let mut rested = false;
-        let reap_idle = self.s.plan.config.server.partitioning.reap_idle();
+        let reap_idle = self.s.settings.reap_idle;
         // Failed reads are retried with back-off up to the poll interval.
-        let mut backoff = Backoff::retry(self.s.plan.config.server.partitioning.poll_interval());
+        let mut backoff = Backoff::retry(self.s.settings.poll);
         loop {
             if self.stop.is_cancelled() {
                 return Exit::Release;
@@ -348,7 +348,7 @@ impl Worker {
                 self.idle.store(true, Ordering::Relaxed);
                 // Rechecked at the heartbeat interval too, in case the
                 // operator's wake-up (written after the action) was lost.
-                let recheck = self.s.plan.config.server.partitioning.heartbeat_interval();
+                let recheck = self.s.settings.heartbeat;
                 tokio::select! {
                     _ = self.stop.cancelled() => return Exit::Release,
                     _ = self.wake.notified() => {}
@@ -510,7 +510,7 @@ impl Worker {
     async fn process(&mut self, at: At, entry: &Entry) -> Step {
         let unit = self.unit.clone();
         let stream = unit.stream(at);
-        let retry = self.s.plan.config.server.retry.clone();
+        let retry = self.s.settings.retry.clone();
         let mut transient = 0;
         loop {
             if self.stop.is_cancelled() {
@@ -850,8 +850,7 @@ impl Worker {
         loop {
             // The last activity only feeds reaping: write it at most a few
             // times per reap period.
-            let touch_every = (self.s.plan.config.server.partitioning.reap_idle() / 4)
-                .min(Duration::from_secs(1));
+            let touch_every = (self.s.settings.reap_idle / 4).min(Duration::from_secs(1));
             let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
             let (reply, answer) = tokio::sync::oneshot::channel();
             let request = super::acks::AckRequest {
@@ -920,7 +919,7 @@ impl Worker {
         err: &HandlerError,
         halt: Option<&str>,
     ) -> Result<(u32, bool), Exit> {
-        let max_retries = self.s.plan.config.server.retry.max_retries;
+        let max_retries = self.s.settings.retry.max_retries;
         let error = err.to_string();
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
@@ -959,7 +958,7 @@ impl Worker {
             let mut c = self.conn().await?;
             Reap {
                 by: self.caller(),
-                idle_ms: self.s.plan.config.server.partitioning.reap_idle_ms,
+                idle_ms: self.s.settings.reap_idle.as_millis() as u64,
                 now_ms: now_ms(),
             }
             .run(&mut c)
