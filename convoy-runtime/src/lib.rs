@@ -65,7 +65,7 @@
 //!
 //! | feature | what |
 //! | --- | --- |
-//! | `testing` | the test kit in [`testing`]: a real `redis-server` (and a PostgreSQL server) started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
+//! | `testing` | the test kit in [`testing`] (the `convoy-testkit` crate, re-exported): a real `redis-server` (and a PostgreSQL server) started and stopped, frozen, killed or restarted; a fault-injection proxy; engines in child processes; a cross-process recorder of what handlers saw; the per-key order checker |
 //! | `postgres` | the PostgreSQL outbox (`postgres::PgOutbox`): events committed in your own sqlx transaction, one fenced relay among replicas, exactly-once handler effects (`postgres::AppliedEvents`) |
 //! | `prometheus` | [`metrics::install_prometheus`]: a Prometheus scrape endpoint for convoy's metrics |
 //! | `tls` | `rediss://` URLs: rustls (ring, webpki roots, or a CA of your own); without it no TLS crate is compiled and a `rediss://` URL is a configuration error naming the feature |
@@ -159,7 +159,80 @@ mod uow;
 
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
+pub mod testing {
+    //! The test kit: everything of the [`convoy_testkit`] crate (its docs
+    //! describe the pieces: real Redis, Redis Cluster, Valkey and
+    //! PostgreSQL servers, the fault proxy, engines in child processes, the
+    //! recorder and the per-key order checker), plus [`script_sha`], which
+    //! names convoy's own Lua scripts for the fault proxy's
+    //! [`Match::Script`].
+    //!
+    //! The kit is a crate of its own and depends on nothing of the runtime;
+    //! this module is how users of the runtime reach it
+    //! (`convoy_runtime::testing::RedisServer`, ...).
+    //!
+    //! # Example: an engine behind the fault proxy
+    //!
+    //! An engine whose connection to Redis goes through the proxy, and whose
+    //! next fenced read runs in Redis (what it reads becomes pending for this
+    //! engine) while its reply never reaches the engine:
+    //!
+    //! ```no_run
+    //! # // Its own names: doc tests are merged into one binary, where every
+    //! # // registered type name must be unique.
+    //! # use convoy_runtime::{Aggregate, Event, HandlerError, event_handler};
+    //! # use serde::{Deserialize, Serialize};
+    //! # #[derive(Aggregate)]
+    //! # #[aggregate(category = "payment")]
+    //! # struct Payment;
+    //! # #[derive(Event, Serialize, Deserialize)]
+    //! # #[event(part_of = Payment)]
+    //! # struct PaymentTaken {
+    //! #     client_id: String,
+    //! # }
+    //! # struct Payments;
+    //! # #[event_handler(part_of = Payment, sequential_by = "client_id")]
+    //! # impl Payments {
+    //! #     #[handle]
+    //! #     async fn taken(&self, _e: PaymentTaken) -> Result<(), HandlerError> {
+    //! #         Ok(())
+    //! #     }
+    //! # }
+    //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    //! use std::net::SocketAddr;
+    //!
+    //! use convoy_runtime::testing::{FaultProxy, Match, RedisServer, script_sha};
+    //! use convoy_runtime::{Config, Domain};
+    //!
+    //! let server = RedisServer::start()?;
+    //! let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], server.port())))?;
+    //!
+    //! // The engine talks to Redis through the proxy.
+    //! let mut config = Config::default();
+    //! config.broker.url = proxy.url();
+    //! let domain = Domain::builder().config(config).handler(Payments).init()?;
+    //!
+    //! // Swallow the reply of the next fenced read that Redis runs.
+    //! let read = script_sha("read").expect("convoy ships read.lua");
+    //! proxy.drop_reply(Match::Script(read), 1);
+    //!
+    //! let engine = domain.engine().spawn();
+    //! let mut uow = domain.unit_of_work();
+    //! uow.raise(PaymentTaken { client_id: "acme".into() })?;
+    //! uow.commit().await?;
+    //! // ... wait until the handler saw the event (a `Recorder` tells) ...
+    //! engine.shutdown().await?;
+    //!
+    //! // The fault really happened, and the engine recovered from it: check
+    //! // with `Recorder` and `check_order` that the event was handled, in order.
+    //! assert_eq!(proxy.fired(), 1);
+    //! # Ok(())
+    //! # }
+    //! ```
+
+    pub use crate::redis::script_sha;
+    pub use convoy_testkit::*;
+}
 
 /// The README's Rust snippets, compiled as doc tests.
 #[cfg(doctest)]

@@ -372,7 +372,8 @@ fn layer(m: &Module) -> Option<u8> {
     let path: Vec<&str> = m.iter().map(String::as_str).collect();
     Some(match path.as_slice() {
         [] => return None,
-        // Test modules kept in their own file may use the test kit.
+        // Test modules kept in their own file serve tests only (the test
+        // kit they use is a crate of its own, `convoy-testkit`).
         [.., "tests"] => 6,
         ["error" | "key" | "message" | "envelope" | "metrics" | "log" | "future" | "backoff"]
         | ["config", ..] => 1,
@@ -380,7 +381,7 @@ fn layer(m: &Module) -> Option<u8> {
         ["names" | "routing"] | ["outbox", ..] | ["broker"] | ["broker", "plan" | "outage"] => 3,
         ["broker", "inline"] | ["redis", ..] | ["postgres", ..] => 4,
         ["domain" | "uow" | "engine" | "signal"] => 5,
-        ["testing", ..] | ["private"] => 6,
+        ["private"] => 6,
         _ => return None,
     })
 }

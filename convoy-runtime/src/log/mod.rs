@@ -489,5 +489,5 @@ where
     inner.on_event(&Event::new(meta, &values), ctx);
 }
 
-#[cfg(all(test, feature = "testing"))]
+#[cfg(test)]
 mod tests;

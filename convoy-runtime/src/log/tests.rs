@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use tracing_subscriber::prelude::*;
 
 use super::*;
-use crate::testing::CapturedLog;
+use convoy_testkit::CapturedLog;
 
 /// A clock the test moves: milliseconds after a fixed instant.
 static NOW_MS: AtomicU64 = AtomicU64::new(0);

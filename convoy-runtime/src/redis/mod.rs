@@ -62,3 +62,25 @@ mod unit;
 mod wake;
 
 pub use broker::RedisBroker;
+
+/// The SHA1 (lowercase hex) of one of convoy's own Lua scripts, by its file
+/// stem in `convoy-runtime/src/redis/lua/`: `"read"` (the fenced read),
+/// `"ack"`, `"claim"`, `"fail"`, `"acquire"`, `"release"`, `"reap"`,
+/// `"publish"`, `"plain_ack"`, `"dead_letter"`, `"save_state"`,
+/// `"head_action"`, `"replay"`. `None` for an unknown name.
+///
+/// Use it with the test kit's
+/// [`Match::Script`](crate::testing::Match::Script) to hit one step of the
+/// engine's protocol through the fault proxy (the kit itself knows nothing
+/// of the runtime; it is re-exported as
+/// [`testing::script_sha`](crate::testing::script_sha)).
+///
+/// The hash is that of the script as the engine sends it (fenced scripts
+/// carry the shared fence check in front of the file's code).
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub fn script_sha(name: &str) -> Option<String> {
+    scripts::SCRIPTS
+        .by_name(name)
+        .map(|script| script.get_hash().to_owned())
+}

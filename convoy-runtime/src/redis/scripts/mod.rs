@@ -67,8 +67,8 @@ pub(crate) struct Scripts {
 
 #[cfg(feature = "testing")]
 impl Scripts {
-    /// A script by the stem of its file in `lua/` (for the testing kit's
-    /// fault proxy).
+    /// A script by the stem of its file in `lua/` (for
+    /// [`script_sha`](crate::redis::script_sha)).
     pub(crate) fn by_name(&self, name: &str) -> Option<&Script> {
         Some(match name {
             "publish" => &self.publish,

@@ -1,8 +1,10 @@
 //! The fence, script by script, against a real `redis-server`: once
 //! another owner takes a unit at a newer generation, or the owner's
-//! liveness lapsed, every operation of the old token is refused.
+//! liveness lapsed, every operation of the old token is refused. And
+//! `script_sha` names every script of `lua/` by the hash the engine sends.
 
 use crate::redis::connection::Conn;
+use crate::redis::script_sha;
 use redis::Value;
 
 use super::ack::{Ack, AckItem, Acked};
@@ -15,7 +17,7 @@ use super::release::{Held, Release, Released};
 use super::rest::{Rest, Rested};
 use super::{Caller, Refusal};
 use crate::redis::unit::{At, Unit};
-use crate::testing::RedisServer;
+use convoy_testkit::RedisServer;
 
 const LEASE: &str = "{0}convoy:lease:g:cat:k";
 const STREAM: &str = "{0}cat:k";
@@ -605,4 +607,33 @@ async fn a_drained_unit_rests_without_its_consumer_and_keeps_one_with_pending_en
         rest(&mut c, token).await,
         Rested::Refused(Refusal::NotAlive)
     );
+}
+
+#[test]
+fn every_lua_file_has_its_script_sha() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/redis/lua");
+    for entry in std::fs::read_dir(dir).expect("the lua directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_none_or(|ext| ext != "lua") {
+            continue;
+        }
+        let stem = path
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .expect("a name");
+        if stem == "fence" {
+            // The prelude of the fenced scripts, not a script.
+            continue;
+        }
+        let code = std::fs::read_to_string(&path).expect("a readable script");
+        let sha = script_sha(stem).unwrap_or_else(|| panic!("{stem}.lua has no script_sha"));
+        let fenced = format!("{}\n{code}", include_str!("../lua/fence.lua"));
+        assert!(
+            sha == redis::Script::new(&code).get_hash()
+                || sha == redis::Script::new(&fenced).get_hash(),
+            "{stem}.lua: script_sha is not the hash of the script the engine sends"
+        );
+    }
+    assert_eq!(script_sha("nope"), None);
+    assert_eq!(script_sha("read.lua"), None);
 }

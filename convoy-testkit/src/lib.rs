@@ -1,10 +1,14 @@
-//! Test support: a real `redis-server`, fault injection, a cross-process
-//! recorder of what handlers saw, and the per-key order checker.
+//! The test kit of convoy: a real `redis-server`, fault injection, a
+//! cross-process recorder of what handlers saw, and the per-key order
+//! checker.
 //!
-//! Enabled by the `testing` feature. convoy's own tests use it, and it is
-//! meant to be shipped as a **conformance kit**: the same checks, pointed at
-//! your own Redis and your own handlers, tell you whether per-key ordering
-//! holds in your deployment.
+//! Users of the runtime get it as `convoy_runtime::testing` (the runtime's
+//! `testing` feature re-exports this crate, together with
+//! `convoy_runtime::redis::script_sha`). It depends on nothing of the
+//! runtime: it starts servers, proxies bytes, records and checks. convoy's
+//! own tests use it, and it is meant to be shipped as a **conformance
+//! kit**: the same checks, pointed at your own Redis and your own
+//! handlers, tell you whether per-key ordering holds in your deployment.
 //!
 //! # The pieces
 //!
@@ -43,8 +47,9 @@
 //!   connection ([`drop_reply`](FaultProxy::drop_reply)), cuts every
 //!   connection ([`cut_all`](FaultProxy::cut_all)) or stops all traffic for
 //!   a while ([`pause`](FaultProxy::pause) / [`resume`](FaultProxy::resume)).
-//!   Requests are picked by [`Match`]: a command name, or one of convoy's
-//!   Lua scripts by [`script_sha`] (e.g. the fenced read, `"read"`).
+//!   Requests are picked by [`Match`]: a command name, or a Lua script by
+//!   its SHA1 (convoy's own from `convoy_runtime::testing::script_sha`,
+//!   e.g. the fenced read, `"read"`).
 //! - [`Recorder`] records, in Redis, which instance handled which event of
 //!   which key and when. It flags two different events of one key being
 //!   handled at the same time, even when the two handlers run in different
@@ -61,7 +66,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::collections::BTreeMap;
 //!
-//! use convoy_runtime::testing::{Recorder, RedisServer, check_order};
+//! use convoy_testkit::{Recorder, RedisServer, check_order};
 //!
 //! let server = RedisServer::builder().append_only(true).start()?;
 //! let recorder = Recorder::new(&server.url(), "demo")?;
@@ -108,7 +113,7 @@ pub use log::CapturedLog;
 pub use order::{KeyCounts, OrderProblem, OrderReport, OrderViolation, check_order};
 pub use postgres::PgServer;
 pub use process::{ChildEngine, current_test_command, free_port};
-pub use proxy::{FaultProxy, Match, script_sha};
+pub use proxy::{FaultProxy, Match};
 pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
 pub use server::{
     DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder, SERVER_ENV, ServerKind,

@@ -173,7 +173,7 @@ impl Recorder {
     }
 
     /// Like [`enter`](Self::enter), but the window starts at `dispatched_at`
-    /// (the engine's [`Context::dispatched_at`](crate::Context::dispatched_at),
+    /// (the engine's `convoy_runtime::Context::dispatched_at`,
     /// read before its last lease check) rather than when this call reaches
     /// Redis.
     ///
