@@ -7,25 +7,33 @@
 //! cargo run --release -p convoy-bench -- idle --partitions 100,10000,100000,1000000
 //! cargo run --release -p convoy-bench -- cluster
 //! cargo run --release -p convoy-bench -- pg-outbox
+//! cargo run --release -p convoy-bench -- throughput --out convoy-bench/results/new.json
+//! cargo run --release -p convoy-bench -- compare old.json new.json
 //! ```
 //!
 //! Without `--redis-url` it starts its own `redis-server` on a free port
 //! (through `convoy_runtime::testing::RedisServer`); `pg-outbox` also
 //! starts its own PostgreSQL (`convoy_runtime::testing::PgServer`). Results go to stdout
-//! (tables, or JSON with `--json`), progress to stderr.
+//! (tables, or JSON with `--json`), progress to stderr; `--out FILE` also
+//! writes the JSON to FILE. Every result records its commit, date, server,
+//! CPU count and command line; `compare` prints how the convoy/baseline
+//! ratios changed between two result files.
 
 // A binary has no public API: `pub` in its modules only marks what the
 // other modules use (the workspace's `unreachable_pub` is for libraries).
 #![allow(unreachable_pub)]
 
 mod baseline;
+mod compare;
 mod harness;
 mod heap;
 mod model;
+mod provenance;
 mod report;
 mod scenario;
 mod stats;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -53,6 +61,10 @@ struct Cli {
     /// Print the results as JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Also write the results as JSON to this file (for
+    /// `convoy-bench/results/` and `compare`), besides printing them.
+    #[arg(long, global = true, value_name = "FILE")]
+    out: Option<PathBuf>,
     /// Measure against this Redis instead of starting a redis-server. The
     /// database in the URL is flushed before every case: point it at a
     /// scratch database.
@@ -133,9 +145,22 @@ enum Scenario {
         #[command(flatten)]
         lease: LeaseArgs,
     },
+    /// Compares two result files (`--json` or `--out`): the convoy/baseline
+    /// ratios of every case in both, and how much they changed (starts no
+    /// server).
+    Compare(CompareArgs),
     /// Runs one engine until SIGTERM (the failover scenario's child).
     #[command(hide = true)]
     Engine(EngineArgs),
+}
+
+/// Options of `compare`.
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// The older result file (JSON).
+    old: PathBuf,
+    /// The newer result file (JSON).
+    new: PathBuf,
 }
 
 /// Options of the hidden child engine.
@@ -168,6 +193,16 @@ fn main() -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
+    if let Scenario::Compare(args) = &cli.scenario {
+        if cli.out.is_some() {
+            bail!("--out writes a measured result; compare measures nothing");
+        }
+        print!("{}", compare::compare_files(&args.old, &args.new)?);
+        return Ok(());
+    }
+    if let Some(out) = &cli.out {
+        check_writable(out)?;
+    }
     if let Scenario::Engine(args) = &cli.scenario {
         let url = cli
             .redis_url
@@ -175,6 +210,9 @@ fn main() -> Result<()> {
             .ok_or_else(|| anyhow!("the engine subcommand needs --redis-url"))?;
         return runtime.block_on(child_engine(url, args));
     }
+    let command = provenance::command_line();
+    let date = provenance::now_utc();
+    let commit = provenance::current_commit();
     // Started outside the runtime: it blocks while redis-server boots.
     let (server, url) = match &cli.redis_url {
         Some(url) => (None, url.clone()),
@@ -191,14 +229,20 @@ fn main() -> Result<()> {
         Some(s) => format!("own {}-server on 127.0.0.1:{}", s.kind().name(), s.port()),
         None => convoy_runtime::config::redact_url(&url),
     };
-    let report = runtime.block_on(run(&cli, &url, where_))?;
+    let mut report = runtime.block_on(run(&cli, &url, where_))?;
+    report.commit = commit;
+    report.date = date;
+    report.command = command;
+    let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
     if cli.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("cannot encode the report")?
-        );
+        println!("{json}");
     } else {
         print!("{}", report.to_text());
+    }
+    if let Some(out) = &cli.out {
+        std::fs::write(out, format!("{json}\n"))
+            .with_context(|| format!("cannot write the result to {}", out.display()))?;
+        eprintln!("result written to {}", out.display());
     }
     drop(runtime);
     drop(server);
@@ -281,17 +325,42 @@ async fn run(cli: &Cli, url: &str, where_: String) -> Result<Report> {
                 t,
             )?;
         }
-        Scenario::Engine(_) => bail!("the engine subcommand runs on its own"),
+        Scenario::Engine(_) | Scenario::Compare(_) => {
+            bail!("the engine and compare subcommands run on their own")
+        }
     }
     env.reset().await?;
     Ok(Report {
-        redis_version,
+        commit: String::new(),
+        date: String::new(),
+        command: String::new(),
+        server: redis_version,
         redis: where_,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         load_before,
         load_after: load_average(),
         sections,
     })
+}
+
+/// Fails before a run whose result could not be written to `out`: its
+/// directory must exist, and `out` must not be a directory.
+fn check_writable(out: &Path) -> Result<()> {
+    if out.is_dir() {
+        bail!("--out {}: is a directory", out.display());
+    }
+    let dir = out
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!(
+            "--out {}: the directory {} does not exist",
+            out.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// The 1, 5 and 15 minute load averages (`/proc/loadavg`).

@@ -1,12 +1,12 @@
 //! Results: what every scenario reports, printed as text tables or as
-//! JSON.
+//! JSON, and read back from a result file (`compare`).
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One value in a results row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Cell {
     /// A measured number.
@@ -18,14 +18,16 @@ pub enum Cell {
 }
 
 impl Cell {
-    fn number(&self) -> Option<f64> {
+    /// The number, if it is one.
+    pub fn number(&self) -> Option<f64> {
         match self {
             Cell::Num(v) => Some(*v),
             _ => None,
         }
     }
 
-    fn render(&self) -> String {
+    /// As printed in a table.
+    pub fn render(&self) -> String {
         match self {
             Cell::Num(v) => format_num(*v),
             Cell::Text(t) => t.clone(),
@@ -53,7 +55,7 @@ impl From<String> for Cell {
 }
 
 /// One measured figure, convoy beside the baseline.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     /// Which case of the scenario (`K=64 E=1`).
     pub case: String,
@@ -114,7 +116,7 @@ impl Row {
 }
 
 /// A free-form table (timelines, command breakdowns).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Table {
     /// What it shows.
     pub title: String,
@@ -144,7 +146,7 @@ impl Table {
 }
 
 /// One parameter of a scenario.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Param {
     /// What it is.
     pub name: String,
@@ -153,7 +155,7 @@ pub struct Param {
 }
 
 /// One scenario's results.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Section {
     /// The scenario (`throughput`).
     pub scenario: String,
@@ -196,19 +198,34 @@ impl Section {
     }
 }
 
-/// Everything one invocation measured.
-#[derive(Debug, Clone, Serialize)]
+/// Everything one invocation measured, and where it comes from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    /// The Redis server's version.
-    pub redis_version: String,
+    /// The commit of the checkout measured (`git rev-parse HEAD`, `-dirty`
+    /// with uncommitted changes, `unknown` without git). Empty in a file
+    /// written before results recorded it.
+    #[serde(default)]
+    pub commit: String,
+    /// When the run started, UTC (`2026-12-01T09:30:00Z`).
+    #[serde(default)]
+    pub date: String,
+    /// The command line that produced the result.
+    #[serde(default)]
+    pub command: String,
+    /// The server and its version (`Redis 7.0.15`, `Valkey 9.1.2`); named
+    /// `redis_version` in older files.
+    #[serde(alias = "redis_version")]
+    pub server: String,
     /// Where Redis ran (`own redis-server on port N` or the given URL).
     pub redis: String,
     /// CPUs this process may use.
     pub cpus: usize,
     /// `/proc/loadavg` before the first scenario (other work on the machine
     /// skews every figure).
+    #[serde(default)]
     pub load_before: String,
     /// `/proc/loadavg` after the last scenario.
+    #[serde(default)]
     pub load_after: String,
     /// One per scenario run.
     pub sections: Vec<Section>,
@@ -258,7 +275,8 @@ pub fn format_num(v: f64) -> String {
     }
 }
 
-fn format_ratio(r: f64) -> String {
+/// Formats a ratio (`0.45x`).
+pub fn format_ratio(r: f64) -> String {
     if r >= 10.0 {
         format!("{r:.0}x")
     } else if r >= 0.01 {
@@ -318,8 +336,10 @@ impl Report {
         let _ = writeln!(
             out,
             "convoy-bench: {} ({}), {} CPUs",
-            self.redis_version, self.redis, self.cpus
+            self.server, self.redis, self.cpus
         );
+        let _ = writeln!(out, "commit: {}; date: {}", self.commit, self.date);
+        let _ = writeln!(out, "command: {}", self.command);
         let _ = writeln!(
             out,
             "load average before: {}; after: {}",
