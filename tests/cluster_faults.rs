@@ -218,13 +218,7 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
     assert!(by_publisher.contains("outbox seqs"), "{by_publisher}");
 
     // 2. Read by the engine first: its heartbeat finds out.
-    cluster
-        .restart_node(master)
-        .expect("the old master back, as a replica");
-    let master = cluster.master_of_key(&stream).expect("the shard's master");
-    let replica = cluster
-        .cut_replication(master)
-        .expect("cut the replica off");
+    let (master, replica) = cut_off_again(&mut cluster, master, &stream);
     let lost_again: Vec<Posted> = (9..13).map(|n| Posted::new(key, n)).collect();
     publish_until_out(&p, &lost_again).await;
     // The engine's heartbeat reads the shard's counts (every 0.3 s).
@@ -266,13 +260,7 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
     // 3. Lost last, with nothing published after it: the publisher's
     //    outbox loop, idle, reads the shard's count again and finds out.
     //    (Its first publish here reports case 2's loss too.)
-    cluster
-        .restart_node(master)
-        .expect("the old master back, as a replica");
-    let master = cluster.master_of_key(&stream).expect("the shard's master");
-    let replica = cluster
-        .cut_replication(master)
-        .expect("cut the replica off");
+    let (master, replica) = cut_off_again(&mut cluster, master, &stream);
     let lost_last: Vec<Posted> = (14..17).map(|n| Posted::new(key, n)).collect();
     publish_until_out(&p, &lost_last).await;
     cluster
@@ -307,6 +295,20 @@ async fn a_replication_loss_is_reported_with_the_shard_and_the_range() {
     stop.cancel();
     idle.await.expect("the outbox loop");
     engine.shutdown().await.expect("shutdown");
+}
+
+/// Brings the lost `master` back (as a replica), then cuts the replica of
+/// `stream`'s master now off from it: the master's next writes are lost
+/// with it. Returns the master and the cut-off replica.
+fn cut_off_again(cluster: &mut RedisCluster, master: usize, stream: &str) -> (usize, usize) {
+    cluster
+        .restart_node(master)
+        .expect("the old master back, as a replica");
+    let master = cluster.master_of_key(stream).expect("the shard's master");
+    let replica = cluster
+        .cut_replication(master)
+        .expect("cut the replica off");
+    (master, replica)
 }
 
 /// Waits for the ERROR that reports lost published events of `shard`, by

@@ -502,7 +502,7 @@ mod tests {
     fn helpers() {
         assert_eq!(enc("a b/<é>"), "a%20b%2F%3C%C3%A9%3E");
         assert_eq!(short("app::Ledger"), "Ledger");
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(0), "1970-01-01 00:00:00.000 UTC");
         assert_eq!(age(125_000), "2m05s");
         assert_eq!(cut("abcdef", 3), "abc…");
         assert_eq!(pretty("{\"a\":1}"), "{\n  \"a\": 1\n}");
