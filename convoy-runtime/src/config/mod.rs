@@ -269,7 +269,9 @@ pub struct BrokerConfig {
     /// and `wait_replicas = 1`, an event acknowledged on the master is
     /// acknowledged on a replica as well, so a failover re-runs at most
     /// `max_unacked` events again, in order. Costs one `WAIT` (a
-    /// replication round trip) per acknowledgement call and shard.
+    /// replication round trip) per acknowledgement call and shard. Taking
+    /// leases waits too (one `WAIT` per lease-taking call, not per event),
+    /// so a lease and its generation survive a failover.
     pub wait_acks: bool,
 }
 

@@ -1123,6 +1123,7 @@ impl Coordinator {
                 max: left,
                 units: &units,
                 holders: &seen,
+                wait: Replicated::acknowledging(&s.plan.config.broker),
             };
             let taken = match tokio::time::timeout(within, taking.run(&mut conn)).await {
                 Ok(r) => r,

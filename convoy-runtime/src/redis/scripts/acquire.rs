@@ -10,7 +10,7 @@
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, SCRIPTS, Status, call};
+use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::error::Error;
 use crate::names;
 use crate::redis::connection::{Conn, query_by_slot};
@@ -70,6 +70,10 @@ pub(crate) struct Acquire<'a> {
     pub(crate) units: &'a [Unit],
     /// The owner seen holding each unit's lease (from [`holders`]).
     pub(crate) holders: &'a [Option<String>],
+    /// With `[broker] wait_acks`: the replicas that must have the leases
+    /// and generations taken before they count (a failover then cannot
+    /// lose a lease a worker starts from).
+    pub(crate) wait: Option<Replicated>,
 }
 
 /// A lease taken.
@@ -120,7 +124,8 @@ impl Acquire<'_> {
         for holder in self.holders.iter().take(self.units.len()) {
             inv.arg(holder.as_deref().unwrap_or(""));
         }
-        let reply = call("acquire", &inv, conn, "failed to take leases").await?;
+        let reply =
+            call_replicated("acquire", &inv, conn, "failed to take leases", self.wait).await?;
         match reply.status {
             Status::Done => {
                 let Some(Value::Array(units)) = reply.value(0) else {

@@ -58,6 +58,7 @@ async fn acquire(c: &mut Conn, owner: &str, inc: &str) -> Option<String> {
         max: 1,
         units: &units,
         holders: &holders,
+        wait: None,
     }
     .run(c)
     .await
@@ -326,6 +327,60 @@ async fn a_lease_of_an_earlier_incarnation_is_free() {
     assert!(generation(&new) > generation(&old));
 }
 
+/// With `wait_acks`, taking leases waits for the replicas: on a server
+/// without one, the take is not confirmed (`NotReplicated`), and taking
+/// again works once it is.
+#[tokio::test]
+async fn taking_leases_with_wait_is_confirmed_only_by_the_replicas() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let units = [unit()];
+    let holders = [None];
+    let taking = |wait| Acquire {
+        group: "g",
+        owner: "a",
+        incarnation: "a1",
+        alive: ALIVE_A,
+        max: 1,
+        units: &units,
+        holders: &holders,
+        wait,
+    };
+    let waited = taking(Some(super::Replicated {
+        replicas: 1,
+        timeout_ms: 20,
+    }))
+    .run(&mut c)
+    .await;
+    assert!(
+        matches!(
+            waited,
+            Err(crate::error::Error::NotReplicated {
+                wanted: 1,
+                acked: 0
+            })
+        ),
+        "{waited:?}"
+    );
+    // It ran on the master: the same owner takes it over at a newer
+    // generation (what the coordinator does after the refusal).
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(LEASE)
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    let first = lease.expect("the lease was written");
+    let Acquired::Units(taken) = taking(None).run(&mut c).await.expect("acquire") else {
+        panic!("a is alive");
+    };
+    let token = taken[0].as_ref().expect("taken").token.clone();
+    assert!(
+        generation(&token) > generation(&first),
+        "{first} then {token}"
+    );
+}
+
 /// Owner `c` tries to take the unit, having seen `holders`.
 async fn c_takes(c: &mut Conn, holders: &[Option<String>]) -> Acquired {
     Acquire {
@@ -336,6 +391,7 @@ async fn c_takes(c: &mut Conn, holders: &[Option<String>]) -> Acquired {
         max: 1,
         units: &[unit()],
         holders,
+        wait: None,
     }
     .run(c)
     .await
