@@ -664,7 +664,6 @@ async fn a_shard_count_other_than_the_recorded_one_stops_the_engine_and_the_publ
         other.instance_id(),
         Arc::new(tokio::sync::Notify::new()),
     )
-    .shards(&other.config().broker)
     .drain()
     .await
     .expect_err("publishing with another count")
@@ -775,8 +774,12 @@ async fn on_the_inline_broker_a_permanent_error_dead_letters_at_once_and_others_
     config.server.retry.max_retries = 2;
     config.server.retry.initial_backoff_ms = 1;
     config.server.retry.max_backoff_ms = 1;
+    // The broker is shared with the domain, so its dead letters can be
+    // read here.
+    let inline = Arc::new(InlineBroker::new());
     let domain = Domain::builder()
         .config(config)
+        .broker_arc(inline.clone())
         .handler(Notebook { seen: seen.clone() })
         .without_discovery()
         .init()
@@ -789,10 +792,6 @@ async fn on_the_inline_broker_a_permanent_error_dead_letters_at_once_and_others_
     domain.engine().run_until_idle().await.expect("run");
     assert_eq!(seen.attempts("p"), 1);
     assert_eq!(seen.attempts("t"), 3, "1 attempt + max_retries = 2");
-    let broker = domain.broker().clone();
-    let inline = (&*broker as &dyn std::any::Any)
-        .downcast_ref::<InlineBroker>()
-        .expect("inline");
     assert_eq!(inline.dead_letters().len(), 2);
 }
 

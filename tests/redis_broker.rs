@@ -4,8 +4,10 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_runtime::redis::{RedisBroker, keys};
 use convoy_runtime::testing::{Recorder, RedisServer, check_order};
 use convoy_runtime::{
     Aggregate, Config, Context, Domain, Envelope, Event, HandlerError, Priority, event_handler,
@@ -190,6 +192,72 @@ async fn two_partitioned_handlers_each_see_every_event_and_streams_drain() {
     })
     .await;
     engine.shutdown().await.expect("shutdown");
+}
+
+/// One place configures shards and lanes: the domain's configuration. A
+/// broker given to the builder (not named in the configuration) routes by
+/// it too, publisher and engine alike; and a broker already serving a
+/// domain refuses a second one laid out otherwise, at `init`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_given_to_the_builder_routes_by_the_domains_shard_counts_and_lanes() {
+    let server = RedisServer::start().expect("redis");
+    let url = server.url();
+    let rec = Recorder::new(&url, "given").expect("recorder");
+    let mut config = test_config(&url);
+    config.broker.shards = 4;
+    config.server.priority_lanes.enabled = true;
+    let broker = || Arc::new(RedisBroker::from_url(&url).expect("broker"));
+    let consuming = broker();
+    let d = Domain::builder()
+        .config(config.clone())
+        .instance_id("e0")
+        .broker_arc(consuming.clone())
+        .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
+        .init()
+        .expect("init");
+    let writer = Domain::builder()
+        .config(config.clone())
+        .instance_id("w")
+        .broker_arc(broker())
+        .init()
+        .expect("writer");
+    let events = interleaved(3, 4);
+    let expected = published(&events);
+    publish(&writer, &events[..6], Priority::Normal).await;
+    publish(&writer, &events[6..], Priority::Low).await;
+    let mut c = server.connection().await.expect("conn");
+    for k in 0..3 {
+        let key = format!("c{k}");
+        let shard = keys::shard_of(&key, 4);
+        let primary: usize = c
+            .xlen(keys::partition_stream(shard, "ledger", &key))
+            .await
+            .expect("xlen");
+        let lane: usize = c
+            .xlen(keys::backfill_stream(shard, "ledger", &key, "backfill"))
+            .await
+            .expect("xlen");
+        assert_eq!(
+            (primary, lane),
+            (2, 2),
+            "{key}: in its shard of 4, by priority"
+        );
+    }
+    let engine = d.engine().spawn();
+    wait_until(WAIT, "the engine read what the writer routed", || async {
+        all_seen(&rec, &expected).await
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    let mut other = config.clone();
+    other.broker.shards = 8;
+    let e = Domain::builder()
+        .config(other)
+        .broker_arc(consuming)
+        .init()
+        .expect_err("one broker, two layouts")
+        .to_string();
+    assert!(e.contains("already serves a domain"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

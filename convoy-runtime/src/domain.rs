@@ -355,6 +355,9 @@ impl DomainBuilder {
             Some(b) => b,
             None => broker_from_config(&config)?,
         };
+        // The broker routes by the domain's shard counts and lanes, named
+        // in the configuration or given to the builder alike.
+        broker.configure(&config)?;
         let mut handlers: Vec<&'static HandlerDescriptor> = self.descriptors;
         handlers.extend(self.event_handlers.iter().map(|(d, _)| *d));
         handlers.extend(self.command_handlers.iter().map(|h| h.descriptor()));
@@ -536,8 +539,7 @@ fn broker_from_config(config: &Config) -> Result<Arc<dyn Broker>, Error> {
         }
         None => RedisBroker::from_url(url).map_err(in_config)?,
     };
-    let broker: Arc<dyn Broker> = Arc::new(broker.shards(&config.broker));
-    Ok(broker)
+    Ok(Arc::new(broker))
 }
 
 fn outbox_from_config(config: &Config) -> Result<Arc<dyn OutboxStore>, Error> {

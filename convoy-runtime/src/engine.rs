@@ -111,7 +111,6 @@ impl Engine {
             self.domain.instance_id(),
             outbox.wake().clone(),
         )
-        .shards(&self.domain.config().broker)
         .message_types(self.domain.registry().messages())
     }
 

@@ -255,25 +255,6 @@ pub enum Error {
         record: String,
     },
 
-    /// A publication was routed to another shard than its key's under the
-    /// broker's shard counts (by an outbox processor given other counts
-    /// than the broker): engines would never read it, so the batch is
-    /// refused and nothing of it is published.
-    #[error(
-        "publication to {:?} is not in shard {expected} of category {category}'s {shards} shards; route publications with an outbox processor given the broker's shard counts (OutboxProcessor::shards)",
-        crate::key::Escaped(.stream)
-    )]
-    Misrouted {
-        /// The stream the publication was routed to.
-        stream: String,
-        /// Its category.
-        category: String,
-        /// The shard of its key (or of the category's base stream).
-        expected: u32,
-        /// The category's shard count on this broker.
-        shards: u32,
-    },
-
     /// The engine stopped because the shutdown signal fired.
     #[error("the engine is shutting down")]
     Shutdown,

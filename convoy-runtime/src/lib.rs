@@ -93,7 +93,7 @@
 //! | --- | --- | --- |
 //! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config/`, `metrics.rs`, `log.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, the Redis client's log noise rate-limited, `BoxFuture`, the one retry back-off |
 //! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
-//! | 3. delivery contracts | `names.rs`, `routing.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the routing of a published event, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
+//! | 3. delivery contracts | `names.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
 //! | 4. brokers and stores | `broker/inline.rs`, `redis/`, `postgres/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools); the PostgreSQL outbox, its relay and the exactly-once helper (feature `postgres`). A broker never imports the domain, the engine or the unit of work |
 //! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`] |
 //!
@@ -104,7 +104,7 @@
 //! | the key field exists, and its type can be a key | at compile time, by the macros (`convoy-macros`) |
 //! | every rule of `Domain::init`, one function each (`check_one_key_per_category`, `check_broker_partitions`, ...) | `registry/checks.rs` |
 //! | a key value's rules (not null or empty, no `:`, not `dlq`, the backfill suffix or `__name__`) | `key.rs` (`check_key`), applied at raise in `raise.rs` and again at publish in `outbox/processor.rs` |
-//! | where a published event goes | `routing.rs`, with the names of `names.rs` |
+//! | where a published event goes (the broker routes: shards, streams, lanes) | `redis/routing.rs`, with the names of `names.rs` |
 //! | single active consumer per unit: leases, fences, incarnations, generations | `redis/lua/acquire.lua`, `redis/lua/fence.lua`, and their bindings in `redis/scripts/` |
 //! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
 //! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
@@ -146,7 +146,6 @@ pub mod outbox;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-mod routing;
 
 // 4. brokers (the inline broker lives in `broker/inline.rs`)
 pub mod redis;

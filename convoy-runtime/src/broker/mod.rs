@@ -9,8 +9,11 @@
 //!
 //! # Writing a broker
 //!
-//! Implement [`Broker`]: [`publish`](Broker::publish) receives batches of
-//! already routed [`Publication`]s from the outbox processor, in order, and
+//! Implement [`Broker`]: [`configure`](Broker::configure) receives the
+//! domain's configuration once (a broker with physical names of its own,
+//! such as shards, takes them from it), [`publish`](Broker::publish)
+//! receives batches of [`Publication`]s from the outbox processor, in
+//! order, to route and write, and
 //! [`run`](Broker::run) consumes for every [`Subscription`] of the
 //! [`ConsumerPlan`] it is given, calling [`ConsumerPlan::invoke`] for each
 //! event (which runs the handler, records metrics and commits the events
@@ -25,11 +28,11 @@ pub use inline::{DeadLetter, InlineBroker};
 pub(crate) use plan::HealthState;
 pub use plan::{Attempt, ConsumerPlan, Subscription};
 
-use std::any::Any;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
@@ -61,16 +64,15 @@ impl Capabilities {
     }
 }
 
-/// One event to publish, already routed.
+/// One event to publish. The broker routes it: the envelope's category,
+/// partition key and priority say where it goes, and the physical names
+/// (shards, streams) are the broker's own.
 #[derive(Debug, Clone)]
 pub struct Publication {
     /// The outbox sequence number (increasing per producer).
     pub seq: u64,
-    /// The stream to append to.
-    pub stream: String,
-    /// The applied partition key, to add to the category's index.
-    pub partition: Option<String>,
-    /// The event.
+    /// The event (its key, when it has one, already checked against the
+    /// key rules).
     pub envelope: Envelope,
 }
 
@@ -212,7 +214,7 @@ impl PublishError {
 }
 
 /// A message broker.
-pub trait Broker: Any + Send + Sync + 'static {
+pub trait Broker: Send + Sync + 'static {
     /// A short name for messages (`inline`, `redis`).
     fn name(&self) -> &str;
 
@@ -229,6 +231,18 @@ pub trait Broker: Any + Send + Sync + 'static {
     /// password hidden). Default: [`Broker::name`].
     fn describe(&self) -> String {
         self.name().to_owned()
+    }
+
+    /// Binds the broker to the domain's configuration; `Domain::init` calls
+    /// it once, before anything is published or consumed, whether the
+    /// broker was named in the configuration or given to the builder. A
+    /// broker that routes by the configuration (the Redis broker: shard
+    /// counts and priority lanes) keeps what it needs; one already bound to
+    /// a different configuration returns [`Error::Config`]. Default: nothing
+    /// to keep.
+    fn configure(&self, config: &Config) -> Result<(), Error> {
+        let _ = config;
+        Ok(())
     }
 
     /// Checks that the broker can be reached now (for

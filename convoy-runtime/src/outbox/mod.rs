@@ -15,7 +15,6 @@ pub(crate) mod processor;
 pub use memory::MemoryOutbox;
 pub use processor::OutboxProcessor;
 
-use std::any::Any;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -74,7 +73,7 @@ pub struct OutboxStats {
 /// Storage for outbox records. [`MemoryOutbox`] keeps them in memory;
 /// `PgOutbox` (feature `postgres`) in a PostgreSQL table written in the
 /// caller's transaction.
-pub trait OutboxStore: Any + Send + Sync + 'static {
+pub trait OutboxStore: Send + Sync + 'static {
     /// Appends records atomically: all or none.
     fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>>;
 

@@ -8,13 +8,12 @@ use tokio_util::sync::CancellationToken;
 use super::{OutboxRecord, OutboxStore};
 use crate::backoff::Backoff;
 use crate::broker::{Broker, KeyUse, Producer, Publication};
-use crate::config::{BrokerConfig, PriorityLanesConfig};
+use crate::config::PriorityLanesConfig;
 use crate::envelope::Origin;
 use crate::error::{Error, chain};
 use crate::key::Escaped;
 use crate::key::check_key;
 use crate::metrics;
-use crate::routing::route;
 
 /// How many records one publish call carries.
 const BATCH: usize = 512;
@@ -26,7 +25,8 @@ pub(crate) const STATS_EVERY: Duration = Duration::from_secs(5);
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
 
-/// Publishes outbox records in order: the one routing choke point.
+/// Publishes outbox records in order, through the broker (which routes
+/// them); every record's key is checked here first.
 ///
 /// A record whose key is invalid at publish time is marked abandoned at once
 /// and never retried, so it cannot wedge the records behind it. When the
@@ -36,7 +36,6 @@ pub struct OutboxProcessor {
     store: Arc<dyn OutboxStore>,
     broker: Arc<dyn Broker>,
     lanes: PriorityLanesConfig,
-    shards: BrokerConfig,
     producer: String,
     wake: Arc<Notify>,
     /// The elected publisher that took over in the broker (see
@@ -73,7 +72,6 @@ impl OutboxProcessor {
             store,
             broker,
             lanes,
-            shards: BrokerConfig::default(),
             producer,
             wake,
             taken_over: std::sync::Mutex::new(None),
@@ -89,13 +87,6 @@ impl OutboxProcessor {
         types: impl IntoIterator<Item = &'static crate::message::MessageDescriptor>,
     ) -> Self {
         self.message_fields = types.into_iter().map(|m| (m.type_name, m.fields)).collect();
-        self
-    }
-
-    /// Shards per category (`[broker] shards` and `category_shards`; the
-    /// defaults unless set): must match the engines'.
-    pub fn shards(mut self, broker: &BrokerConfig) -> Self {
-        self.shards = broker.clone();
         self
     }
 
@@ -141,33 +132,22 @@ impl OutboxProcessor {
         if records.is_empty() {
             return Ok(0);
         }
-        let caps = self.broker.capabilities();
         let mut batch: Vec<Publication> = Vec::with_capacity(records.len());
         let mut settled = 0;
-        for r in &records {
-            if let Err(reason) = self.check(r) {
+        for r in records {
+            if let Err(reason) = self.check(&r) {
                 tracing::error!(seq = r.seq, id = %Escaped(&r.envelope.id), reason = %Escaped(&reason), "outbox record abandoned");
                 self.store.mark_abandoned(r.seq, reason).await?;
                 settled += 1;
                 continue;
             }
-            let to = route(
-                &r.envelope.category,
-                r.partition_key(),
-                r.envelope.priority,
-                caps,
-                &self.lanes,
-                self.shards.shards_of(&r.envelope.category),
-            );
-            let mut envelope = r.envelope.clone();
+            let mut envelope = r.envelope;
             envelope.origin = Some(Origin {
                 producer: producer.name.clone(),
                 seq: r.seq,
             });
             batch.push(Publication {
                 seq: r.seq,
-                stream: to.stream,
-                partition: to.partition,
                 envelope,
             });
         }
@@ -220,7 +200,7 @@ impl OutboxProcessor {
         // compared by name, so a record costs no allocation; an unknown
         // type's payload is parsed once.
         let mut shapes: Vec<(&str, &str, &str)> = Vec::new();
-        for p in batch.iter().filter(|p| p.partition.is_none()) {
+        for p in batch.iter().filter(|p| p.envelope.partition_key.is_none()) {
             let e = &p.envelope;
             if !shapes
                 .iter()
@@ -255,7 +235,7 @@ impl OutboxProcessor {
         Ok(refused)
     }
 
-    /// Publishes `batch` (records already routed) and settles what went
+    /// Publishes `batch` and settles what went
     /// out; `settled` records were settled before (abandoned).
     async fn publish_batch(
         &self,

@@ -2,8 +2,8 @@
 //! one partitioned coordinator and/or one ordinary consumer group per
 //! subscription.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -13,6 +13,7 @@ use super::layout;
 use super::loss::PublishMarks;
 use super::partitioned::Coordinator;
 use super::plain::PlainConsumer;
+use super::routing::{Routed, Routing};
 use super::scripts::Replicated;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
@@ -20,7 +21,7 @@ use super::wake;
 use crate::broker::{
     Broker, Capabilities, ConsumerPlan, KeyUse, Producer, Publication, PublishError,
 };
-use crate::config::BrokerConfig;
+use crate::config::Config;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::names;
@@ -32,7 +33,9 @@ const RECHECK_WITHIN: Duration = Duration::from_secs(1);
 /// The Redis Streams broker. Cheap to share; connects on first use.
 pub struct RedisBroker {
     redis: Arc<Connection>,
-    shards: Arc<BrokerConfig>,
+    /// The domain's shard counts and lanes, given once by
+    /// [`Broker::configure`] (the defaults until then).
+    routing: Arc<OnceLock<Routing>>,
     /// Categories whose shard count this process checked against Redis.
     checked: Arc<Mutex<HashSet<String>>>,
     /// Key uses this process checked against Redis's record, as
@@ -74,7 +77,7 @@ impl RedisBroker {
         let client = Client::open(url, ca_pem, "[broker] url ")?;
         Ok(RedisBroker {
             redis: Arc::new(Connection::new(client, url)),
-            shards: Arc::default(),
+            routing: Arc::default(),
             checked: Arc::default(),
             keys_checked: Arc::default(),
             marks: Arc::default(),
@@ -85,7 +88,7 @@ impl RedisBroker {
     pub fn response_timeout(self, timeout: Duration) -> Self {
         RedisBroker {
             redis: Arc::new(self.redis.with_response_timeout(timeout)),
-            shards: self.shards,
+            routing: self.routing,
             checked: Arc::default(),
             keys_checked: Arc::default(),
             marks: Arc::default(),
@@ -102,13 +105,11 @@ impl RedisBroker {
         &self.redis
     }
 
-    /// Shards per category (`[broker] shards` and `category_shards`; the
-    /// defaults unless set). Must match every other engine's and
-    /// publisher's: Redis records each category's count, and a publish or
-    /// an engine with another count fails.
-    pub fn shards(mut self, broker: &BrokerConfig) -> Self {
-        self.shards = Arc::new(broker.clone());
-        self
+    /// The layout routing uses: the one [`Broker::configure`] gave, else
+    /// the defaults (a broker used without a domain).
+    fn routing(&self) -> &Routing {
+        static DEFAULT: std::sync::LazyLock<Routing> = std::sync::LazyLock::new(Routing::default);
+        self.routing.get().unwrap_or(&DEFAULT)
     }
 
     /// Checks, once per category and process, that the batch's categories
@@ -123,7 +124,8 @@ impl RedisBroker {
             if known {
                 continue;
             }
-            layout::check_shards(conn, category, self.shards.shards_of(category)).await?;
+            layout::check_shards(conn, category, self.routing().shards().shards_of(category))
+                .await?;
             match self.checked.lock() {
                 Ok(mut g) => g.insert(category.clone()),
                 Err(poisoned) => poisoned.into_inner().insert(category.clone()),
@@ -156,7 +158,7 @@ impl RedisBroker {
 
     /// The replicas a publish waits for (`[broker] wait_replicas`).
     fn replicated(&self) -> Option<Replicated> {
-        Replicated::publishing(&self.shards)
+        Replicated::publishing(self.routing().shards())
     }
 
     /// Checks every subscribed category's shard count against Redis's
@@ -194,35 +196,6 @@ impl RedisBroker {
     }
 }
 
-/// A batch's records by shard (the tag their stream starts with), each
-/// shard's in the batch's order. A record routed to another shard than its
-/// key's under this broker's shard counts (an outbox processor configured
-/// with other counts) is refused: engines would never read it.
-fn split_by_shard<'a>(
-    batch: &'a [Publication],
-    shards: &BrokerConfig,
-) -> Result<BTreeMap<u32, Vec<&'a Publication>>, Error> {
-    let mut by_shard: BTreeMap<u32, Vec<&Publication>> = BTreeMap::new();
-    for p in batch {
-        let category = &p.envelope.category;
-        let n = shards.shards_of(category);
-        let expected = match &p.partition {
-            Some(key) => names::shard_of(key, n),
-            None => names::base_shard(category, n),
-        };
-        if names::shard_in(&p.stream) != Some(expected) {
-            return Err(Error::Misrouted {
-                stream: p.stream.clone(),
-                category: category.clone(),
-                expected,
-                shards: n,
-            });
-        }
-        by_shard.entry(expected).or_default().push(p);
-    }
-    Ok(by_shard)
-}
-
 impl Broker for RedisBroker {
     fn name(&self) -> &str {
         "redis"
@@ -238,6 +211,18 @@ impl Broker for RedisBroker {
 
     fn describe(&self) -> String {
         format!("redis at {}", self.redis.url())
+    }
+
+    fn configure(&self, config: &Config) -> Result<(), Error> {
+        let wanted = Routing::of(config);
+        let bound = self.routing.get_or_init(|| wanted.clone());
+        if *bound == wanted {
+            return Ok(());
+        }
+        Err(Error::Config {
+            file: config.origin().to_owned(),
+            message: "this RedisBroker already serves a domain with other [broker] shard counts or [server.priority_lanes]; give each domain a broker of its own (RedisBroker::from_url)".to_owned(),
+        })
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
@@ -266,7 +251,7 @@ impl Broker for RedisBroker {
             // and trims nothing (floor 0).
             let conn = self.redis.shared().await?;
             let wait = self.replicated();
-            let runs = (0..self.shards.max_shards()).map(|shard| {
+            let runs = (0..self.routing().shards().max_shards()).map(|shard| {
                 let mut c = conn.clone();
                 async move {
                     Publish {
@@ -333,7 +318,7 @@ impl Broker for RedisBroker {
             let fail = PublishError::nothing;
             let mut conn = self.redis.shared().await.map_err(fail)?;
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
-            let by_shard = split_by_shard(batch, &self.shards).map_err(fail)?;
+            let by_shard = self.routing().by_shard(batch);
             let floor = batch[0].seq;
             let wait = self.replicated();
             let runs = by_shard.iter().map(|(shard, records)| {
@@ -350,14 +335,14 @@ impl Broker for RedisBroker {
                 }
             });
             let mut failed = None;
-            let mut written: Vec<&Publication> = Vec::with_capacity(batch.len());
+            let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
             for ((shard, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await)
             {
                 match r {
                     Ok(published) => {
                         self.marks
                             .published(*shard, &published.counts, records, published.written);
-                        written.extend(records.iter().copied());
+                        written.extend(records.iter());
                     }
                     Err(e) => {
                         if failed.is_none() {
@@ -367,9 +352,9 @@ impl Broker for RedisBroker {
                 }
             }
             let mut woken = HashSet::new();
-            let keys = written.iter().filter_map(|p| {
-                let key = p.partition.as_deref()?;
-                let at = (p.envelope.category.as_str(), key);
+            let keys = written.iter().filter_map(|r| {
+                let key = r.partition?;
+                let at = (r.publication.envelope.category.as_str(), key);
                 woken.insert(at).then_some(at)
             });
             // An idle owner waits for its wake-up: without it, a new event
@@ -383,9 +368,9 @@ impl Broker for RedisBroker {
                 let mut woken = HashSet::new();
                 let owned: Vec<(String, String)> = written
                     .iter()
-                    .filter_map(|p| {
-                        let key = p.partition.as_deref()?;
-                        let at = (p.envelope.category.as_str(), key);
+                    .filter_map(|r| {
+                        let key = r.partition?;
+                        let at = (r.publication.envelope.category.as_str(), key);
                         woken.insert(at).then(|| (at.0.to_owned(), at.1.to_owned()))
                     })
                     .collect();
@@ -395,7 +380,7 @@ impl Broker for RedisBroker {
                 None => Ok(()),
                 Some(error) => Err(PublishError {
                     published: 0,
-                    also_written: written.iter().map(|p| p.seq).collect(),
+                    also_written: written.iter().map(|r| r.publication.seq).collect(),
                     error,
                 }),
             }
@@ -445,50 +430,5 @@ impl Broker for RedisBroker {
             }
             Ok(())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::envelope::{Envelope, Priority};
-
-    fn publication(stream: String, key: Option<&str>) -> Publication {
-        Publication {
-            seq: 1,
-            stream,
-            partition: key.map(str::to_owned),
-            envelope: Envelope {
-                id: "m".into(),
-                type_name: "T".into(),
-                category: "order".into(),
-                partition_key: key.map(str::to_owned),
-                time_ms: 0,
-                priority: Priority::Normal,
-                correlation_id: None,
-                payload: "{}".into(),
-                origin: None,
-            },
-        }
-    }
-
-    #[test]
-    fn a_publication_routed_with_other_shard_counts_is_refused() {
-        let mut config = BrokerConfig::default();
-        config.category_shards.insert("order".into(), 64);
-        let right = names::partition_stream(names::shard_of("b", 64), "order", "b");
-        let wrong = names::partition_stream(names::shard_of("b", 16), "order", "b");
-        assert_ne!(right, wrong, "the test needs two different shards");
-        let ok = [publication(right, Some("b"))];
-        assert_eq!(split_by_shard(&ok, &config).expect("routed right").len(), 1);
-        let bad = [publication(wrong, Some("b"))];
-        let e = split_by_shard(&bad, &config)
-            .expect_err("routed with 16")
-            .to_string();
-        assert!(e.contains("64 shards"), "{e}");
-        let base = [publication(names::base_stream("order", 64), None)];
-        assert!(split_by_shard(&base, &config).is_ok());
-        let untagged = [publication("order:k".into(), Some("k"))];
-        assert!(split_by_shard(&untagged, &config).is_err());
     }
 }

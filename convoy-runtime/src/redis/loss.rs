@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::broker::Publication;
+use super::routing::Routed;
 
 /// How many of its last outbox seqs the publisher keeps per shard and
 /// category, to name lost events.
@@ -97,7 +97,7 @@ impl PublishMarks {
         &self,
         shard: u32,
         counts: &[(String, i64, i64)],
-        records: &[&Publication],
+        records: &[Routed<'_>],
         written: u64,
     ) {
         let mut all = self
@@ -119,7 +119,8 @@ impl PublishMarks {
             mark.last_publish = Some(now);
         }
         let new = records.len().saturating_sub(written as usize);
-        for p in records[new..].iter().filter(|p| p.partition.is_some()) {
+        for r in records[new..].iter().filter(|r| r.partition.is_some()) {
+            let p = r.publication;
             if let Some(mark) = marks.get_mut(p.envelope.category.as_str()) {
                 if mark.recent.len() == RECENT {
                     mark.recent.pop_front();

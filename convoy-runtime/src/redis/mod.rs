@@ -56,6 +56,7 @@ mod loss;
 mod partitioned;
 mod plain;
 mod reply;
+mod routing;
 pub(crate) mod scripts;
 mod state;
 mod unit;

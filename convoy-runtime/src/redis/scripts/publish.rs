@@ -5,10 +5,11 @@
 use redis::aio::ConnectionLike;
 
 use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
-use crate::broker::{Producer, Publication};
+use crate::broker::Producer;
 use crate::error::Error;
 use crate::names;
 use crate::redis::reply::{int, text};
+use crate::redis::routing::Routed;
 
 /// How long a single publisher's published set and epoch are kept after
 /// its last publish (7 days). An elected publisher's (epoch above 0) are
@@ -39,7 +40,7 @@ pub(crate) struct Publish<'a> {
     /// (every seq below it is settled).
     pub(crate) floor: u64,
     /// The shard's routed records, in the batch's order.
-    pub(crate) batch: &'a [&'a Publication],
+    pub(crate) batch: &'a [Routed<'a>],
 }
 
 impl Publish<'_> {
@@ -98,14 +99,15 @@ impl Publish<'_> {
             })
             .arg(self.floor)
             .arg(self.producer.epoch);
-        for p in self.batch {
+        for r in self.batch {
+            let p = r.publication;
             let category = &p.envelope.category;
-            inv.key(&p.stream)
+            inv.key(&r.stream)
                 .key(names::partition_index(shard, category))
                 .key(names::published(shard, category));
             let fields = p.envelope.to_fields();
             inv.arg(p.seq)
-                .arg(p.partition.as_deref().unwrap_or(""))
+                .arg(r.partition.unwrap_or(""))
                 .arg(fields.len() * 2);
             for (k, v) in fields {
                 inv.arg(k).arg(v);

@@ -516,12 +516,7 @@ fn publication(seq: u64, key: &str) -> crate::broker::Publication {
         payload: format!("{{\"seq\":{seq}}}"),
         origin: None,
     };
-    crate::broker::Publication {
-        seq,
-        stream: format!("{{0}}cat:{key}"),
-        partition: Some(key.into()),
-        envelope,
-    }
+    crate::broker::Publication { seq, envelope }
 }
 
 async fn publish(
@@ -533,11 +528,22 @@ async fn publish(
         name: "pg/x".into(),
         epoch,
     };
-    let batch: Vec<&crate::broker::Publication> = batch.iter().collect();
+    // Every record in shard 0, whatever its key's shard would be.
+    let batch: Vec<crate::redis::routing::Routed<'_>> = batch
+        .iter()
+        .map(|p| {
+            let key = p.envelope.partition_key.as_deref();
+            crate::redis::routing::Routed {
+                publication: p,
+                stream: format!("{{0}}cat:{}", key.unwrap_or_default()),
+                partition: key,
+            }
+        })
+        .collect();
     super::publish::Publish {
         producer: &producer,
         shard: 0,
-        floor: batch.first().map_or(0, |p| p.seq),
+        floor: batch.first().map_or(0, |r| r.publication.seq),
         batch: &batch,
     }
     .run(c, None)
