@@ -180,7 +180,7 @@ impl Engine {
     fn spawn_with(self, token: CancellationToken) -> EngineHandle {
         let processor = Arc::new(self.processor());
         let outbox_token = CancellationToken::new();
-        let relay = self.domain.outbox().relay(processor, outbox_token.clone());
+        let relay = crate::outbox::relay::run(processor, outbox_token.clone());
         let outbox_task = tokio::spawn(relay);
         let plan = Arc::new(self.plan());
         let broker = self.domain.broker().clone();

@@ -11,9 +11,11 @@
 
 mod memory;
 pub(crate) mod processor;
+pub(crate) mod relay;
 
 pub use memory::MemoryOutbox;
 pub use processor::OutboxProcessor;
+pub use relay::{Election, Term};
 
 use std::sync::Arc;
 
@@ -146,17 +148,38 @@ pub trait OutboxStore: Send + Sync + 'static {
         None
     }
 
-    /// Runs the relay of this store until `shutdown` fires: publishing
-    /// pending records with `processor`. The default publishes whenever
-    /// records are committed in this process (and once a second), with
-    /// epoch 0; a store shared by several processes elects one publisher
-    /// and wakes it on commits in any of them (as `PgOutbox` does).
-    fn relay(
+    /// How the publisher of an outbox shared by several processes is
+    /// chosen (see [`Election`]). Default: none; every process publishes the
+    /// records it committed itself (the in-memory outbox).
+    fn election(&self) -> Option<Arc<dyn Election>> {
+        None
+    }
+
+    /// Periodic upkeep while this process publishes the outbox (a
+    /// retention sweep of published rows, say), every few seconds. Default:
+    /// none.
+    fn housekeeping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// A task that calls `wake.notify_one()` for every record committed by
+    /// any process (a notification channel of the store), until `stop`
+    /// fires; run while this process publishes. Default: none (commits in
+    /// this process wake the publisher by themselves; others are found by
+    /// polling).
+    fn watch_commits(
         &self,
-        processor: Arc<OutboxProcessor>,
-        shutdown: CancellationToken,
-    ) -> BoxFuture<'static, ()> {
-        Box::pin(async move { processor.run(shutdown).await })
+        wake: Arc<Notify>,
+        stop: CancellationToken,
+    ) -> Option<BoxFuture<'static, ()>> {
+        let _ = (wake, stop);
+        None
+    }
+
+    /// How often the publisher looks for records when nothing woke it.
+    /// Default: every second.
+    fn poll_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
     }
 }
 

@@ -6,7 +6,6 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{OutboxRecord, OutboxStore};
-use crate::backoff::Backoff;
 use crate::broker::{Broker, KeyUse, Producer, Publication};
 use crate::config::PriorityLanesConfig;
 use crate::envelope::Origin;
@@ -17,10 +16,6 @@ use crate::metrics;
 
 /// How many records one publish call carries.
 const BATCH: usize = 512;
-
-/// How often a relay exports the outbox's statistics (reading them is not
-/// free: a count of the backlog).
-pub(crate) const STATS_EVERY: Duration = Duration::from_secs(5);
 
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
@@ -103,7 +98,7 @@ impl OutboxProcessor {
     }
 
     /// This processor as the single publisher of its store.
-    fn single(&self) -> Producer {
+    pub(crate) fn single(&self) -> Producer {
         Producer {
             name: self.producer.clone(),
             epoch: 0,
@@ -317,16 +312,21 @@ impl OutboxProcessor {
         Ok(())
     }
 
-    /// Publishes until `shutdown` fires, waking when records are added and
-    /// backing off while the broker is unreachable; then publishes what is
-    /// pending once more (for up to 5 s) and returns.
+    /// Publishes as the single publisher of its store until `shutdown`
+    /// fires, waking when records are added and backing off while the
+    /// broker is unreachable; then publishes what is pending once more
+    /// (for up to 5 s) and returns. (The engine runs the relay instead,
+    /// which elects one publisher when the store is shared.)
     pub async fn run(&self, shutdown: CancellationToken) {
-        self.run_inner(&shutdown).await;
-        self.final_drain(&self.single()).await;
+        super::relay::publish(self, &self.single(), None, &shutdown).await;
+    }
+
+    /// The store this processor publishes.
+    pub(crate) fn store(&self) -> &Arc<dyn OutboxStore> {
+        &self.store
     }
 
     /// What wakes this processor when records are committed in this process.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake(&self) -> &Arc<Notify> {
         &self.wake
     }
@@ -345,39 +345,6 @@ impl OutboxProcessor {
                 tracing::warn!(error = %chain(&e), "outbox records stay pending at shutdown")
             }
             Err(_) => tracing::warn!("outbox records stay pending at shutdown (timed out)"),
-        }
-    }
-
-    async fn run_inner(&self, shutdown: &CancellationToken) {
-        let mut backoff = Backoff::reconnect();
-        let mut exported: Option<std::time::Instant> = None;
-        loop {
-            let notified = self.wake.notified();
-            if exported.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
-                exported = Some(std::time::Instant::now());
-                if let Err(e) = self.export_stats().await {
-                    tracing::debug!(error = %chain(&e), "outbox statistics unavailable");
-                }
-            }
-            match self.drain().await {
-                Ok(published) => {
-                    backoff.reset();
-                    if published == 0 {
-                        self.recheck_published().await;
-                    }
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = notified => {}
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %chain(&e), "outbox publish failed; records stay pending");
-                    if !backoff.wait_or_stop(shutdown).await {
-                        return;
-                    }
-                }
-            }
         }
     }
 }

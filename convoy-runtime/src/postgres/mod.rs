@@ -73,6 +73,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::validate::is_sql_identifier;
@@ -81,7 +82,7 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::outbox::{
-    OutboxProcessor, OutboxRecord, OutboxStats, OutboxStatus, OutboxStore, TransactionalOutbox,
+    Election, OutboxRecord, OutboxStats, OutboxStatus, OutboxStore, TransactionalOutbox,
 };
 
 use schema::Tables;
@@ -501,12 +502,23 @@ impl OutboxStore for PgOutbox {
         format!("{instance_id}/pg-direct")
     }
 
-    fn relay(
+    fn election(&self) -> Option<Arc<dyn Election>> {
+        Some(Arc::new(relay::PgElection::new(self.clone())))
+    }
+
+    fn housekeeping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(self.sweep())
+    }
+
+    fn watch_commits(
         &self,
-        processor: Arc<OutboxProcessor>,
-        shutdown: CancellationToken,
-    ) -> BoxFuture<'static, ()> {
-        let outbox = self.clone();
-        Box::pin(async move { relay::run(outbox, processor, shutdown).await })
+        wake: Arc<Notify>,
+        stop: CancellationToken,
+    ) -> Option<BoxFuture<'static, ()>> {
+        Some(Box::pin(relay::watch_commits(self.clone(), wake, stop)))
+    }
+
+    fn poll_interval(&self) -> Duration {
+        PgOutbox::poll_interval(self)
     }
 }

@@ -1,75 +1,71 @@
-//! The relay: one leader among the replicas publishes the outbox, woken by
-//! `LISTEN/NOTIFY` on commit, fenced by an epoch (see the module
-//! documentation of [`postgres`](super)).
+//! The relay's election among the replicas: one leader publishes the
+//! outbox, holding a session advisory lock, fenced by an epoch; it is woken
+//! by `LISTEN/NOTIFY` on commit (see the module documentation of
+//! [`postgres`](super)). The publishing loop itself is the runtime's
+//! (`outbox::relay`), the same for every store.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgListener};
 use sqlx::{AssertSqlSafe, Connection};
+use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{PgOutbox, pg_error};
-use crate::backoff::{Backoff, sleep_or_stop};
-use crate::broker::Producer;
-use crate::error::{Error, chain};
-use crate::outbox::OutboxProcessor;
-use crate::outbox::processor::STATS_EVERY;
+use crate::error::Error;
+use crate::future::BoxFuture;
+use crate::outbox::{Election, Term};
 
 /// Rows deleted per retention sweep statement.
 const SWEEP_BATCH: i64 = 10_000;
 
-/// Runs the relay of `outbox` until `shutdown` fires.
-pub(super) async fn run(
+/// The election of a `PgOutbox`'s relay: a session advisory lock on the
+/// outbox's relay table, an epoch raised in it at every term.
+pub(super) struct PgElection {
     outbox: PgOutbox,
-    processor: Arc<OutboxProcessor>,
-    shutdown: CancellationToken,
-) {
-    let mut backoff = Backoff::reconnect();
-    let name = loop {
-        let ready = if outbox.inner.config.migrate {
-            outbox.migrate().await
-        } else {
-            Ok(())
-        };
-        match ready.and(Ok(())) {
-            Ok(()) => match outbox.load_producer().await {
-                Ok(name) => break name.to_owned(),
-                Err(e) => tracing::warn!(error = %chain(&e), "outbox relay cannot start"),
-            },
-            Err(e) => tracing::warn!(error = %chain(&e), "outbox relay cannot migrate its tables"),
+    /// A standby's session, kept between attempts.
+    session: Mutex<Option<PgConnection>>,
+}
+
+impl PgElection {
+    pub(super) fn new(outbox: PgOutbox) -> Self {
+        PgElection {
+            outbox,
+            session: Mutex::new(None),
         }
-        if !backoff.wait_or_stop(&shutdown).await {
-            return;
-        }
-    };
-    let mut newest_seen = 0;
-    let mut session: Option<PgConnection> = None;
-    let standby = outbox.leader_timeout() / 4;
-    loop {
-        if shutdown.is_cancelled() {
-            return;
-        }
-        match try_lead(&outbox, &mut session, newest_seen).await {
-            Ok(Some(leader)) => {
-                backoff.reset();
-                newest_seen = leader.lead(&outbox, &processor, &name, &shutdown).await;
+    }
+}
+
+impl Election for PgElection {
+    fn prepare(&self) -> BoxFuture<'_, Result<String, Error>> {
+        Box::pin(async move {
+            if self.outbox.inner.config.migrate {
+                self.outbox.migrate().await?;
             }
-            Ok(None) => {
-                // `sleep_or_stop` is true when `shutdown` fired: a standby
-                // keeps trying for the lock until then.
-                if sleep_or_stop(standby, &shutdown).await {
-                    return;
-                }
+            Ok(self.outbox.load_producer().await?.to_owned())
+        })
+    }
+
+    fn campaign(&self, newest_seen: u64) -> BoxFuture<'_, Result<Option<Term>, Error>> {
+        Box::pin(async move {
+            let mut session = self.session.lock().await;
+            let won = try_lead(&self.outbox, &mut session, newest_seen).await;
+            if won.is_err() {
+                *session = None;
             }
-            Err(e) => {
-                session = None;
-                tracing::warn!(error = %chain(&e), "outbox relay cannot reach PostgreSQL; rows stay pending");
-                if !backoff.wait_or_stop(&shutdown).await {
-                    return;
-                }
-            }
-        }
+            let Some((conn, epoch)) = won? else {
+                return Ok(None);
+            };
+            let every = self.outbox.leader_timeout() / 3;
+            Ok(Some(Term::new(epoch, move |lost, resign| {
+                keep_session(conn, every, lost, resign)
+            })))
+        })
+    }
+
+    fn standby(&self) -> Duration {
+        self.outbox.leader_timeout() / 4
     }
 }
 
@@ -79,7 +75,7 @@ async fn try_lead(
     outbox: &PgOutbox,
     session: &mut Option<PgConnection>,
     newest_seen: u64,
-) -> Result<Option<Leader>, Error> {
+) -> Result<Option<(PgConnection, u64)>, Error> {
     let conn = match session {
         Some(c) => c,
         None => {
@@ -119,111 +115,12 @@ async fn try_lead(
     let Some(conn) = session.take() else {
         return Ok(None);
     };
-    Ok(Some(Leader {
-        session: conn,
-        epoch: epoch.max(1) as u64,
-    }))
+    Ok(Some((conn, epoch.max(1) as u64)))
 }
 
-/// The relay while it holds the leader lock.
-struct Leader {
-    /// The session holding the lock.
-    session: PgConnection,
-    epoch: u64,
-}
-
-impl Leader {
-    /// Publishes until the leadership is lost, the broker reports a newer
-    /// publisher, or `shutdown` fires; returns the newest epoch seen.
-    async fn lead(
-        self,
-        outbox: &PgOutbox,
-        processor: &OutboxProcessor,
-        name: &str,
-        shutdown: &CancellationToken,
-    ) -> u64 {
-        let producer = Producer {
-            name: name.to_owned(),
-            epoch: self.epoch,
-        };
-        tracing::info!(
-            table = %outbox.qualified_table(),
-            epoch = self.epoch,
-            "outbox relay: this instance publishes"
-        );
-        let lost = CancellationToken::new();
-        let stop = CancellationToken::new();
-        let pinger = tokio::spawn(keep_session(
-            self.session,
-            outbox.leader_timeout() / 3,
-            lost.clone(),
-            stop.clone(),
-        ));
-        let mut listener = listen(outbox).await;
-        let mut newest = self.epoch;
-        let mut backoff = Backoff::reconnect();
-        let mut housekeeping: Option<Instant> = None;
-        loop {
-            if housekeeping.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
-                housekeeping = Some(Instant::now());
-                if let Err(e) = processor.export_stats().await {
-                    tracing::debug!(error = %chain(&e), "outbox statistics unavailable");
-                }
-                if let Err(e) = outbox.sweep().await {
-                    tracing::warn!(error = %chain(&e), "outbox retention sweep failed");
-                }
-            }
-            let notified = processor.wake().notified();
-            let wait = match processor.drain_as(&producer).await {
-                Ok(published) => {
-                    backoff.reset();
-                    if published == 0 {
-                        processor.recheck_published().await;
-                    }
-                    outbox.poll_interval()
-                }
-                Err(Error::PublisherReplaced { newer, .. }) => {
-                    tracing::warn!(
-                        epoch = self.epoch,
-                        newer,
-                        "outbox relay: another replica publishes now; standing by"
-                    );
-                    newest = newest.max(newer);
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %chain(&e), "outbox publish failed; rows stay pending");
-                    backoff.next_delay()
-                }
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => {
-                    if !lost.is_cancelled() {
-                        processor.final_drain(&producer).await;
-                    }
-                    break;
-                }
-                _ = lost.cancelled() => {
-                    tracing::warn!(
-                        epoch = self.epoch,
-                        "outbox relay: leadership lost (the session ended); standing by"
-                    );
-                    break;
-                }
-                _ = notified => {}
-                _ = next_commit(&mut listener) => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
-        stop.cancel();
-        let _ = pinger.await;
-        newest
-    }
-}
-
-/// Keeps the leader's session alive (well within its idle timeout) until
-/// `stop`; cancels `lost` if the session fails. Closing it releases the
-/// lock.
+/// Holds a term: keeps the leader's session alive (well within its idle
+/// timeout) until `stop`; cancels `lost` if the session fails. Closing it
+/// releases the lock.
 async fn keep_session(
     mut session: PgConnection,
     every: Duration,
@@ -244,34 +141,33 @@ async fn keep_session(
     let _ = session.close().await;
 }
 
-/// A listener on the outbox's commit channel; `None` (poll only) if it
-/// cannot be opened now.
-async fn listen(outbox: &PgOutbox) -> Option<PgListener> {
+/// Wakes the relay (`wake`) on every commit notification of the outbox's
+/// channel until `stop`; also when the listener's connection drops (rows
+/// committed meanwhile are found by the next read). Without a listener
+/// (it cannot be opened now) the relay polls.
+pub(super) async fn watch_commits(outbox: PgOutbox, wake: Arc<Notify>, stop: CancellationToken) {
     let open = async {
         let mut l = PgListener::connect_with(outbox.pool()).await?;
         l.listen(&outbox.inner.tables.channel).await?;
         Ok::<_, sqlx::Error>(l)
     };
-    match open.await {
-        Ok(l) => Some(l),
+    let mut listener = match open.await {
+        Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "outbox relay cannot LISTEN; polling only");
-            None
+            return;
         }
-    }
-}
-
-/// Resolves at the next commit notification (or when the listener's
-/// connection drops: rows committed meanwhile are found by the next read);
-/// never, without a listener.
-async fn next_commit(listener: &mut Option<PgListener>) {
-    match listener {
-        Some(l) => {
-            if l.try_recv().await.is_err() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = listener.try_recv() => {
+                if got.is_err() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                wake.notify_one();
             }
         }
-        None => std::future::pending().await,
     }
 }
 
@@ -280,13 +176,13 @@ impl PgOutbox {
         Duration::from_millis(self.inner.config.leader_timeout_ms)
     }
 
-    fn poll_interval(&self) -> Duration {
+    pub(super) fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.inner.config.poll_interval_ms)
     }
 
     /// Deletes published rows older than the retention, a bounded batch at
     /// a time, through the published rows' index.
-    async fn sweep(&self) -> Result<(), Error> {
+    pub(super) async fn sweep(&self) -> Result<(), Error> {
         let retention = self.inner.config.retention_seconds;
         if retention == 0 {
             return Ok(());
