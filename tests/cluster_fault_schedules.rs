@@ -97,7 +97,7 @@ use convoy_runtime::testing::{
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::{Observed, Rng, StallRecord, Verdict};
 use schedule_dir::{log_dir, write_file};
-use schedule_io::{Spread, completed, publish_spread, windows};
+use schedule_io::{Spread, completed, event_id, publish_spread, windows};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -136,10 +136,6 @@ struct Account;
 struct Booked {
     client_id: String,
     seq: u64,
-}
-
-fn event_id(key: &str, seq: u64) -> String {
-    format!("{key}#{seq}")
 }
 
 /// Records enter and exit of every event in the record server, labelled
@@ -1231,29 +1227,6 @@ impl Topology {
     }
 }
 
-/// Raises the schedule's events in per-key order, interleaved across keys,
-/// over the fault phase; returns what `commit` returned Ok for.
-async fn publish(domain: &Domain, s: &Settings) -> BTreeMap<String, Vec<String>> {
-    let keys: Vec<String> = (0..s.keys).map(key_name).collect();
-    let spread = Spread {
-        seed: s.seed,
-        keys: &keys,
-        per_key: s.per_key,
-        burst_percent: s.burst_percent,
-        phase: PHASE,
-    };
-    publish_spread(
-        domain,
-        &spread,
-        |key, seq| Booked {
-            client_id: key.to_owned(),
-            seq,
-        },
-        event_id,
-    )
-    .await
-}
-
 /// The Redis client's lines in the engines' logs: (written, left out by
 /// `quiet_redis` as its notes count them).
 fn client_log_lines(dir: &std::path::Path) -> (usize, u64) {
@@ -1595,7 +1568,10 @@ async fn run_schedule(seed: u64) -> Outcome {
         topology.run(&topo_timeline);
         topology
     });
-    let committed = publish(&publisher, &settings).await;
+    let keys: Vec<String> = (0..settings.keys).map(key_name).collect();
+    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
+    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut engines = engine_task.await.expect("engine fault thread");
     let mut topology = topo_task.await.expect("topology thread");
     let (mut engines, topology) = tokio::task::spawn_blocking(move || {

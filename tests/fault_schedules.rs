@@ -76,7 +76,7 @@ use convoy_runtime::testing::{
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::{Action, Observed, PlanParams, Planned, Rng, StallRecord, Verdict};
 use schedule_dir::{log_dir, write_file};
-use schedule_io::{Spread, completed, publish_spread, windows};
+use schedule_io::{Spread, completed, event_id, publish_spread, windows};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -107,10 +107,6 @@ struct Account;
 struct Booked {
     client_id: String,
     seq: u64,
-}
-
-fn event_id(key: &str, seq: u64) -> String {
-    format!("{key}#{seq}")
 }
 
 /// Records enter and exit of every event in the record server, labelled
@@ -701,29 +697,6 @@ fn matcher(target: &faults::Target) -> Match {
     }
 }
 
-/// Raises the schedule's events in per-key order, interleaved across keys,
-/// over the fault phase; returns what `commit` returned Ok for.
-async fn publish(domain: &Domain, s: &Settings) -> BTreeMap<String, Vec<String>> {
-    let keys: Vec<String> = (0..s.keys).map(|k| format!("k{k:02}")).collect();
-    let spread = Spread {
-        seed: s.seed,
-        keys: &keys,
-        per_key: s.per_key,
-        burst_percent: s.burst_percent,
-        phase: PHASE,
-    };
-    publish_spread(
-        domain,
-        &spread,
-        |key, seq| Booked {
-            client_id: key.to_owned(),
-            seq,
-        },
-        event_id,
-    )
-    .await
-}
-
 /// What one schedule did.
 struct Outcome {
     settings: Settings,
@@ -848,7 +821,10 @@ async fn run_schedule(seed: u64) -> Outcome {
         harness.heal();
         harness
     });
-    let committed = publish(&publisher, &settings).await;
+    let keys: Vec<String> = (0..settings.keys).map(|k| format!("k{k:02}")).collect();
+    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
+    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut harness = faults_task.await.expect("fault thread");
 
     // Drain: until the outbox is empty and every committed event completed,

@@ -148,14 +148,9 @@ pub struct PartitionsArgs {
 /// Arguments of `inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The category.
-    pub category: String,
-    /// The partition key, e.g. a client id.
+    /// The partition.
     #[command(flatten)]
-    pub key: KeyArg,
-    /// The handler (consumer group); optional when unambiguous.
-    #[command(flatten)]
-    pub handler: HandlerArg,
+    pub partition: PartitionArg,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -419,13 +414,15 @@ impl RetryArgs {
     /// One partition's retry as a head action (`None` with --all-halted).
     pub fn one(&self) -> Option<HeadArgs> {
         Some(HeadArgs {
-            category: self.category.clone(),
-            key: KeyArg {
-                key: self.key.clone()?,
-                key_hex: self.key_hex,
-            },
-            handler: HandlerArg {
-                handler: self.handler.handler.clone(),
+            partition: PartitionArg {
+                category: self.category.clone(),
+                key: KeyArg {
+                    key: self.key.clone()?,
+                    key_hex: self.key_hex,
+                },
+                handler: HandlerArg {
+                    handler: self.handler.handler.clone(),
+                },
             },
             force: self.force,
             yes: self.yes,
@@ -433,17 +430,26 @@ impl RetryArgs {
     }
 }
 
+/// One partition: its category, its key, and the handler (consumer group)
+/// reading it (optional when only one does).
+#[derive(Debug, Args)]
+pub struct PartitionArg {
+    /// The category.
+    pub category: String,
+    /// The partition key, e.g. a client id.
+    #[command(flatten)]
+    pub key: KeyArg,
+    /// The handler.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+}
+
 /// Arguments of `skip`, `dead-letter` and `retry`.
 #[derive(Debug, Args)]
 pub struct HeadArgs {
-    /// The category.
-    pub category: String,
-    /// The partition key.
+    /// The partition.
     #[command(flatten)]
-    pub key: KeyArg,
-    /// The handler (consumer group).
-    #[command(flatten)]
-    pub handler: HandlerArg,
+    pub partition: PartitionArg,
     /// Act on a partition that is not halted (on its head): its owner is
     /// fenced out first, and the event it has in flight may still take
     /// effect.
@@ -514,10 +520,10 @@ mod tests {
             panic!("not skip")
         };
         assert_eq!(
-            (a.category.as_str(), a.key.value().as_deref()),
+            (a.partition.category.as_str(), a.partition.key.value().as_deref()),
             ("order", Ok("acme"))
         );
-        assert_eq!(a.handler.handler.as_deref(), Some("Ledger"));
+        assert_eq!(a.partition.handler.handler.as_deref(), Some("Ledger"));
         assert!(a.force && a.yes);
 
         let cli = parse(&["dead-letter", "order", "acme"]).expect("parses");
@@ -525,7 +531,7 @@ mod tests {
             panic!("not dead-letter")
         };
         assert!(!a.force && !a.yes);
-        assert_eq!(a.handler.handler, None);
+        assert_eq!(a.partition.handler.handler, None);
     }
 
     #[test]
@@ -559,7 +565,7 @@ mod tests {
         let Command::Skip(a) = cli.command else {
             panic!("not skip")
         };
-        assert_eq!(a.key.value().as_deref(), Ok("a\0\n"));
+        assert_eq!(a.partition.key.value().as_deref(), Ok("a\0\n"));
         assert_eq!(key_value("e282ac", true).as_deref(), Ok("\u{20ac}"));
         assert_eq!(key_value("acme", false).as_deref(), Ok("acme"));
         for bad in ["abc", "zz", "ff"] {

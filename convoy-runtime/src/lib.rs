@@ -109,7 +109,7 @@
 //! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
 //! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
 //! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `postgres/insert.rs` |
-//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `postgres/relay.rs`, `outbox/processor.rs` (`Broker::take_over`), `redis/lua/publish.lua` |
+//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `outbox/relay.rs` (the election's [`Term`](outbox::Term)s and the one publishing loop), `postgres/relay.rs` (the advisory-lock election), `outbox/processor.rs` (`Broker::take_over`), `redis/lua/publish.lua` |
 //! | a category's partition key is the same in every process (declared on the aggregate, recorded in Redis) | `convoy-macros` (compile time), `registry/checks.rs`, `raise.rs`, `redis/layout.rs`, `broker/mod.rs` (`KeyUse`), `outbox/processor.rs` |
 //! | outage, not poison: transient failures retried without counting; a handler pauses on an outage | `handler.rs` (`HandlerError`), `broker/outage.rs`, `redis/partitioned/worker.rs` |
 //! | a re-sent outbox record never makes a second stream entry (dropped by its own seq) | `redis/lua/publish.lua` |

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use convoy_runtime::testing::{Recorder, Window};
 use convoy_runtime::{Domain, Event};
+use serde::de::DeserializeOwned;
 
 use crate::faults::Rng;
 
@@ -25,15 +26,35 @@ pub struct Spread<'a> {
     pub phase: Duration,
 }
 
-/// Raises `spread`'s events (`event(key, seq)`, recorded as `id(key,
-/// seq)`), committing each unit of work; returns the ids of what `commit`
-/// returned Ok for, per key, in publish order.
-pub async fn publish_spread<E: Event>(
+impl<'a> Spread<'a> {
+    pub fn new(seed: u64, keys: &'a [String], per_key: u64, burst: u64, phase: Duration) -> Self {
+        Spread {
+            seed,
+            keys,
+            per_key,
+            burst_percent: burst,
+            phase,
+        }
+    }
+}
+
+/// The id a schedule records for the `seq`-th event of `key`.
+pub fn event_id(key: &str, seq: u64) -> String {
+    format!("{key}#{seq}")
+}
+
+/// Raises `spread`'s events, committing each unit of work; returns the ids
+/// ([`event_id`]) of what `commit` returned Ok for, per key, in publish
+/// order. An event is built from its serde shape `{"client_id": key,
+/// "seq": seq}`, which every schedule's event type has.
+pub async fn publish_spread<E: Event + DeserializeOwned>(
     domain: &Domain,
     spread: &Spread<'_>,
-    event: impl Fn(&str, u64) -> E,
-    id: impl Fn(&str, u64) -> String,
 ) -> BTreeMap<String, Vec<String>> {
+    let event = |key: &str, seq: u64| -> E {
+        serde_json::from_value(serde_json::json!({ "client_id": key, "seq": seq }))
+            .expect("a schedule's event is {client_id, seq}")
+    };
     let mut rng = Rng::new(spread.seed).fork(3);
     let mut left: Vec<(String, u64)> = spread.keys.iter().map(|k| (k.clone(), 0)).collect();
     let total = spread.keys.len() as u64 * spread.per_key;
@@ -67,7 +88,7 @@ pub async fn publish_spread<E: Event>(
                 committed
                     .entry(key.clone())
                     .or_default()
-                    .push(id(&key, seq));
+                    .push(event_id(&key, seq));
             }
         }
         let due = spread.phase.mul_f64(raised as f64 / total as f64);

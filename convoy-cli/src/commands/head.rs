@@ -25,10 +25,11 @@ pub async fn retry(session: &Session, args: &RetryArgs) -> Result<String, CliErr
 /// head is still the entry confirmed.
 pub async fn run(session: &Session, op: HeadOp, args: &HeadArgs) -> Result<String, CliError> {
     let (admin, who) = (&session.admin, session.who.as_str());
-    let key = args.key.value().map_err(CliError::Usage)?;
-    let (category, key) = (args.category.as_str(), key.as_str());
+    let p = &args.partition;
+    let key = p.key.value().map_err(CliError::Usage)?;
+    let (category, key) = (p.category.as_str(), key.as_str());
     let group = admin
-        .resolve_group(category, Some(key), args.handler.handler.as_deref())
+        .resolve_group(category, Some(key), p.handler.handler.as_deref())
         .await?;
     let i = admin.inspect(category, key, &group).await?;
     let action = match op {

@@ -8,11 +8,15 @@ use crate::render;
 
 /// The partition of the key, for the handler named or the only one.
 pub async fn run(s: &Session, args: &InspectArgs) -> Result<String, CliError> {
-    let category = &args.category;
-    let key = args.key.value().map_err(CliError::Usage)?;
+    let category = &args.partition.category;
+    let key = args.partition.key.value().map_err(CliError::Usage)?;
     let group = s
         .admin
-        .resolve_group(category, Some(&key), args.handler.handler.as_deref())
+        .resolve_group(
+            category,
+            Some(&key),
+            args.partition.handler.handler.as_deref(),
+        )
         .await?;
     let i = s.admin.inspect(category, &key, &group).await?;
     Ok(if args.json {
