@@ -520,7 +520,10 @@ mod tests {
             panic!("not skip")
         };
         assert_eq!(
-            (a.partition.category.as_str(), a.partition.key.value().as_deref()),
+            (
+                a.partition.category.as_str(),
+                a.partition.key.value().as_deref()
+            ),
             ("order", Ok("acme"))
         );
         assert_eq!(a.partition.handler.handler.as_deref(), Some("Ledger"));

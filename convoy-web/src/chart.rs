@@ -4,7 +4,7 @@
 
 use maud::{Markup, html};
 
-use crate::live::Series;
+use crate::state::Series;
 
 const W: f64 = 720.0;
 const H: f64 = 180.0;

@@ -60,6 +60,7 @@ mod assets;
 mod auth;
 mod chart;
 mod live;
+mod state;
 mod views;
 
 use std::net::SocketAddr;
@@ -196,7 +197,7 @@ pub fn check_listen(addr: &SocketAddr, auth: &Auth) -> Result<(), WebError> {
 /// The operator page: cheap to clone (one shared state).
 #[derive(Clone)]
 pub struct OperatorPage {
-    state: Arc<views::State>,
+    state: Arc<state::State>,
 }
 
 impl std::fmt::Debug for OperatorPage {
@@ -217,7 +218,7 @@ impl OperatorPage {
         settings.snapshot_keys_per_second = settings.snapshot_keys_per_second.max(100);
         settings.base_path = settings.base_path.trim_end_matches('/').to_owned();
         OperatorPage {
-            state: Arc::new(views::State::new(admin, settings)),
+            state: Arc::new(state::State::new(admin, settings)),
         }
     }
 

@@ -14,10 +14,9 @@ use serde::Deserialize;
 
 use super::read::RETRY_ALL_MAX;
 use super::{
-    Failure, Operator, State, View, check_csrf, csrf_field, enc, html_response, layout, pretty,
-    short, utc,
+    Failure, Operator, View, check_csrf, csrf_field, enc, html_response, layout, pretty, short, utc,
 };
-use crate::live::RowState;
+use crate::state::{RowState, State};
 
 fn parse_op(op: &str) -> Result<HeadOp, Failure> {
     match op {

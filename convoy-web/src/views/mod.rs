@@ -6,9 +6,8 @@
 mod act;
 mod read;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State as AxState};
@@ -17,13 +16,11 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use convoy_runtime::redis::admin::{Admin, AdminError};
+use convoy_runtime::redis::admin::AdminError;
 use maud::{DOCTYPE, Markup, html};
-use tokio::sync::Semaphore;
 
-use crate::Settings;
 use crate::auth::{host_allowed, same};
-use crate::live::{Samples, Snapshot};
+use crate::state::State;
 
 /// The name of the CSRF cookie.
 const CSRF_COOKIE: &str = "convoy_csrf";
@@ -31,69 +28,6 @@ const CSRF_COOKIE: &str = "convoy_csrf";
 /// The Content-Security-Policy of every response: the page's own script
 /// and stylesheet, nothing inline, no framing, forms only to itself.
 pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
-
-/// What every request shares.
-pub(crate) struct State {
-    pub(crate) admin: Admin,
-    pub(crate) settings: Settings,
-    /// The process's CSRF token (random, per process).
-    csrf: String,
-    pub(crate) samples: Mutex<Samples>,
-    pub(crate) snapshots: RwLock<HashMap<String, Arc<Snapshot>>>,
-    live_clients: Arc<Semaphore>,
-}
-
-impl State {
-    pub(crate) fn new(admin: Admin, settings: Settings) -> Self {
-        let mut bytes = [0u8; 32];
-        if getrandom::fill(&mut bytes).is_err() {
-            // No system randomness: a token nobody can guess is still
-            // needed; the time and address are a poor one, so say so.
-            tracing::error!("convoy-web: no system randomness for the CSRF token");
-            let seed = format!("{:?}{:p}", std::time::SystemTime::now(), &bytes);
-            for (i, b) in seed.bytes().enumerate() {
-                bytes[i % 32] ^= b;
-            }
-        }
-        let csrf = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        State {
-            admin,
-            live_clients: Arc::new(Semaphore::new(settings.max_live_clients.max(1))),
-            settings,
-            csrf,
-            samples: Mutex::new(Samples::default()),
-            snapshots: RwLock::new(HashMap::new()),
-        }
-    }
-
-    /// `path` under the base path (the root of a router nested at
-    /// `/ops` is `/ops`: axum routes `/ops/` nowhere).
-    pub(crate) fn url(&self, path: &str) -> String {
-        let base = &self.settings.base_path;
-        if path == "/" && !base.is_empty() {
-            base.clone()
-        } else {
-            format!("{base}{path}")
-        }
-    }
-
-    pub(crate) fn snapshot(&self, category: &str) -> Option<Arc<Snapshot>> {
-        self.snapshots
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(category)
-            .cloned()
-    }
-
-    /// `text` without any of the secrets.
-    fn scrub(&self, text: &str) -> String {
-        let mut t = text.to_owned();
-        for s in self.settings.secrets.iter().filter(|s| !s.is_empty()) {
-            t = t.replace(s.as_str(), "***");
-        }
-        t
-    }
-}
 
 /// The routes over `state`.
 pub(crate) fn router(state: Arc<State>) -> Router {
@@ -437,7 +371,7 @@ async fn events(AxState(state): AxState<Arc<State>>) -> Response {
         tick.tick().await;
         let e = Event::default()
             .event("tick")
-            .data(crate::live::now_ms().to_string());
+            .data(crate::state::now_ms().to_string());
         Some((Ok::<_, Infallible>(e), (tick, permit)))
     });
     Sse::new(stream)

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::{Failure, State, View, age, cut, enc, html_response, layout, pretty, short, utc};
 use crate::chart::lag_chart;
-use crate::live::{RowState, Series, now_ms};
+use crate::state::{RowState, Series, now_ms};
 
 /// `SSCAN COUNT` of a prefix search (most entries do not match).
 const SEARCH_COUNT: usize = 1000;
