@@ -53,10 +53,11 @@ struct Mark {
 }
 
 impl Mark {
-    /// The shard's count is `now` (before this publisher's records, if it
-    /// is publishing): a value below the mark is a loss, reported with the
-    /// seqs this publisher wrote last. The mark becomes `now`.
-    fn saw(&mut self, shard: u32, category: &str, now: i64) {
+    /// The shard's count was `now` (before this publisher's records, if it
+    /// is publishing) and is `after` them: a `now` below the mark is a
+    /// loss, reported with the seqs this publisher wrote last. The mark
+    /// becomes `after`.
+    fn saw(&mut self, shard: u32, category: &str, now: i64, after: i64) {
         if now < self.count {
             let lost = (self.count - now) as u64;
             let known = self.recent.len().min(lost as usize);
@@ -83,7 +84,7 @@ impl Mark {
                 ),
             );
         }
-        self.count = now;
+        self.count = after;
     }
 }
 
@@ -114,8 +115,7 @@ impl PublishMarks {
                 Some(m) => m,
                 None => marks.entry(category.to_owned()).or_default(),
             };
-            mark.saw(shard, category, after - added);
-            mark.count = *after;
+            mark.saw(shard, category, after - added, *after);
             mark.last_publish = Some(now);
         }
         let new = records.len().saturating_sub(written as usize);
@@ -171,7 +171,8 @@ impl PublishMarks {
         if mark.last_publish.is_some_and(|t| t > read_at) {
             return;
         }
-        mark.saw(shard, category, count.unwrap_or(0));
+        let now = count.unwrap_or(0);
+        mark.saw(shard, category, now, now);
     }
 }
 
