@@ -234,3 +234,233 @@ pub(crate) async fn publish(
     }
     newest
 }
+
+#[cfg(test)]
+mod tests {
+    //! The loop with an election of the test's own: it publishes only
+    //! while it holds a term, under that term's epoch, stands by when the
+    //! term is lost, and campaigns again with the newest epoch it saw.
+
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::broker::{Broker, Capabilities, ConsumerPlan, Publication, PublishError};
+    use crate::config::PriorityLanesConfig;
+    use crate::envelope::{Envelope, Priority};
+    use crate::outbox::{MemoryOutbox, OutboxRecord, OutboxStats, OutboxStore};
+
+    /// Records what it is asked to publish, as (epoch, seqs).
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<(u64, Vec<u64>)>>);
+
+    impl Seen {
+        fn all(&self) -> Vec<(u64, Vec<u64>)> {
+            self.0.lock().expect("seen").clone()
+        }
+    }
+
+    struct Recording(Arc<Seen>);
+
+    impl Broker for Recording {
+        fn name(&self) -> &str {
+            "recording"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::NONE
+        }
+
+        fn publish<'a>(
+            &'a self,
+            producer: &'a Producer,
+            batch: &'a [Publication],
+        ) -> BoxFuture<'a, Result<(), PublishError>> {
+            let seqs = batch.iter().map(|p| p.seq).collect();
+            self.0.0.lock().expect("seen").push((producer.epoch, seqs));
+            Box::pin(async { Ok(()) })
+        }
+
+        fn run(
+            self: Arc<Self>,
+            _plan: Arc<ConsumerPlan>,
+            _shutdown: CancellationToken,
+        ) -> BoxFuture<'static, Result<(), Error>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Wins while `open`; a term ends when `lose` is notified.
+    #[derive(Default)]
+    struct Toy {
+        open: AtomicBool,
+        lose: Arc<Notify>,
+        epoch: AtomicU64,
+        campaigns: Mutex<Vec<u64>>,
+    }
+
+    impl Election for Toy {
+        fn prepare(&self) -> BoxFuture<'_, Result<String, Error>> {
+            Box::pin(async { Ok("toy".to_owned()) })
+        }
+
+        fn campaign(&self, newest_seen: u64) -> BoxFuture<'_, Result<Option<Term>, Error>> {
+            self.campaigns.lock().expect("campaigns").push(newest_seen);
+            if !self.open.load(Ordering::SeqCst) {
+                return Box::pin(async { Ok(None) });
+            }
+            let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            let lose = self.lose.clone();
+            Box::pin(async move {
+                Ok(Some(Term::new(epoch, move |lost, resign| async move {
+                    tokio::select! {
+                        _ = resign.cancelled() => {}
+                        _ = lose.notified() => lost.cancel(),
+                    }
+                })))
+            })
+        }
+
+        fn standby(&self) -> Duration {
+            Duration::from_millis(10)
+        }
+    }
+
+    /// A memory outbox shared under the toy election.
+    struct Elected {
+        inner: MemoryOutbox,
+        election: Arc<Toy>,
+    }
+
+    impl OutboxStore for Elected {
+        fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.append(envelopes)
+        }
+        fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.pending(limit)
+        }
+        fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+            self.inner.mark_published(seqs)
+        }
+        fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.mark_abandoned(seq, reason)
+        }
+        fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.record_failure(seq)
+        }
+        fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.records()
+        }
+        fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
+            self.inner.stats()
+        }
+        fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.abandoned(limit)
+        }
+        fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+            self.inner.retry(seq)
+        }
+        fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+            self.inner.discard(seq)
+        }
+        fn election(&self) -> Option<Arc<dyn Election>> {
+            Some(self.election.clone())
+        }
+    }
+
+    fn envelope(n: u64) -> Envelope {
+        Envelope {
+            id: format!("m{n}"),
+            type_name: "T".into(),
+            category: "c".into(),
+            partition_key: Some("k".into()),
+            time_ms: 0,
+            priority: Priority::Normal,
+            correlation_id: None,
+            payload: "{}".into(),
+            origin: None,
+        }
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn publishes_only_under_a_held_term_with_its_epoch_and_stands_by_after_losing_it() {
+        let toy = Arc::new(Toy::default());
+        let store = Arc::new(Elected {
+            inner: MemoryOutbox::new(),
+            election: toy.clone(),
+        });
+        let seen = Arc::new(Seen::default());
+        let wake = Arc::new(Notify::new());
+        let processor = Arc::new(OutboxProcessor::new(
+            store.clone(),
+            Arc::new(Recording(seen.clone())),
+            PriorityLanesConfig::default(),
+            "i",
+            wake.clone(),
+        ));
+        let shutdown = CancellationToken::new();
+        let relay = tokio::spawn(run(processor, shutdown.clone()));
+
+        store.append(vec![envelope(0)]).await.expect("append");
+        until("a few standby attempts", || {
+            toy.campaigns.lock().expect("campaigns").len() >= 3
+        })
+        .await;
+        assert!(seen.all().is_empty(), "a standby publishes nothing");
+
+        toy.open.store(true, Ordering::SeqCst);
+        until("the first term publishes", || !seen.all().is_empty()).await;
+        assert!(
+            seen.all().iter().all(|(epoch, _)| *epoch == 1),
+            "{:?}",
+            seen.all()
+        );
+
+        // The term is lost: nothing more is published until a new one.
+        toy.open.store(false, Ordering::SeqCst);
+        let before = toy.campaigns.lock().expect("campaigns").len();
+        toy.lose.notify_one();
+        until("campaigning again", || {
+            toy.campaigns.lock().expect("campaigns").len() >= before + 3
+        })
+        .await;
+        store.append(vec![envelope(1)]).await.expect("append");
+        let records = store.records().await.expect("records");
+        let second = records.last().expect("a record").seq;
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let published: Vec<u64> = seen.all().into_iter().flat_map(|(_, s)| s).collect();
+        assert!(
+            !published.contains(&second),
+            "published after the term was lost: {published:?}"
+        );
+
+        toy.open.store(true, Ordering::SeqCst);
+        until("the second term publishes", || {
+            seen.all().iter().any(|(_, s)| s.contains(&second))
+        })
+        .await;
+        let last = seen.all().last().cloned().expect("a publish");
+        assert_eq!(last.0, 2, "the second term's epoch");
+        assert!(
+            toy.campaigns
+                .lock()
+                .expect("campaigns")
+                .iter()
+                .all(|n| *n <= 1),
+            "campaigns carry the newest epoch seen"
+        );
+        shutdown.cancel();
+        relay.await.expect("the relay stops");
+    }
+}
