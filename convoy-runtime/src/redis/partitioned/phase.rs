@@ -5,15 +5,22 @@
 //! outcomes; nothing here touches Redis, a clock or a task, so every
 //! transition is unit-tested on its own.
 //!
-//! ```text
-//!  Reclaim ──► Pending ──empty──► New ──empty / short batch──► Idle ◄─┐
-//!                ▲  ▲ entries      │ ▲ full batch                │    │
-//!                │  └──────────────┘ │ woken, reap kept          │    │
-//!   failed read, │  unseen read       └──────────────────────────┘    │
-//!   un-halted    │                                       rest due ► Resting
-//!                │                                                (waits, no read)
-//!  Halted ◄── a head halted, not a stream (from any phase); waits, rechecks
-//! ```
+//! | phase | outcome | next phase, action |
+//! | --- | --- | --- |
+//! | any | refused, stopped, retired | the worker ends (lost, release, retired) |
+//! | any | halted, not a stream | Halted: wait, then recheck the halt |
+//! | any | a failed read | Pending: back off, then read own pending entries |
+//! | any | an unseen read | Pending: read own pending entries |
+//! | Reclaim | reclaimed | Pending: read own pending entries |
+//! | Pending | entries handled | Pending: read own pending entries |
+//! | Pending | empty | New: read new entries |
+//! | New | a full batch (or a short one of several streams) | New: read new entries |
+//! | New | a short batch of a single stream, or empty | Idle: wait |
+//! | Idle, Resting | woken, or the reap kept the unit | New: read new entries |
+//! | Idle | the rest time | rest, then Resting: wait (no read) |
+//! | Idle, Resting | the reap time | reap |
+//! | Halted | still halted | Halted: wait, then recheck |
+//! | Halted | un-halted | Pending: read own pending entries |
 
 use std::time::Duration;
 
