@@ -116,36 +116,14 @@ pub(super) fn spawn(
 ) -> UnitHandle {
     let token: Arc<str> = Arc::from(fence.to_string());
     let inc = s.incarnation(unit.shard);
-    let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
-    let max_unacked = s.settings.max_unacked;
     let unit = Arc::new(unit);
-    let mut w = Worker {
-        rotate: 0,
-        gap: None,
-        io: RedisUnit {
-            s: s.clone(),
-            unit: unit.clone(),
-            token: token.clone(),
-            inc,
-        },
-        s,
-        unit,
-        fence,
+    let io = RedisUnit {
+        s: s.clone(),
+        unit: unit.clone(),
         token: token.clone(),
-        wake: Arc::new(Notify::new()),
-        stop,
-        halted: Arc::new(AtomicBool::new(halted)),
-        idle: Arc::new(AtomicBool::new(false)),
-        head,
-        unacked: Vec::new(),
-        unacked_at: None,
-        max_unacked: 1,
-        failures_recorded,
-        touched: None,
-        batch_left: 0,
-        trim_owed: None,
+        inc,
     };
-    w.max_unacked = max_unacked;
+    let w = Worker::new(s, io, unit, fence, halted, head, stop);
     w.s.plan.health.unit_started();
     if halted {
         w.s.plan.health.halted(true);
@@ -179,6 +157,43 @@ pub(super) fn spawn(
 }
 
 impl<I: UnitIo> Worker<I> {
+    /// The worker of `unit`, leased with `fence`, its I/O through `io`;
+    /// `halted` and `head` as Redis had them when the lease was taken.
+    fn new(
+        s: Arc<Shared>,
+        io: I,
+        unit: Arc<Unit>,
+        fence: Fence,
+        halted: bool,
+        head: Option<(String, u32)>,
+        stop: CancellationToken,
+    ) -> Self {
+        let token: Arc<str> = Arc::from(fence.to_string());
+        let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
+        let max_unacked = s.settings.max_unacked;
+        Worker {
+            rotate: 0,
+            gap: None,
+            io,
+            s,
+            unit,
+            fence,
+            token,
+            wake: Arc::new(Notify::new()),
+            stop,
+            halted: Arc::new(AtomicBool::new(halted)),
+            idle: Arc::new(AtomicBool::new(false)),
+            head,
+            unacked: Vec::new(),
+            unacked_at: None,
+            max_unacked,
+            failures_recorded,
+            touched: None,
+            batch_left: 0,
+            trim_owed: None,
+        }
+    }
+
     /// The halted flag, shared (read after the worker ended).
     fn halted_flag(&self) -> Arc<AtomicBool> {
         self.halted.clone()
@@ -308,7 +323,9 @@ impl<I: UnitIo> Worker<I> {
         } else {
             Outcome::Reclaimed
         });
-        let mut last_active = Instant::now();
+        // On tokio's clock (the same as the system's, but for tests that
+        // pause it).
+        let mut last_active = tokio::time::Instant::now();
         let reap_idle = self.s.settings.reap_idle;
         // Failed reads are retried with back-off up to the poll interval.
         let mut backoff = Backoff::retry(self.s.settings.poll);
@@ -352,7 +369,7 @@ impl<I: UnitIo> Worker<I> {
                             for entry in batch {
                                 self.batch_left -= 1;
                                 match Box::pin(self.process(at, &entry)).await {
-                                    Step::Done => last_active = Instant::now(),
+                                    Step::Done => last_active = tokio::time::Instant::now(),
                                     Step::Halted => {
                                         outcome = Outcome::Halted;
                                         break;
@@ -424,7 +441,7 @@ impl<I: UnitIo> Worker<I> {
                 Action::Reap => match Box::pin(self.reap()).await {
                     Ok(true) => Outcome::Retired,
                     Ok(false) => {
-                        last_active = Instant::now();
+                        last_active = tokio::time::Instant::now();
                         Outcome::Kept
                     }
                     Err(exit) => return exit,
@@ -897,3 +914,7 @@ fn is_fenced_write(err: &HandlerError) -> bool {
         .downcast_ref::<Error>()
         .is_some_and(|e| matches!(e, Error::FencedWrite { .. }))
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;
