@@ -53,6 +53,11 @@ impl Scripted {
     fn record(&self, call: Call) {
         if let Ok(mut calls) = self.calls.lock() {
             calls.push((call, tokio::time::Instant::now()));
+            // A worker going round without waiting (its clock paused)
+            // is stopped, and its calls show it.
+            if calls.len() > 500 {
+                self.stop.cancel();
+            }
         }
     }
 }
@@ -415,13 +420,13 @@ async fn a_rested_unit_waits_without_a_read_until_the_reap_time() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_unit_whose_reap_keeps_it_reads_again() {
+async fn a_unit_whose_reap_keeps_it_reads_again_and_waits_the_reap_time_anew() {
     let (_, calls, _) = drive(
         Duration::from_secs(5),
         false,
-        vec![empty(), empty(), empty()],
+        vec![empty(), empty(), empty(), empty()],
         Vec::new(),
-        vec![Reaped::Kept],
+        vec![Reaped::Kept, Reaped::Retired],
     )
     .await;
     let s = Duration::from_secs;
@@ -434,6 +439,8 @@ async fn a_unit_whose_reap_keeps_it_reads_again() {
             (NEW, s(5)),
             (Call::Reap, s(5)),
             (NEW, s(5)),
+            // Kept: its idle time starts over.
+            (NEW, s(10)),
         ]
     );
 }
