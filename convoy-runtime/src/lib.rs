@@ -106,8 +106,8 @@
 //! | a key value's rules (not null or empty, no `:`, not `dlq`, the backfill suffix or `__name__`) | `key.rs` (`check_key`), applied at raise in `raise.rs` and again at publish in `outbox/processor.rs` |
 //! | where a published event goes (the broker routes: shards, streams, lanes) | `redis/routing.rs`, with the names of `names.rs` |
 //! | single active consumer per unit: leases, fences, incarnations, generations | `redis/lua/acquire.lua`, `redis/lua/fence.lua`, and their bindings in `redis/scripts/` |
-//! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs` |
-//! | fair sharing, liveness, discovery | `redis/partitioned/mod.rs` |
+//! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs`, its phases (reclaim, pending, new, idle, resting, halted) in `redis/partitioned/phase.rs`, its I/O in `redis/partitioned/unit_io.rs` |
+//! | fair sharing, liveness, discovery | `redis/partitioned/ownership.rs` (fair share, taking and giving up units, orphans), `redis/partitioned/membership.rs` (registration, liveness, incarnations, deadlines, heartbeat), `redis/partitioned/discovery.rs`; the coordinator's loop in `redis/partitioned/mod.rs` |
 //! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `postgres/insert.rs` |
 //! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `outbox/relay.rs` (the election's [`Term`](outbox::Term)s and the one publishing loop), `postgres/relay.rs` (the advisory-lock election), `outbox/processor.rs` (`Broker::take_over`), `redis/lua/publish.lua` |
 //! | a category's partition key is the same in every process (declared on the aggregate, recorded in Redis) | `convoy-macros` (compile time), `registry/checks.rs`, `raise.rs`, `redis/layout.rs`, `broker/mod.rs` (`KeyUse`), `outbox/processor.rs` |

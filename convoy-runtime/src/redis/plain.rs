@@ -3,6 +3,7 @@
 //! ordering beyond the stream's; retries in place, then `{category}:dlq`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::Value;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +14,7 @@ use super::scripts::dead_letter::DeadLetter;
 use super::scripts::plain_ack::PlainAck;
 use crate::backoff::{Backoff, sleep_or_stop};
 use crate::broker::{Attempt, ConsumerPlan, Subscription};
+use crate::config::{PriorityLanesConfig, RetryConfig};
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::HandlerError;
@@ -26,11 +28,40 @@ pub(crate) struct PlainConsumer {
     redis: Arc<Connection>,
     plan: Arc<ConsumerPlan>,
     index: usize,
+    /// `[server.partitioning] lease_ttl_ms`: entries of a consumer idle
+    /// this long are taken over.
+    min_idle_ms: u64,
+    /// `[server.partitioning]`: how often entries of dead consumers are
+    /// looked for.
+    heartbeat: Duration,
+    /// `[server.retry]`, read once.
+    retry: RetryConfig,
+    /// `[server.priority_lanes]`.
+    lanes: PriorityLanesConfig,
+    /// The category's shard count (its base streams are in the category's
+    /// own shard).
+    shards: u32,
 }
 
 impl PlainConsumer {
     pub(crate) fn new(redis: Arc<Connection>, plan: Arc<ConsumerPlan>, index: usize) -> Self {
-        PlainConsumer { redis, plan, index }
+        // What it reads of the configuration, read once.
+        let config = &plan.config;
+        let min_idle_ms = config.server.partitioning.lease_ttl_ms;
+        let heartbeat = config.server.partitioning.heartbeat_interval();
+        let retry = config.server.retry.clone();
+        let lanes = config.server.priority_lanes.clone();
+        let shards = config.broker.shards_of(plan.subscriptions[index].category);
+        PlainConsumer {
+            redis,
+            plan,
+            index,
+            min_idle_ms,
+            heartbeat,
+            retry,
+            lanes,
+            shards,
+        }
     }
 
     fn sub(&self) -> &Subscription {
@@ -39,8 +70,8 @@ impl PlainConsumer {
 
     fn streams(&self) -> Vec<String> {
         let c = self.sub().category;
-        let lanes = &self.plan.config.server.priority_lanes;
-        let shards = self.shards();
+        let lanes = &self.lanes;
+        let shards = self.shards;
         let mut v = vec![names::base_stream(c, shards)];
         if lanes.enabled {
             v.push(names::base_backfill_stream(
@@ -50,12 +81,6 @@ impl PlainConsumer {
             ));
         }
         v
-    }
-
-    /// The category's shard count (its base streams are in the category's
-    /// own shard).
-    fn shards(&self) -> u32 {
-        self.plan.config.broker.shards_of(self.sub().category)
     }
 
     pub(crate) async fn run(self, shutdown: CancellationToken) {
@@ -80,7 +105,7 @@ impl PlainConsumer {
         let me = self.plan.instance_id.clone();
         let streams = self.streams();
         self.ensure_groups(&mut conn, &streams).await?;
-        let heartbeat = self.plan.config.server.partitioning.heartbeat_interval();
+        let heartbeat = self.heartbeat;
         let mut next_claim = tokio::time::Instant::now();
         loop {
             if shutdown.is_cancelled() {
@@ -171,9 +196,9 @@ impl PlainConsumer {
 
     async fn ensure_groups(&self, conn: &mut Conn, streams: &[String]) -> Result<(), Error> {
         let group = self.sub().name;
-        super::layout::check_shards(conn, self.sub().category, self.shards()).await?;
+        super::layout::check_shards(conn, self.sub().category, self.shards).await?;
         let _: i64 = redis::cmd("SADD")
-            .arg(names::base_groups(self.sub().category, self.shards()))
+            .arg(names::base_groups(self.sub().category, self.shards))
             .arg(group)
             .query_async(conn)
             .await
@@ -202,7 +227,7 @@ impl PlainConsumer {
         stream: &str,
         me: &str,
     ) -> Result<Vec<Entry>, Error> {
-        let min_idle = self.plan.config.server.partitioning.lease_ttl_ms;
+        let min_idle = self.min_idle_ms;
         let v: Value = redis::cmd("XAUTOCLAIM")
             .arg(stream)
             .arg(self.sub().name)
@@ -237,7 +262,7 @@ impl PlainConsumer {
         entry: &Entry,
         shutdown: &CancellationToken,
     ) -> Result<bool, Error> {
-        let retry = &self.plan.config.server.retry;
+        let retry = &self.retry;
         let mut attempt = 1;
         loop {
             let category = self.sub().category;
@@ -294,7 +319,7 @@ impl PlainConsumer {
         PlainAck {
             stream,
             category: self.sub().category,
-            shards: self.shards(),
+            shards: self.shards,
             group: self.sub().name,
             ids: &[id],
         }
@@ -308,7 +333,7 @@ impl PlainConsumer {
         let dlq_id = DeadLetter {
             stream,
             category: self.sub().category,
-            shards: self.shards(),
+            shards: self.shards,
             group: self.sub().name,
             entry,
             error,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{Cmd, RedisResult, Value};
 
-use super::Counts;
+use super::membership::Counts;
 use crate::redis::connection::{Conn, query_each_slot};
 use crate::redis::reply::int;
 

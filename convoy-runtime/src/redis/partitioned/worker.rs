@@ -2,18 +2,27 @@
 //!
 //! # Lifecycle
 //!
+//! The worker is a phase machine ([`super::phase`]): each step's outcome
+//! decides the next phase and action, and the worker runs the action. Its
+//! I/O is behind [`UnitIo`] ([`RedisUnit`] on Redis).
+//!
 //! 1. Reclaim: the previous generations' pending entries (both lanes) are
 //!    moved to this generation's consumer; if that fails, the unit is given
 //!    up, never skipped ahead.
-//! 2. Read this consumer's own pending entries, in id order, until none are
-//!    left; then new entries: primary lane first, backfill lane only when
-//!    the primary lane is empty. Every read is fenced.
+//! 2. Pending, then New: read this consumer's own pending entries, in id
+//!    order, until none are left; then new entries: primary lane first,
+//!    backfill lane only when the primary lane is empty. Every read is
+//!    fenced. After a failed or lost read reply, the pending entries are
+//!    read again before anything new.
 //! 3. Before each event: stop requested? local lease deadline passed?
 //!    halted? Then run the handler; on success, fenced ack; on failure,
 //!    record the failure beside the lease and wait out the back-off (the
 //!    head stays pending and nothing behind it runs); after `max_retries`
-//!    the unit halts.
-//! 4. When empty: sleep until a wake-up, a stop request, or the reap time.
+//!    the unit halts (Halted: it waits, then rechecks; an un-halt goes back
+//!    to Pending).
+//! 4. Idle, when empty: sleep until a wake-up, a stop request, or the rest
+//!    or reap time; Resting once its consumer is deleted, still waiting
+//!    without a read.
 //! 5. On stop: release the lease (the event in flight was finished first).
 
 use std::sync::Arc;
@@ -23,69 +32,51 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::super::connection::Conn;
 use super::super::reply::Entry;
+use super::super::scripts::Refusal;
 use super::super::scripts::ack::Acked;
-use super::super::scripts::claim::{Claim, Claimed};
-use super::super::scripts::fail::{Fail, Failed};
-use super::super::scripts::head_action::{HeadActed, HeadAction};
-use super::super::scripts::read::{Read, ReadReply, Which};
-use super::super::scripts::reap::{Reap, Reaped};
-use super::super::scripts::release::{Held, Release, Released};
-use super::super::scripts::rest::{Rest, Rested};
-use super::super::scripts::{Caller, Refusal};
+use super::super::scripts::claim::Claimed;
+use super::super::scripts::fail::Failed;
+use super::super::scripts::head_action::HeadActed;
+use super::super::scripts::read::{ReadReply, Which};
+use super::super::scripts::reap::Reaped;
+use super::super::scripts::release::Released;
+use super::super::scripts::rest::Rested;
 use super::super::unit::{At, Unit};
+use super::phase::{Action, Exit, Machine, Outcome, Timer, idle_timer};
+use super::unit_io::{AckOf, GapOf, PRIMARY_BATCH, RedisUnit, UnitIo};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::backoff::{Backoff, jitter};
 use crate::broker::Attempt;
 use crate::broker::outage::Admission;
-use crate::config::PoisonPolicy;
 use crate::envelope::now_ms;
 use crate::error::{Error, chain};
 use crate::handler::{Fence, Gap, HandlerError, Position};
 use crate::key::Escaped;
 
-/// Entries read per fenced read from the primary lane.
-const PRIMARY_BATCH: usize = 100;
-/// Entries read per fenced read from the backfill lane (small, so primary
-/// traffic is looked at again soon).
-const BACKFILL_BATCH: usize = 10;
-
 /// How long a drained unit waits before it rests (its owner's consumer is
 /// deleted from its streams, about a quarter of a drained partition's Redis
 /// memory; the next read creates it again).
-const REST_AFTER: Duration = Duration::from_secs(10);
+pub(super) const REST_AFTER: Duration = Duration::from_secs(10);
 
 /// The halt reason of a head whose handler returned a permanent error.
 const PERMANENT: &str = "permanent error";
-
-/// Why a worker ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Exit {
-    /// Stop requested (shutdown or rebalancing): release the lease.
-    Release,
-    /// The fence refused us (see [`Refusal`]).
-    Lost(Refusal),
-    /// The local deadline passed without a renewal: stop touching the unit.
-    Expired,
-    /// The unit was reaped.
-    Retired,
-}
 
 /// A unit's worker. Most units are idle most of the time, and an idle
 /// worker's task holds its whole state machine, whose size is that of its
 /// largest await; so every call that runs a script or a handler is boxed
 /// (allocated only while it runs): an idle worker's future is about 1.4 KB
 /// rather than 3.3 KB (debug build), per owned unit.
-struct Worker {
+///
+/// Its I/O goes through `io` ([`RedisUnit`] on Redis).
+struct Worker<I: UnitIo = RedisUnit> {
     s: Arc<Shared>,
+    /// The unit's I/O.
+    io: I,
     /// The unit and its names (shared with each acknowledgement request).
     unit: Arc<Unit>,
     fence: Fence,
     token: Arc<str>,
-    /// This instance's incarnation when the lease was taken (the fenced
-    /// scripts check that the liveness key still holds it).
-    inc: Arc<str>,
     wake: Arc<Notify>,
     stop: CancellationToken,
     halted: Arc<AtomicBool>,
@@ -125,30 +116,14 @@ pub(super) fn spawn(
 ) -> UnitHandle {
     let token: Arc<str> = Arc::from(fence.to_string());
     let inc = s.incarnation(unit.shard);
-    let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
-    let max_unacked = s.settings.max_unacked;
-    let mut w = Worker {
-        rotate: 0,
-        gap: None,
-        s,
-        unit: Arc::new(unit),
-        fence,
+    let unit = Arc::new(unit);
+    let io = RedisUnit {
+        s: s.clone(),
+        unit: unit.clone(),
         token: token.clone(),
         inc,
-        wake: Arc::new(Notify::new()),
-        stop,
-        halted: Arc::new(AtomicBool::new(halted)),
-        idle: Arc::new(AtomicBool::new(false)),
-        head,
-        unacked: Vec::new(),
-        unacked_at: None,
-        max_unacked: 1,
-        failures_recorded,
-        touched: None,
-        batch_left: 0,
-        trim_owed: None,
     };
-    w.max_unacked = max_unacked;
+    let w = Worker::new(s, io, unit, fence, halted, head, stop);
     w.s.plan.health.unit_started();
     if halted {
         w.s.plan.health.halted(true);
@@ -181,7 +156,44 @@ pub(super) fn spawn(
     }
 }
 
-impl Worker {
+impl<I: UnitIo> Worker<I> {
+    /// The worker of `unit`, leased with `fence`, its I/O through `io`;
+    /// `halted` and `head` as Redis had them when the lease was taken.
+    fn new(
+        s: Arc<Shared>,
+        io: I,
+        unit: Arc<Unit>,
+        fence: Fence,
+        halted: bool,
+        head: Option<(String, u32)>,
+        stop: CancellationToken,
+    ) -> Self {
+        let token: Arc<str> = Arc::from(fence.to_string());
+        let failures_recorded = head.as_ref().is_some_and(|(_, n)| *n > 0);
+        let max_unacked = s.settings.max_unacked;
+        Worker {
+            rotate: 0,
+            gap: None,
+            io,
+            s,
+            unit,
+            fence,
+            token,
+            wake: Arc::new(Notify::new()),
+            stop,
+            halted: Arc::new(AtomicBool::new(halted)),
+            idle: Arc::new(AtomicBool::new(false)),
+            head,
+            unacked: Vec::new(),
+            unacked_at: None,
+            max_unacked,
+            failures_recorded,
+            touched: None,
+            batch_left: 0,
+            trim_owed: None,
+        }
+    }
+
     /// The halted flag, shared (read after the worker ended).
     fn halted_flag(&self) -> Arc<AtomicBool> {
         self.halted.clone()
@@ -189,16 +201,6 @@ impl Worker {
 
     fn group(&self) -> &'static str {
         self.s.group()
-    }
-
-    /// This worker as the fenced scripts check it.
-    fn caller(&self) -> Caller<'_> {
-        Caller {
-            unit: &self.unit,
-            token: &self.token,
-            alive: self.s.alive(self.unit.shard),
-            incarnation: &self.inc,
-        }
     }
 
     /// Marks the unit halted or not, keeping the engine's count of halted
@@ -276,10 +278,6 @@ impl Worker {
         }
     }
 
-    async fn conn(&self) -> Result<Conn, Error> {
-        self.s.redis.shared().await
-    }
-
     /// Moves earlier generations' pending entries to this consumer.
     async fn reclaim(&mut self) -> Result<(), Exit> {
         let unit = self.unit.clone();
@@ -289,17 +287,7 @@ impl Worker {
             .flat_map(|l| [l.primary.as_str(), l.backfill.as_str()])
             .filter(|s| !s.is_empty());
         for stream in streams {
-            let r: Result<Claimed, Error> = async {
-                let mut c = self.conn().await?;
-                Claim {
-                    by: self.caller(),
-                    stream,
-                }
-                .run(&mut c)
-                .await
-            }
-            .await;
-            match r {
+            match self.io.claim(stream).await {
                 Ok(Claimed::Done { count, gone }) => {
                     if count > 0 {
                         crate::metrics::reclaimed(self.group(), count);
@@ -323,187 +311,160 @@ impl Worker {
         Ok(())
     }
 
+    /// Drives the phase machine from the reclaim to the worker's end: runs
+    /// each action and feeds its outcome back.
     async fn consume(&mut self) -> Exit {
-        let mut pending_mode = true;
-        // After a short batch of a single-stream unit the stream is known to
-        // be drained: wait for a wake-up instead of reading it empty again
-        // (the wake-up keeps its permit, so none is lost meanwhile).
-        let mut drained = false;
         let single_stream =
             self.unit.lanes.len() == 1 && self.unit.lanes.iter().all(|l| l.backfill.is_empty());
-        let mut last_active = Instant::now();
-        // Whether the unit rests (its consumer deleted) since it drained.
-        let mut rested = false;
+        let mut machine = Machine::new(single_stream);
+        // Spawned halted, or halted by the reclaim (a lane is not a stream).
+        let mut action = machine.next(if self.halted.load(Ordering::SeqCst) {
+            Outcome::Halted
+        } else {
+            Outcome::Reclaimed
+        });
+        // On tokio's clock (the same as the system's, but for tests that
+        // pause it).
+        let mut last_active = tokio::time::Instant::now();
         let reap_idle = self.s.settings.reap_idle;
         // Failed reads are retried with back-off up to the poll interval.
         let mut backoff = Backoff::retry(self.s.settings.poll);
         loop {
-            if self.stop.is_cancelled() {
-                return Exit::Release;
-            }
-            if self.past_deadline() {
-                return Exit::Expired;
-            }
-            if self.halted.load(Ordering::SeqCst) {
-                self.idle.store(true, Ordering::Relaxed);
-                // Rechecked at the heartbeat interval too, in case the
-                // operator's wake-up (written after the action) was lost.
-                let recheck = self.s.settings.heartbeat;
-                tokio::select! {
-                    _ = self.stop.cancelled() => return Exit::Release,
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(recheck) => {}
+            let outcome = match action {
+                Action::Exit(exit) => return exit,
+                _ if self.stop.is_cancelled() => return Exit::Release,
+                _ if self.past_deadline() => return Exit::Expired,
+                Action::AwaitUnhalt => {
+                    self.idle.store(true, Ordering::Relaxed);
+                    // Rechecked at the heartbeat interval too, in case the
+                    // operator's wake-up (written after the action) was lost.
+                    let recheck = self.s.settings.heartbeat;
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return Exit::Release,
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(recheck) => {}
+                    }
+                    // An operator un-halts by skipping or dead-lettering the
+                    // head, which also wakes the unit.
+                    if Box::pin(self.still_halted()).await {
+                        Outcome::StillHalted
+                    } else {
+                        tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "partition un-halted; resuming");
+                        self.set_halted(false);
+                        self.head = None;
+                        Outcome::Unhalted
+                    }
                 }
-                // An operator un-halts by skipping or dead-lettering the head,
-                // which also wakes the unit.
-                if !Box::pin(self.still_halted()).await {
-                    tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "partition un-halted; resuming");
-                    self.set_halted(false);
-                    self.head = None;
+                Action::Read(which) => {
+                    if let Err(exit) = Box::pin(self.flush()).await {
+                        return exit;
+                    }
+                    match Box::pin(self.read(which)).await {
+                        Ok(ReadReply::Entries(at, batch)) => {
+                            backoff.reset();
+                            self.idle.store(false, Ordering::Relaxed);
+                            let short = batch.len() < PRIMARY_BATCH;
+                            self.batch_left = batch.len();
+                            let mut outcome = Outcome::Handled { short };
+                            for entry in batch {
+                                self.batch_left -= 1;
+                                match Box::pin(self.process(at, &entry)).await {
+                                    Step::Done => last_active = tokio::time::Instant::now(),
+                                    Step::Halted => {
+                                        outcome = Outcome::Halted;
+                                        break;
+                                    }
+                                    Step::Exit(e) => return e,
+                                }
+                            }
+                            outcome
+                        }
+                        Ok(ReadReply::Empty) => Outcome::Empty,
+                        Ok(ReadReply::Refused(why)) => Outcome::Refused(why),
+                        Ok(ReadReply::NotAStream { stream, kind }) => {
+                            if let Err(exit) = Box::pin(self.halt_unit(&stream, &kind)).await {
+                                return exit;
+                            }
+                            Outcome::NotAStream
+                        }
+                        Ok(ReadReply::Unseen) => {
+                            // A read ran twice (sent again by the client after
+                            // a dropped connection): what the first delivered
+                            // is pending for this consumer, unhandled. Read it
+                            // first.
+                            tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries delivered by a read whose reply was lost are pending; reading them before anything new");
+                            Outcome::Unseen
+                        }
+                        Err(e) => {
+                            // The read may have run without its reply
+                            // reaching us: the entries it delivered are then
+                            // pending for this consumer, unhandled. Re-read
+                            // those before anything new.
+                            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
+                            Outcome::Failed
+                        }
+                    }
                 }
-                pending_mode = true;
-                continue;
-            }
-            if let Err(exit) = Box::pin(self.flush()).await {
-                return exit;
-            }
-            let read = if std::mem::take(&mut drained) {
-                Ok(None)
-            } else {
-                // A read creates the consumer again.
-                rested = false;
-                Box::pin(self.read(pending_mode)).await
-            };
-            let (at, batch) = match read {
-                Ok(Some(b)) => {
-                    backoff.reset();
-                    b
+                Action::BackOff => {
+                    if backoff.wait_or_stop(&self.stop).await {
+                        Outcome::BackedOff
+                    } else {
+                        Outcome::Stopped
+                    }
                 }
-                Ok(None) => {
-                    if pending_mode {
-                        pending_mode = false;
-                        continue;
+                Action::Wait => {
+                    // Nothing handled waits for its acknowledgement (a
+                    // no-op after a read, which flushed first).
+                    if let Err(exit) = Box::pin(self.flush()).await {
+                        return exit;
                     }
                     // Empty: sleep until woken, stopped, or time to rest or
                     // reap.
                     self.idle.store(true, Ordering::Relaxed);
-                    let reap_in = reap_idle.saturating_sub(last_active.elapsed());
-                    if reap_in.is_zero() {
-                        match Box::pin(self.reap()).await {
-                            Ok(true) => return Exit::Retired,
-                            Ok(false) => last_active = Instant::now(),
-                            Err(exit) => return exit,
+                    let idle_for = last_active.elapsed();
+                    match idle_timer(machine.phase(), idle_for, reap_idle, REST_AFTER) {
+                        Timer::Reap => Outcome::ReapDue,
+                        Timer::Rest => Outcome::RestDue,
+                        Timer::Sleep(sleep) => {
+                            tokio::select! {
+                                _ = self.stop.cancelled() => Outcome::Stopped,
+                                _ = self.wake.notified() => Outcome::Woken,
+                                _ = tokio::time::sleep(sleep) => Outcome::Woken,
+                            }
                         }
-                        continue;
                     }
-                    let rest_in = REST_AFTER.saturating_sub(last_active.elapsed());
-                    if !rested && rest_in.is_zero() {
-                        if let Err(exit) = Box::pin(self.rest()).await {
-                            return exit;
-                        }
-                        rested = true;
-                        // Back to waiting without a read (a read would
-                        // create the consumer again); a wake-up that came
-                        // meanwhile kept its permit.
-                        drained = true;
-                        continue;
-                    }
-                    let sleep = if rested {
-                        reap_in
-                    } else {
-                        reap_in.min(rest_in)
-                    };
-                    tokio::select! {
-                        _ = self.stop.cancelled() => return Exit::Release,
-                        _ = self.wake.notified() => {}
-                        _ = tokio::time::sleep(sleep) => {}
-                    }
-                    continue;
                 }
-                Err(ReadError::Refused(why)) => return Exit::Lost(why),
-                Err(ReadError::NotAStream { stream, kind }) => {
-                    if let Err(exit) = Box::pin(self.halt_unit(&stream, &kind)).await {
-                        return exit;
+                Action::Rest => match Box::pin(self.rest()).await {
+                    Ok(()) => Outcome::Rested,
+                    Err(exit) => return exit,
+                },
+                Action::Reap => match Box::pin(self.reap()).await {
+                    Ok(true) => Outcome::Retired,
+                    Ok(false) => {
+                        last_active = tokio::time::Instant::now();
+                        Outcome::Kept
                     }
-                    continue;
-                }
-                Err(ReadError::Unseen) => {
-                    // A read ran twice (sent again by the client after a
-                    // dropped connection): what the first delivered is
-                    // pending for this consumer, unhandled. Read it first.
-                    pending_mode = true;
-                    drained = false;
-                    tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries delivered by a read whose reply was lost are pending; reading them before anything new");
-                    continue;
-                }
-                Err(ReadError::Failed(e)) => {
-                    // The read may have run without its reply reaching us:
-                    // the entries it delivered are then pending for this
-                    // consumer, unhandled. Re-read those before anything new.
-                    pending_mode = true;
-                    drained = false;
-                    tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "fenced read failed; re-reading this unit's pending entries before anything new");
-                    if !backoff.wait_or_stop(&self.stop).await {
-                        return Exit::Release;
-                    }
-                    continue;
-                }
+                    Err(exit) => return exit,
+                },
             };
-            self.idle.store(false, Ordering::Relaxed);
-            drained = single_stream && !pending_mode && batch.len() < PRIMARY_BATCH;
-            self.batch_left = batch.len();
-            for entry in batch {
-                self.batch_left -= 1;
-                match Box::pin(self.process(at, &entry)).await {
-                    Step::Done => last_active = Instant::now(),
-                    Step::Halted => {
-                        pending_mode = true;
-                        drained = false;
-                        break;
-                    }
-                    Step::Exit(e) => return e,
-                }
-            }
-            if !pending_mode {
-                continue;
-            }
+            action = machine.next(outcome);
         }
     }
 
-    /// One fenced read: own pending entries (`pending`) or new ones, primary
-    /// lanes first.
-    async fn read(&mut self, pending: bool) -> Result<Option<(At, Vec<Entry>)>, ReadError> {
+    /// One fenced read: own pending entries or new ones, primary lanes
+    /// first.
+    async fn read(&mut self, which: Which) -> Result<ReadReply, Error> {
         self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
-        let mut c = self.conn().await.map_err(ReadError::Failed)?;
         // On a cluster the client sends a read again after a dropped
         // connection: the script checks that nothing pending is unseen.
-        let held = c.is_cluster().then(|| {
-            (
-                self.unacked_at.unwrap_or(At {
-                    lane: 0,
-                    backfill: false,
-                }),
-                self.unacked.len(),
-            )
-        });
-        let reply = Read {
-            by: self.caller(),
-            which: if pending { Which::Pending } else { Which::New },
-            primary_count: PRIMARY_BATCH,
-            backfill_count: BACKFILL_BATCH,
-            first_lane: self.rotate,
-            held,
-        }
-        .run(&mut c)
-        .await
-        .map_err(ReadError::Failed)?;
-        match reply {
-            ReadReply::Entries(at, batch) => Ok(Some((at, batch))),
-            ReadReply::Empty => Ok(None),
-            ReadReply::Refused(why) => Err(ReadError::Refused(why)),
-            ReadReply::NotAStream { stream, kind } => Err(ReadError::NotAStream { stream, kind }),
-            ReadReply::Unseen => Err(ReadError::Unseen),
-        }
+        let held = (
+            self.unacked_at.unwrap_or(At {
+                lane: 0,
+                backfill: false,
+            }),
+            self.unacked.len(),
+        );
+        self.io.read(which, self.rotate, held).await
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
@@ -670,14 +631,7 @@ impl Worker {
     /// (`on_poison = "dead_letter"`, or `[handlers."name"] on_poison`)
     /// rather than halting the key. Process managers always halt.
     fn dead_letters_poison(&self) -> bool {
-        let sub = self.s.sub();
-        if sub.process_manager {
-            return false;
-        }
-        match self.s.plan.config.on_poison(sub.name) {
-            Some(p) => p == PoisonPolicy::DeadLetter,
-            None => sub.dead_letter_poison,
-        }
+        self.s.settings.dead_letter_poison
     }
 
     /// The head failed past its retries (fail.lua halted the unit on it):
@@ -699,25 +653,12 @@ impl Worker {
             if self.past_deadline() {
                 return Err(Exit::Expired);
             }
-            let acted = match self.s.redis.shared().await {
-                Ok(mut c) => {
-                    HeadAction {
-                        unit: &self.unit,
-                        op: "dead_letter",
-                        force: false,
-                        operator: "convoy (on_poison = dead_letter)",
-                        expect_entry: Some(&entry.id),
-                        // Only while the unit is still this owner's: a
-                        // replaced owner (stalled past its lease) leaves
-                        // the head to its successor.
-                        expect_generation: Some(self.fence.generation),
-                        now_ms: now_ms(),
-                    }
-                    .run(&mut c)
-                    .await
-                }
-                Err(e) => Err(e),
-            };
+            // Only while the unit is still this owner's: a replaced owner
+            // (stalled past its lease) leaves the head to its successor.
+            let acted = self
+                .io
+                .dead_letter_head(&entry.id, self.fence.generation)
+                .await;
             match acted {
                 Ok(HeadActed::Done { dlq_id, .. }) => break dlq_id.unwrap_or_default(),
                 Ok(HeadActed::GenerationMoved { generation }) => {
@@ -738,32 +679,18 @@ impl Worker {
                 }
             }
         };
-        let now = now_ms();
-        if let Ok(mut c) = self.s.redis.shared().await {
-            let record: Result<(), _> = redis::pipe()
-                .cmd("HSET")
-                .arg(&*self.unit.state)
-                .arg("gap_entry")
-                .arg(&entry.id)
-                .arg("gap_message")
-                .arg(&message_id)
-                .arg("gap_reason")
-                .arg(&reason)
-                .arg("gap_time")
-                .arg(now)
-                .arg("gap_dlq")
-                .arg(&dlq_id)
-                .ignore()
-                .cmd("HINCRBY")
-                .arg(&*self.unit.state)
-                .arg("gaps")
-                .arg(1)
-                .ignore()
-                .query_async(&mut c)
-                .await;
-            if let Err(e) = record {
-                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %e, "the gap could not be recorded beside the unit (the dead letter and its audit record hold it)");
-            }
+        let record = self
+            .io
+            .record_gap(GapOf {
+                entry: &entry.id,
+                message: &message_id,
+                reason: &reason,
+                time_ms: now_ms(),
+                dlq_id: &dlq_id,
+            })
+            .await;
+        if let Err(e) = record {
+            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&e), "the gap could not be recorded beside the unit (the dead letter and its audit record hold it)");
         }
         tracing::error!(
             handler = self.group(),
@@ -852,28 +779,16 @@ impl Worker {
             // times per reap period.
             let touch_every = (self.s.settings.reap_idle / 4).min(Duration::from_secs(1));
             let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            let request = super::acks::AckRequest {
-                unit: self.unit.clone(),
-                at,
-                token: self.token.clone(),
-                inc: self.inc.clone(),
-                ids: ids.to_vec(),
-                clear_head: self.failures_recorded,
-                touch,
-                trim,
-                reply,
-            };
-            let stopped = || {
-                Arc::new(Error::TaskFailed {
-                    task: "acknowledgement batcher",
-                    reason: "it stopped before answering".to_owned(),
+            let r: Result<Acked, Arc<Error>> = self
+                .io
+                .ack(AckOf {
+                    at,
+                    ids,
+                    clear_head: self.failures_recorded,
+                    touch,
+                    trim,
                 })
-            };
-            let r: Result<Acked, Arc<Error>> = match self.s.acks.send(request) {
-                Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
-                Err(_) => Err(stopped()),
-            };
+                .await;
             match r {
                 Ok(Acked::Refused(why)) => return Err(Exit::Lost(why)),
                 Ok(Acked::Acked(_)) => {
@@ -919,26 +834,10 @@ impl Worker {
         err: &HandlerError,
         halt: Option<&str>,
     ) -> Result<(u32, bool), Exit> {
-        let max_retries = self.s.settings.retry.max_retries;
         let error = err.to_string();
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
-            let r: Result<Failed, Error> = async {
-                let mut c = self.conn().await?;
-                Fail {
-                    by: self.caller(),
-                    entry: id,
-                    error: &error,
-                    max_retries,
-                    now_ms: now_ms(),
-                    known,
-                    halt,
-                }
-                .run(&mut c)
-                .await
-            }
-            .await;
-            match r {
+            match self.io.fail(id, &error, known, halt).await {
                 Ok(Failed::Recorded { failures, halted }) => return Ok((failures, halted)),
                 Ok(Failed::Refused(why)) => return Err(Exit::Lost(why)),
                 Err(e) => {
@@ -954,18 +853,7 @@ impl Worker {
 
     /// Tries to retire the drained unit; true when retired.
     async fn reap(&self) -> Result<bool, Exit> {
-        let r: Result<Reaped, Error> = async {
-            let mut c = self.conn().await?;
-            Reap {
-                by: self.caller(),
-                idle_ms: self.s.settings.reap_idle.as_millis() as u64,
-                now_ms: now_ms(),
-            }
-            .run(&mut c)
-            .await
-        }
-        .await;
-        match r {
+        match self.io.reap().await {
             Ok(Reaped::Refused(why)) => Err(Exit::Lost(why)),
             Ok(Reaped::Retired) => Ok(true),
             Ok(Reaped::Kept) => Ok(false),
@@ -981,12 +869,7 @@ impl Worker {
     /// Deletes this owner's consumer from the drained unit's streams (see
     /// [`REST_AFTER`]). A failure only costs the memory: logged, not fatal.
     async fn rest(&self) -> Result<(), Exit> {
-        let r: Result<Rested, Error> = async {
-            let mut c = self.conn().await?;
-            Rest { by: self.caller() }.run(&mut c).await
-        }
-        .await;
-        match r {
+        match self.io.rest().await {
             Ok(Rested::Refused(why)) => Err(Exit::Lost(why)),
             Ok(Rested::Rested(_)) => Ok(()),
             Err(e) => {
@@ -998,33 +881,13 @@ impl Worker {
 
     /// Whether the unit is still marked halted in Redis (true when unsure).
     async fn still_halted(&self) -> bool {
-        let r: Result<Option<String>, Error> = async {
-            let mut c = self.conn().await?;
-            redis::cmd("HGET")
-                .arg(&self.unit.state)
-                .arg("halted")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| Error::redis("failed to read the halt flag", e))
-        }
-        .await;
-        !matches!(r, Ok(None))
+        !matches!(self.io.halted().await, Ok(false))
     }
 
     /// Releases the lease; returns whether it is known not to be held with
     /// this token any more (released, or held by someone else).
     async fn release(&self) -> bool {
-        let r: Result<Released, Error> = async {
-            let mut c = self.conn().await?;
-            Release {
-                unit: &self.unit,
-                held: Held::Token(&self.token),
-            }
-            .run(&mut c)
-            .await
-        }
-        .await;
-        match r {
+        match self.io.release().await {
             Ok(Released::Released) => {
                 tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "lease released");
                 true
@@ -1036,18 +899,6 @@ impl Worker {
             }
         }
     }
-}
-
-enum ReadError {
-    Refused(Refusal),
-    /// An earlier read delivered entries this worker did not see.
-    Unseen,
-    /// A lane's key holds something other than a stream.
-    NotAStream {
-        stream: String,
-        kind: String,
-    },
-    Failed(Error),
 }
 
 enum Step {
@@ -1063,3 +914,7 @@ fn is_fenced_write(err: &HandlerError) -> bool {
         .downcast_ref::<Error>()
         .is_some_and(|e| matches!(e, Error::FencedWrite { .. }))
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;
