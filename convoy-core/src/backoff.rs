@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 /// An exponential, jittered back-off.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,
@@ -30,42 +30,42 @@ impl Backoff {
     }
 
     /// The usual back-off of a lost connection: 50 ms doubling to 2 s.
-    pub(crate) fn reconnect() -> Self {
+    pub fn reconnect() -> Self {
         Backoff::new(Duration::from_millis(50), Duration::from_secs(2))
     }
 
     /// The back-off of a fenced call retried while the lease still holds:
     /// 20 ms doubling to `max`.
-    pub(crate) fn retry(max: Duration) -> Self {
+    pub fn retry(max: Duration) -> Self {
         Backoff::new(Duration::from_millis(20), max)
     }
 
     /// Starts over from the first delay (after a success).
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.next = self.first;
     }
 
     /// The next delay, jittered, and doubles the one after it.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let nominal = self.next;
         self.next = (self.next * 2).min(self.max);
         jitter(nominal)
     }
 
     /// Waits the next delay; false when `stop` fired first.
-    pub(crate) async fn wait_or_stop(&mut self, stop: &CancellationToken) -> bool {
+    pub async fn wait_or_stop(&mut self, stop: &CancellationToken) -> bool {
         !sleep_or_stop(self.next_delay(), stop).await
     }
 
     /// Waits the next delay, whatever happens meanwhile (for a call that
     /// must be settled before the caller may stop).
-    pub(crate) async fn wait(&mut self) {
+    pub async fn wait(&mut self) {
         tokio::time::sleep(self.next_delay()).await;
     }
 }
 
 /// Sleeps `d`; true when `stop` fired first.
-pub(crate) async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
+pub async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
     tokio::select! {
         _ = stop.cancelled() => true,
         _ = tokio::time::sleep(d) => false,
@@ -73,7 +73,7 @@ pub(crate) async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool
 }
 
 /// A delay between half of `d` and `d`, at random.
-pub(crate) fn jitter(d: Duration) -> Duration {
+pub fn jitter(d: Duration) -> Duration {
     // Every `RandomState` is keyed afresh: a cheap random number without a
     // generator to share.
     let r = std::collections::hash_map::RandomState::new()

@@ -335,7 +335,7 @@ fn short_name(name: &str) -> &str {
 /// Renders an error with its chain of causes (`outer: cause: root`), for
 /// logs: escaped (see [`Escaped`](crate::key::Escaped)), since errors quote
 /// keys and entries, which are user data.
-pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {

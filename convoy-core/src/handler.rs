@@ -89,7 +89,8 @@ pub trait EventHandler: Send + Sync + 'static {
 
 /// What a consumer calls for each message: an event handler as it is, or a
 /// process manager with its state loading and saving around the handler.
-pub(crate) trait Dispatch: Send + Sync + 'static {
+#[doc(hidden)]
+pub trait Dispatch: Send + Sync + 'static {
     /// Runs the message through the handler.
     fn dispatch<'a>(
         &'a self,
@@ -302,7 +303,8 @@ impl Context {
 
     /// Sets the outbox that `commit_in` writes to (the domain's, when it
     /// can write in the caller's transaction).
-    pub(crate) fn with_outbox(mut self, outbox: Option<Arc<dyn TransactionalOutbox>>) -> Self {
+    #[doc(hidden)]
+    pub fn with_outbox(mut self, outbox: Option<Arc<dyn TransactionalOutbox>>) -> Self {
         self.outbox = outbox;
         self
     }
@@ -423,7 +425,8 @@ impl Context {
     }
 
     /// Keeps what a command handler returned (generated code calls it).
-    pub(crate) fn set_reply(&self, reply: Box<dyn Any + Send>) {
+    #[doc(hidden)]
+    pub fn set_reply(&self, reply: Box<dyn Any + Send>) {
         *self
             .reply
             .lock()
@@ -431,7 +434,8 @@ impl Context {
     }
 
     /// Takes what a command handler returned.
-    pub(crate) fn take_reply(&self) -> Option<Box<dyn Any + Send>> {
+    #[doc(hidden)]
+    pub fn take_reply(&self) -> Option<Box<dyn Any + Send>> {
         self.reply
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -439,7 +443,8 @@ impl Context {
     }
 
     /// Takes the events raised while handling.
-    pub(crate) fn take_raised(&self) -> PendingEvents {
+    #[doc(hidden)]
+    pub fn take_raised(&self) -> PendingEvents {
         let mut pending = self
             .pending
             .lock()
@@ -576,6 +581,28 @@ fn is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
         );
     }
     false
+}
+
+// `Context::commit_in` of the PostgreSQL outbox: an inherent method, so it
+// lives beside its type (convoy-postgres cannot add one).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Context {
+    /// Writes the events raised so far in the transaction open on `tx`
+    /// (feature `postgres`, with a `PgOutbox` as the domain's outbox):
+    /// they commit or roll back with the handler's own writes. Events
+    /// raised after this call are committed after the handler returns, as
+    /// usual. Returns how many were written.
+    pub async fn commit_in(&self, tx: &mut sqlx::PgConnection) -> Result<usize, Error> {
+        let outbox = self.outbox().ok_or(Error::Unsupported {
+                operation: "Context::commit_in",
+                broker: "memory outbox".into(),
+                hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
+            })?;
+        let envelopes = self.take_raised().into_envelopes();
+        outbox.insert_in(tx, &envelopes).await?;
+        Ok(envelopes.len())
+    }
 }
 
 impl fmt::Debug for HandlerError {

@@ -139,11 +139,15 @@ pub(crate) fn outbox_stats(pending: u64, oldest_pending_ms: Option<u64>, abandon
     ::metrics::gauge!(OUTBOX_ABANDONED).set(abandoned as f64);
 }
 
-pub(crate) fn owned(handler: &'static str, n: usize) {
+/// Records how many units `handler` owns in this process.
+#[doc(hidden)]
+pub fn owned(handler: &'static str, n: usize) {
     ::metrics::gauge!(PARTITIONS_OWNED, "handler" => handler).set(n as f64);
 }
 
-pub(crate) fn partitions(category: &'static str, n: usize, over_threshold: bool) {
+/// Records how many partitions `category` has, and whether that is over the warning threshold.
+#[doc(hidden)]
+pub fn partitions(category: &'static str, n: usize, over_threshold: bool) {
     ::metrics::gauge!(PARTITIONS, "category" => category).set(n as f64);
     ::metrics::gauge!(PARTITION_WARNING, "category" => category).set(if over_threshold {
         1.0
@@ -152,7 +156,9 @@ pub(crate) fn partitions(category: &'static str, n: usize, over_threshold: bool)
     });
 }
 
-pub(crate) fn gap(handler: &'static str) {
+/// Counts a gap `handler` saw before an event (a dead-lettered predecessor).
+#[doc(hidden)]
+pub fn gap(handler: &'static str) {
     ::metrics::counter!(GAPS, "handler" => handler).increment(1);
 }
 
@@ -165,45 +171,57 @@ pub(crate) fn paused_for(handler: &'static str, took: Duration) {
         .increment(took.as_secs_f64().round() as u64);
 }
 
-pub(crate) fn halted(handler: &'static str) {
+/// Counts a partition of `handler` halted on a poison head.
+#[doc(hidden)]
+pub fn halted(handler: &'static str) {
     ::metrics::counter!(PARTITIONS_HALTED, "handler" => handler).increment(1);
 }
 
-pub(crate) fn acquired(handler: &'static str, n: usize) {
+/// Counts `n` leases `handler` took.
+#[doc(hidden)]
+pub fn acquired(handler: &'static str, n: usize) {
     ::metrics::counter!(LEASE_ACQUIRED, "handler" => handler).increment(n as u64);
 }
 
-pub(crate) fn lost(handler: &'static str, n: usize) {
+/// Counts `n` leases `handler` lost.
+#[doc(hidden)]
+pub fn lost(handler: &'static str, n: usize) {
     ::metrics::counter!(LEASE_LOST, "handler" => handler).increment(n as u64);
 }
 
-pub(crate) fn reclaimed(handler: &'static str, n: u64) {
+/// Counts `n` pending entries `handler` reclaimed from earlier generations.
+#[doc(hidden)]
+pub fn reclaimed(handler: &'static str, n: u64) {
     ::metrics::counter!(RECLAIMED, "handler" => handler).increment(n);
 }
 
-pub(crate) fn missing(handler: &'static str, n: usize) {
+/// Counts `n` pending entries of `handler` whose stream entries were gone.
+#[doc(hidden)]
+pub fn missing(handler: &'static str, n: usize) {
     ::metrics::counter!(MISSING_ENTRIES, "handler" => handler).increment(n as u64);
 }
 
-pub(crate) fn state_lost(handler: &'static str) {
+/// Counts a process-manager instance of `handler` whose state was lost.
+#[doc(hidden)]
+pub fn state_lost(handler: &'static str) {
     ::metrics::counter!(STATE_LOST, "handler" => handler).increment(1);
 }
 
-pub(crate) fn replication_lost(
-    category: &str,
-    shard: u32,
-    what: &'static str,
-    seen_by: &str,
-    n: u64,
-) {
+/// Counts `n` writes the broker found lost by a failover (`what`, in `category`'s `shard`, seen by `seen_by`).
+#[doc(hidden)]
+pub fn replication_lost(category: &str, shard: u32, what: &'static str, seen_by: &str, n: u64) {
     ::metrics::counter!(REPLICATION_LOST, "category" => category.to_owned(), "shard" => shard.to_string(), "what" => what, "seen_by" => seen_by.to_owned()).increment(n);
 }
 
-pub(crate) fn reconnected() {
+/// Counts a reconnection to Redis.
+#[doc(hidden)]
+pub fn reconnected() {
     ::metrics::counter!(REDIS_RECONNECTS).increment(1);
 }
 
-pub(crate) fn lag(handler: &'static str, category: &'static str, n: i64) {
+/// Records the lag of `handler` on `category` (published minus acknowledged).
+#[doc(hidden)]
+pub fn lag(handler: &'static str, category: &'static str, n: i64) {
     ::metrics::gauge!(LAG, "handler" => handler, "category" => category).set(n.max(0) as f64);
 }
 

@@ -24,11 +24,11 @@
 //! a sequential process manager (its units are correlation values).
 
 use crate::key::DLQ_TOKEN;
-pub(crate) use crate::key::OWN_PREFIX;
+pub use crate::key::OWN_PREFIX;
 
 /// The scope of a sequential process manager's units: a correlation value
 /// spans every category it subscribes to.
-pub(crate) const CORRELATION_SCOPE: &str = "*";
+pub const CORRELATION_SCOPE: &str = "*";
 
 /// The stream operator actions outside any shard are recorded in (the
 /// outbox's `retry` and `discard`); actions on a partition are recorded in
@@ -36,7 +36,7 @@ pub(crate) const CORRELATION_SCOPE: &str = "*";
 pub const AUDIT_STREAM: &str = "convoy:audit";
 
 /// Approximate cap of each category's wake stream.
-pub(crate) const WAKE_MAXLEN: u64 = 100_000;
+pub const WAKE_MAXLEN: u64 = 100_000;
 
 pub use crate::config::{DEFAULT_SHARDS, MAX_SHARDS};
 

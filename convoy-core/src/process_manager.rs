@@ -179,13 +179,22 @@ const CONFLICT_RETRIES: usize = 5;
 
 /// A process manager as a consumer sees it: load the instance, run the
 /// handler on its state, save it with a version check.
-pub(crate) struct PmDispatch<P> {
+#[doc(hidden)]
+pub struct PmDispatch<P> {
     store: Arc<dyn StateStore>,
     _pm: PhantomData<fn() -> P>,
 }
 
+impl<P> std::fmt::Debug for PmDispatch<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PmDispatch").finish_non_exhaustive()
+    }
+}
+
 impl<P: ProcessManager> PmDispatch<P> {
-    pub(crate) fn new(store: Arc<dyn StateStore>) -> Self {
+    /// The dispatch of `P`, its instances kept in `store`.
+    #[doc(hidden)]
+    pub fn new(store: Arc<dyn StateStore>) -> Self {
         PmDispatch {
             store,
             _pm: PhantomData,

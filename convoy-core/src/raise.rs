@@ -10,7 +10,7 @@ use crate::message::{Event, Message};
 
 /// Events raised but not yet committed.
 #[derive(Debug, Default)]
-pub(crate) struct PendingEvents {
+pub struct PendingEvents {
     envelopes: Vec<Envelope>,
     /// Each category raised, with the key field it was routed by (`None`:
     /// unkeyed) and the raised type's fields, once.
@@ -26,7 +26,7 @@ impl PendingEvents {
     ///
     /// The key is the value of the category's `sequential_by` field; a value
     /// that breaks a key rule fails here and nothing is kept.
-    pub(crate) fn push<E: Event>(
+    pub fn push<E: Event>(
         &mut self,
         event: &E,
         policy: &KeyPolicy,
@@ -47,21 +47,22 @@ impl PendingEvents {
 
     /// Each category raised, with the key field its events were routed by
     /// (`None`: without a key).
-    pub(crate) fn key_fields(&self) -> &[RaisedKey] {
+    pub fn key_fields(&self) -> &[RaisedKey] {
         &self.key_fields
     }
 
     /// How many events are pending.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.envelopes.len()
     }
 
     /// Whether no event is pending.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.envelopes.is_empty()
     }
 
-    pub(crate) fn into_envelopes(self) -> Vec<Envelope> {
+    /// The events, in the order they were raised.
+    pub fn into_envelopes(self) -> Vec<Envelope> {
         self.envelopes
     }
 }

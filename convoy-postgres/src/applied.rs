@@ -5,9 +5,9 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 
 use super::{PgOutbox, missing_table, pg_error};
-use crate::envelope::Origin;
-use crate::error::Error;
-use crate::handler::{Context, Position};
+use convoy_core::envelope::Origin;
+use convoy_core::error::Error;
+use convoy_core::handler::{Context, Position};
 
 /// What [`AppliedEvents::claim`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,23 +272,5 @@ impl AppliedEvents {
             .await
             .map_err(pg_error(self.context(ctx, "advance")))?;
         Ok(Applied::New)
-    }
-}
-
-impl Context {
-    /// Writes the events raised so far in the transaction open on `tx`
-    /// (feature `postgres`, with a [`PgOutbox`] as the domain's outbox):
-    /// they commit or roll back with the handler's own writes. Events
-    /// raised after this call are committed after the handler returns, as
-    /// usual. Returns how many were written.
-    pub async fn commit_in(&self, tx: &mut PgConnection) -> Result<usize, Error> {
-        let outbox = self.outbox().ok_or(Error::Unsupported {
-                operation: "Context::commit_in",
-                broker: "memory outbox".into(),
-                hint: "it needs a PgOutbox as the domain's outbox: set [outbox] postgres_url or call .outbox(PgOutbox::...)",
-            })?;
-        let envelopes = self.take_raised().into_envelopes();
-        outbox.insert_in(tx, &envelopes).await?;
-        Ok(envelopes.len())
     }
 }

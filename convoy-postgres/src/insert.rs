@@ -5,8 +5,8 @@ use sqlx::postgres::PgConnection;
 
 use super::schema::Tables;
 use super::{missing_table, pg_error};
-use crate::envelope::Envelope;
-use crate::error::Error;
+use convoy_core::envelope::Envelope;
+use convoy_core::error::Error;
 
 /// Inserts `envelopes` in the transaction open on `conn`.
 ///

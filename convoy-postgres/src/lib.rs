@@ -4,9 +4,9 @@
 //!
 //! # Commit events with your state
 //!
-//! Raise events in a unit of work (or a handler's [`Context`](crate::Context)) and write
+//! Raise events in a unit of work (or a handler's [`Context`](convoy_core::Context)) and write
 //! them in your own `sqlx` transaction with
-//! [`UnitOfWork::commit_in`](crate::UnitOfWork::commit_in) before
+//! `UnitOfWork::commit_in` before
 //! `tx.commit()`: the state change and its events commit or roll back
 //! together. A `kill -9` right after the commit loses nothing: the rows
 //! wait in the table until a relay publishes them.
@@ -75,12 +75,12 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRo
 use sqlx::{AssertSqlSafe, Row};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::validate::is_sql_identifier;
-use crate::config::{OutboxConfig, redact_url};
-use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::future::BoxFuture;
-use crate::outbox::{
+use convoy_core::config::validate::is_sql_identifier;
+use convoy_core::config::{OutboxConfig, redact_url};
+use convoy_core::envelope::Envelope;
+use convoy_core::error::Error;
+use convoy_core::future::BoxFuture;
+use convoy_core::outbox::{
     OutboxProcessor, OutboxRecord, OutboxStats, OutboxStatus, OutboxStore, TransactionalOutbox,
 };
 
@@ -89,8 +89,8 @@ use schema::Tables;
 /// A transactional outbox in a PostgreSQL table. Cheap to clone.
 ///
 /// Rows are written in the caller's transaction
-/// ([`UnitOfWork::commit_in`](crate::UnitOfWork::commit_in)), or in a
-/// transaction of their own by [`UnitOfWork::commit`](crate::UnitOfWork::commit).
+/// (`UnitOfWork::commit_in`), or in a
+/// transaction of their own by `UnitOfWork::commit`.
 /// See the [module documentation](self) for the ordering and relay rules.
 #[derive(Clone)]
 pub struct PgOutbox {

@@ -10,11 +10,11 @@ use sqlx::{AssertSqlSafe, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::{PgOutbox, pg_error};
-use crate::backoff::{Backoff, sleep_or_stop};
-use crate::broker::Producer;
-use crate::error::{Error, chain};
-use crate::outbox::OutboxProcessor;
-use crate::outbox::processor::STATS_EVERY;
+use convoy_core::backoff::{Backoff, sleep_or_stop};
+use convoy_core::broker::Producer;
+use convoy_core::error::{Error, chain};
+use convoy_core::outbox::OutboxProcessor;
+use convoy_core::outbox::processor::STATS_EVERY;
 
 /// Rows deleted per retention sweep statement.
 const SWEEP_BATCH: i64 = 10_000;

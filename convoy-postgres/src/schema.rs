@@ -15,7 +15,7 @@
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 
-use crate::error::Error;
+use convoy_core::error::Error;
 
 use super::pg_error;
 

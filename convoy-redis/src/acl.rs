@@ -18,7 +18,7 @@
 //! process-manager state). Glob characters in a category's name are
 //! escaped; `{` and `}` are not glob characters.
 
-use crate::names;
+use convoy_core::names;
 
 /// Every command convoy runs, as ACL command rules (subcommands named
 /// where convoy uses only some). Connection set-up (`AUTH`, `HELLO`) is

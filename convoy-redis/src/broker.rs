@@ -17,14 +17,14 @@ use super::scripts::Replicated;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
 use super::wake;
-use crate::broker::{
+use convoy_core::broker::{
     Broker, Capabilities, ConsumerPlan, KeyUse, Producer, Publication, PublishError,
 };
-use crate::config::BrokerConfig;
-use crate::error::{Error, chain};
-use crate::future::BoxFuture;
-use crate::names;
-use crate::process_manager::StateStore;
+use convoy_core::config::BrokerConfig;
+use convoy_core::error::{Error, chain};
+use convoy_core::future::BoxFuture;
+use convoy_core::names;
+use convoy_core::process_manager::StateStore;
 
 /// How long a recheck of the published counts waits for each shard.
 const RECHECK_WITHIN: Duration = Duration::from_secs(1);
@@ -411,7 +411,7 @@ impl Broker for RedisBroker {
             // A category whose shard count differs from the one Redis
             // recorded would read other streams than its publishers write:
             // the engine fails to start (Redis being down is waited out).
-            let mut backoff = crate::backoff::Backoff::reconnect();
+            let mut backoff = convoy_core::backoff::Backoff::reconnect();
             loop {
                 match self.check_subscribed_shards(&plan).await {
                     Ok(()) => break,
@@ -451,7 +451,7 @@ impl Broker for RedisBroker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::{Envelope, Priority};
+    use convoy_core::envelope::{Envelope, Priority};
 
     fn publication(stream: String, key: Option<&str>) -> Publication {
         Publication {

@@ -16,8 +16,8 @@ use redis::cluster_routing::Slot;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::OnceCell;
 
-use crate::config::{cluster_nodes, redact_url};
-use crate::error::Error;
+use convoy_core::config::{cluster_nodes, redact_url};
+use convoy_core::error::Error;
 
 /// How long a blocking read waits before it checks for shutdown.
 pub(crate) const BLOCK: Duration = Duration::from_millis(1000);
@@ -317,7 +317,7 @@ impl Recovering {
                     Err(poisoned) => *poisoned.into_inner() = c,
                 }
                 inner.failures.store(0, Ordering::Relaxed);
-                crate::metrics::reconnected();
+                convoy_core::metrics::reconnected();
                 tracing::warn!(url = %inner.url, failures, "rebuilt the Redis Cluster connection: it failed {failures} times in a row while a new one answers");
             }
             Ok(Err(e)) => {

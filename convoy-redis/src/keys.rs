@@ -44,7 +44,7 @@
 //! one process manager must have the same shard count: a correlation
 //! value's streams in each are then in one shard, and so in one hash slot.
 
-pub use crate::names::{
+pub use convoy_core::names::{
     AUDIT_STREAM, CATEGORIES, DEFAULT_SHARDS, MAX_SHARDS, acked, alive, audit, backfill_stream,
     base_backfill_stream, base_groups, base_shard, base_stream, category_dlq, groups, instances,
     key_field, lease, partition_dlq, partition_index, partition_stream, paused, pm_state,

@@ -8,9 +8,9 @@
 use redis::Value;
 
 use super::connection::Conn;
-use crate::broker::KeyUse;
-use crate::error::Error;
-use crate::names;
+use convoy_core::broker::KeyUse;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Records `configured` as `category`'s shard count unless one is recorded,
 /// and fails when the recorded count differs.

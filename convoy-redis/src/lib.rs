@@ -43,7 +43,7 @@
 //! | `acl.rs` | [`acl`]: the least-privilege ACL rule for a domain's categories |
 //! | `reply.rs` | reading stream entries from replies |
 //!
-//! A broker implementation sees a [`ConsumerPlan`](crate::broker::ConsumerPlan),
+//! A broker implementation sees a [`ConsumerPlan`](convoy_core::broker::ConsumerPlan),
 //! never the domain, the engine or a unit of work.
 
 pub mod acl;
@@ -64,16 +64,16 @@ mod wake;
 pub use broker::RedisBroker;
 
 /// The SHA1 (lowercase hex) of one of convoy's own Lua scripts, by its file
-/// stem in `convoy-runtime/src/redis/lua/`: `"read"` (the fenced read),
+/// stem in `convoy-redis/src/lua/`: `"read"` (the fenced read),
 /// `"ack"`, `"claim"`, `"fail"`, `"acquire"`, `"release"`, `"reap"`,
 /// `"publish"`, `"plain_ack"`, `"dead_letter"`, `"save_state"`,
 /// `"head_action"`, `"replay"`. `None` for an unknown name.
 ///
 /// Use it with the test kit's
-/// [`Match::Script`](crate::testing::Match::Script) to hit one step of the
+/// `Match::Script` to hit one step of the
 /// engine's protocol through the fault proxy (the kit itself knows nothing
 /// of the runtime; it is re-exported as
-/// [`testing::script_sha`](crate::testing::script_sha)).
+/// `convoy_runtime::testing::script_sha`).
 ///
 /// The hash is that of the script as the engine sends it (fenced scripts
 /// carry the shared fence check in front of the file's code).

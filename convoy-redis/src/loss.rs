@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::broker::Publication;
+use convoy_core::broker::Publication;
 
 /// How many of its last outbox seqs the publisher keeps per shard and
 /// category, to name lost events.
@@ -183,6 +183,6 @@ pub(crate) fn reported(
     seen_by: &str,
     message: &str,
 ) {
-    crate::metrics::replication_lost(category, shard, what, seen_by, lost);
+    convoy_core::metrics::replication_lost(category, shard, what, seen_by, lost);
     tracing::error!(category, shard, lost, what, seen_by, "{message}");
 }

@@ -11,13 +11,13 @@ use super::connection::{BLOCK, Conn, Connection};
 use super::reply::{Entry, entries, first_stream_entries};
 use super::scripts::dead_letter::DeadLetter;
 use super::scripts::plain_ack::PlainAck;
-use crate::backoff::{Backoff, sleep_or_stop};
-use crate::broker::{Attempt, ConsumerPlan, Subscription};
-use crate::envelope::now_ms;
-use crate::error::{Error, chain};
-use crate::handler::HandlerError;
-use crate::key::Escaped;
-use crate::names;
+use convoy_core::backoff::{Backoff, sleep_or_stop};
+use convoy_core::broker::{Attempt, ConsumerPlan, Subscription};
+use convoy_core::envelope::now_ms;
+use convoy_core::error::{Error, chain};
+use convoy_core::handler::HandlerError;
+use convoy_core::key::Escaped;
+use convoy_core::names;
 
 /// Entries per read.
 const BATCH: usize = 100;
@@ -260,7 +260,7 @@ impl PlainConsumer {
                 Err(e) if e.is_transient() => {
                     // A dependency is down, not the event at fault: retried
                     // for as long as it lasts, never dead-lettered.
-                    let wait = crate::backoff::jitter(retry.transient_backoff(attempt));
+                    let wait = convoy_core::backoff::jitter(retry.transient_backoff(attempt));
                     tracing::debug!(handler = self.sub().name, stream, entry = %entry.id, attempt, error = %Escaped(&e.to_string()), "transient failure; retrying");
                     if sleep_or_stop(wait, shutdown).await {
                         return Ok(false);

@@ -2,8 +2,8 @@
 
 use redis::Value;
 
-use crate::envelope::Envelope;
-use crate::error::Error;
+use convoy_core::envelope::Envelope;
+use convoy_core::error::Error;
 
 /// One stream entry as read: its id and its fields, or `None` when the
 /// entry was deleted while pending.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use super::connection::{Conn, Connection};
 use super::scripts::save_state::{SaveState, Saved};
-use crate::error::Error;
-use crate::future::BoxFuture;
-use crate::names;
-use crate::process_manager::{StateStore, StoredState};
+use convoy_core::error::Error;
+use convoy_core::future::BoxFuture;
+use convoy_core::names;
+use convoy_core::process_manager::{StateStore, StoredState};
 
 /// Process-manager state kept in Redis.
 pub(crate) struct RedisStateStore {

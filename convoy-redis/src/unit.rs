@@ -7,7 +7,7 @@
 //! derived from those once, here. Every one of them starts with the hash
 //! tag of the key's shard, so each script on a unit touches one hash slot.
 
-use crate::names;
+use convoy_core::names;
 
 /// One category's streams of a unit, and the category's names it touches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::{BLOCK, Conn, Connection, query_by_slot};
 use super::reply::{first_stream_entries, text};
-use crate::backoff::Backoff;
-use crate::error::{Error, chain};
-use crate::names;
+use convoy_core::backoff::Backoff;
+use convoy_core::error::{Error, chain};
+use convoy_core::names;
 
 /// Writes the wake-ups of `(category, key)` pairs (with `released`: the
 /// keys' leases were just released), after the change they announce is

@@ -18,11 +18,13 @@
 //! unit of work.
 
 mod inline;
-pub(crate) mod outage;
+#[doc(hidden)]
+pub mod outage;
 mod plan;
 
 pub use inline::{DeadLetter, InlineBroker};
-pub(crate) use plan::HealthState;
+#[doc(hidden)]
+pub use plan::HealthState;
 pub use plan::{Attempt, ConsumerPlan, Subscription};
 
 use std::any::Any;
@@ -122,7 +124,8 @@ impl KeyUse<'_> {
 /// ([`Broker::check_category`]), made before a commit. Cheap to clone: one
 /// per domain, shared by its units of work.
 #[derive(Clone)]
-pub(crate) struct RaisedCheck {
+#[doc(hidden)]
+pub struct RaisedCheck {
     broker: Arc<dyn Broker>,
     /// When the broker last could not answer (ms since the Unix epoch; 0:
     /// never).
@@ -137,7 +140,8 @@ impl std::fmt::Debug for RaisedCheck {
 
 impl RaisedCheck {
     /// The check against `broker`.
-    pub(crate) fn new(broker: Arc<dyn Broker>) -> Self {
+    #[doc(hidden)]
+    pub fn new(broker: Arc<dyn Broker>) -> Self {
         RaisedCheck {
             broker,
             failed_at: Arc::default(),
@@ -150,7 +154,8 @@ impl RaisedCheck {
     /// again before it publishes), and then commits skip the check for
     /// [`RAISED_CHECK_PAUSE`], so raising and committing never wait long
     /// on a broker that is down.
-    pub(crate) async fn check(&self, raised: Vec<RaisedKey>) -> Result<(), Error> {
+    #[doc(hidden)]
+    pub async fn check(&self, raised: Vec<RaisedKey>) -> Result<(), Error> {
         use std::sync::atomic::Ordering;
         let since = self.failed_at.load(Ordering::Relaxed);
         let pause = RAISED_CHECK_PAUSE.as_millis() as u64;

@@ -30,7 +30,8 @@ use crate::metrics;
 
 /// What [`Outage::admit`] decided for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admission {
+#[doc(hidden)]
+pub enum Admission {
     /// The handler is not paused: run it.
     Run,
     /// The handler is paused and this event is its probe: run it, then
@@ -41,7 +42,8 @@ pub(crate) enum Admission {
 
 /// One handler's transient failures on this instance.
 #[derive(Debug)]
-pub(crate) struct Outage {
+#[doc(hidden)]
+pub struct Outage {
     handler: &'static str,
     threshold: usize,
     retry: RetryConfig,
@@ -67,11 +69,8 @@ struct State {
 impl Outage {
     /// The outage view of `handler`, with `[server.retry]`'s threshold and
     /// back-off, reporting to `health`.
-    pub(crate) fn new(
-        handler: &'static str,
-        retry: &RetryConfig,
-        health: Arc<HealthState>,
-    ) -> Self {
+    #[doc(hidden)]
+    pub fn new(handler: &'static str, retry: &RetryConfig, health: Arc<HealthState>) -> Self {
         Outage {
             handler,
             threshold: retry.outage_threshold as usize,
@@ -95,7 +94,8 @@ impl Outage {
     /// When the current pause started, in ms since the Unix epoch; `None`
     /// while not paused. The heartbeat publishes it for the operators'
     /// tools.
-    pub(crate) fn paused_since_ms(&self) -> Option<u64> {
+    #[doc(hidden)]
+    pub fn paused_since_ms(&self) -> Option<u64> {
         let since = self.state().paused_since?;
         let ago = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
         Some(crate::envelope::now_ms().saturating_sub(ago))
@@ -104,7 +104,8 @@ impl Outage {
     /// Waits until an event may start: at once when the handler is not
     /// paused; while it is, until this worker gets the probe or the
     /// handler resumes. Cancel-safe (a probe is taken only on return).
-    pub(crate) async fn admit(&self) -> Admission {
+    #[doc(hidden)]
+    pub async fn admit(&self) -> Admission {
         loop {
             let notified = self.resumed.notified();
             let wait = {
@@ -131,7 +132,8 @@ impl Outage {
 
     /// `key`'s event failed with a transient error (`error`, for the log);
     /// `probe` when it was the paused handler's probe.
-    pub(crate) fn failed(&self, key: &str, probe: bool, error: &str) {
+    #[doc(hidden)]
+    pub fn failed(&self, key: &str, probe: bool, error: &str) {
         let mut s = self.state();
         s.failing.insert(key.to_owned());
         if probe {
@@ -158,7 +160,8 @@ impl Outage {
     }
 
     /// `key`'s event succeeded (a probe's success resumes the handler).
-    pub(crate) fn succeeded(&self, key: &str, probe: bool) {
+    #[doc(hidden)]
+    pub fn succeeded(&self, key: &str, probe: bool) {
         let mut s = self.state();
         let noted = s.failing.remove(key);
         if probe {
@@ -187,7 +190,8 @@ impl Outage {
 
     /// `key` no longer has an event here (its worker ended): it no longer
     /// counts as failing.
-    pub(crate) fn forget(&self, key: &str, probe: bool) {
+    #[doc(hidden)]
+    pub fn forget(&self, key: &str, probe: bool) {
         let mut s = self.state();
         s.failing.remove(key);
         if probe {

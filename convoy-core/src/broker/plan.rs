@@ -25,36 +25,47 @@ use crate::registry::Registry;
 /// One handler's (or process manager's) subscription: what it consumes.
 pub struct Subscription {
     /// The handler (or process manager).
-    pub(crate) handler: Arc<dyn Dispatch>,
+    #[doc(hidden)]
+    pub handler: Arc<dyn Dispatch>,
     /// The handler's name (its consumer group).
-    pub(crate) name: &'static str,
+    #[doc(hidden)]
+    pub name: &'static str,
     /// The category it consumes (the first, for a process manager spanning
     /// several).
-    pub(crate) category: &'static str,
+    #[doc(hidden)]
+    pub category: &'static str,
     /// Every category one of its units spans: `[category]` for a handler;
     /// each subscribed category for a sequential process manager, whose
     /// unit is a correlation value.
-    pub(crate) categories: Vec<&'static str>,
+    #[doc(hidden)]
+    pub categories: Vec<&'static str>,
     /// What units are named after: the category for a handler,
     /// [`CORRELATION_SCOPE`] for a process manager's correlation values.
-    pub(crate) scope: &'static str,
+    #[doc(hidden)]
+    pub scope: &'static str,
     /// The category's partition key field, when the category is partitioned
     /// (then the handler consumes partition streams under leases).
-    pub(crate) key_field: Option<&'static str>,
+    #[doc(hidden)]
+    pub key_field: Option<&'static str>,
     /// Whether some handled type carries the key field: those events live
     /// in partition streams.
-    pub(crate) reads_partitions: bool,
+    #[doc(hidden)]
+    pub reads_partitions: bool,
     /// Whether some handled type does not carry the key field (or the
     /// category is not partitioned): those events live in `{category}`.
-    pub(crate) reads_base: bool,
+    #[doc(hidden)]
+    pub reads_base: bool,
     /// The handled types read from `{category}` (without a key).
-    pub(crate) unkeyed: Vec<&'static MessageDescriptor>,
+    #[doc(hidden)]
+    pub unkeyed: Vec<&'static MessageDescriptor>,
     /// The handler's `on_poison = "dead_letter"` (false for process
     /// managers: they always halt).
-    pub(crate) dead_letter_poison: bool,
+    #[doc(hidden)]
+    pub dead_letter_poison: bool,
     /// A process manager's subscription (its poisoned heads always halt,
     /// whatever the configuration says).
-    pub(crate) process_manager: bool,
+    #[doc(hidden)]
+    pub process_manager: bool,
     pub(crate) metrics: HandlerMetrics,
 }
 
@@ -85,12 +96,14 @@ impl Subscription {
     }
 
     /// The fields of each handled type it reads without a key.
-    pub(crate) fn unkeyed_fields(&self) -> impl Iterator<Item = &'static [&'static str]> + '_ {
+    #[doc(hidden)]
+    pub fn unkeyed_fields(&self) -> impl Iterator<Item = &'static [&'static str]> + '_ {
         self.unkeyed.iter().map(|m| m.fields)
     }
 
     /// An event handler's subscription to its category.
-    pub(crate) fn for_handler(
+    #[doc(hidden)]
+    pub fn for_handler(
         d: &'static HandlerDescriptor,
         handler: Arc<dyn Dispatch>,
         registry: &Registry,
@@ -117,7 +130,8 @@ impl Subscription {
     /// subscribed category (units are correlation values) when it is
     /// sequential, else one per category, consumed like an event
     /// handler's.
-    pub(crate) fn for_process_manager(
+    #[doc(hidden)]
+    pub fn for_process_manager(
         d: &'static ProcessManagerDescriptor,
         dispatch: &Arc<dyn Dispatch>,
         registry: &Registry,
@@ -171,7 +185,8 @@ impl Subscription {
 /// `EngineHandle::health`: the units (leased partitions or correlation
 /// values) they own and how many of those are halted.
 #[derive(Debug, Default)]
-pub(crate) struct HealthState {
+#[doc(hidden)]
+pub struct HealthState {
     owned: AtomicUsize,
     halted: AtomicUsize,
     /// Handlers paused on this instance by an outage of a dependency.
@@ -180,19 +195,22 @@ pub(crate) struct HealthState {
 
 impl HealthState {
     /// A worker started on a unit it owns.
-    pub(crate) fn unit_started(&self) {
+    #[doc(hidden)]
+    pub fn unit_started(&self) {
         self.owned.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A worker ended (its unit is no longer owned).
-    pub(crate) fn unit_stopped(&self) {
+    #[doc(hidden)]
+    pub fn unit_stopped(&self) {
         let _ = self
             .owned
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
     /// An owned unit became halted (`true`) or resumed (`false`).
-    pub(crate) fn halted(&self, on: bool) {
+    #[doc(hidden)]
+    pub fn halted(&self, on: bool) {
         if on {
             self.halted.fetch_add(1, Ordering::SeqCst);
         } else {
@@ -203,7 +221,8 @@ impl HealthState {
     }
 
     /// A handler paused (`true`) or resumed (`false`) on this instance.
-    pub(crate) fn paused(&self, handler: &'static str, on: bool) {
+    #[doc(hidden)]
+    pub fn paused(&self, handler: &'static str, on: bool) {
         let mut p = self
             .paused
             .lock()
@@ -216,7 +235,8 @@ impl HealthState {
     }
 
     /// The handlers paused now, sorted.
-    pub(crate) fn paused_handlers(&self) -> Vec<String> {
+    #[doc(hidden)]
+    pub fn paused_handlers(&self) -> Vec<String> {
         self.paused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -226,12 +246,14 @@ impl HealthState {
     }
 
     /// Units owned now.
-    pub(crate) fn owned(&self) -> usize {
+    #[doc(hidden)]
+    pub fn owned(&self) -> usize {
         self.owned.load(Ordering::SeqCst)
     }
 
     /// Owned units halted now.
-    pub(crate) fn halted_units(&self) -> usize {
+    #[doc(hidden)]
+    pub fn halted_units(&self) -> usize {
         self.halted.load(Ordering::SeqCst)
     }
 }
@@ -270,11 +292,18 @@ impl Attempt {
 /// the configuration, this instance's id, and [`ConsumerPlan::invoke`] to
 /// run one event through a subscription's handler.
 pub struct ConsumerPlan {
-    pub(crate) subscriptions: Vec<Subscription>,
-    pub(crate) config: Config,
-    pub(crate) instance_id: String,
+    /// One per handler and process manager to consume for.
+    #[doc(hidden)]
+    pub subscriptions: Vec<Subscription>,
+    /// The domain's configuration.
+    #[doc(hidden)]
+    pub config: Config,
+    /// This engine instance's id.
+    #[doc(hidden)]
+    pub instance_id: String,
     /// What the consumers report for the engine's health.
-    pub(crate) health: Arc<HealthState>,
+    #[doc(hidden)]
+    pub health: Arc<HealthState>,
     registry: Arc<Registry>,
     policy: Arc<KeyPolicy>,
     outbox: OutboxHandle,
@@ -291,17 +320,20 @@ impl std::fmt::Debug for ConsumerPlan {
 
 impl ConsumerPlan {
     /// The partition key field of `category` in this domain, if any.
-    pub(crate) fn key_field(&self, category: &str) -> Option<&'static str> {
+    #[doc(hidden)]
+    pub fn key_field(&self, category: &str) -> Option<&'static str> {
         self.policy.key_field(category)
     }
 
     /// Every category this domain knows a partition key for, with it.
-    pub(crate) fn key_fields(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+    #[doc(hidden)]
+    pub fn key_fields(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
         self.policy.key_fields()
     }
 
     /// A plan from its parts; events the handlers raise go to `outbox`.
-    pub(crate) fn new(
+    #[doc(hidden)]
+    pub fn new(
         subscriptions: Vec<Subscription>,
         registry: Arc<Registry>,
         config: Config,

@@ -88,11 +88,14 @@ mod env;
 #[cfg(test)]
 mod tests;
 mod url;
-pub(crate) mod validate;
+#[doc(hidden)]
+pub mod validate;
 
 pub use env::{ENV_BROKER_URL, ENV_INSTANCE_ID};
 use env::{apply_env, convoy_vars};
-pub(crate) use url::{cluster_nodes, redact_urls_in};
+#[doc(hidden)]
+pub use url::cluster_nodes;
+pub(crate) use url::redact_urls_in;
 pub use url::{redact_url, url_secrets};
 
 /// The whole configuration of a domain.

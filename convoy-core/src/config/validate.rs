@@ -293,7 +293,8 @@ impl Problems {
 /// Whether `name` is an identifier convoy can put in SQL unquoted-safe form:
 /// lower-case ASCII letters, digits and `_`, not starting with a digit, at
 /// most 48 characters (room for the `_relay` and `_applied` suffixes).
-pub(crate) fn is_sql_identifier(name: &str) -> bool {
+#[doc(hidden)]
+pub fn is_sql_identifier(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 48
         && !name.starts_with(|c: char| c.is_ascii_digit())

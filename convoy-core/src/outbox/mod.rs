@@ -10,7 +10,8 @@
 //! passed to `Domain::builder().outbox(..)`.
 
 mod memory;
-pub(crate) mod processor;
+#[doc(hidden)]
+pub mod processor;
 
 pub use memory::MemoryOutbox;
 pub use processor::OutboxProcessor;
@@ -170,7 +171,8 @@ static PROCESS_IDENTITY: std::sync::LazyLock<String> =
 /// wake-up of its processor. Shared by the unit of work, command dispatch
 /// and the consumers (for the events their handlers raise).
 #[derive(Clone)]
-pub(crate) struct OutboxHandle {
+#[doc(hidden)]
+pub struct OutboxHandle {
     store: Arc<dyn OutboxStore>,
     /// The store, if it writes in the caller's transaction.
     transactional: Option<Arc<dyn TransactionalOutbox>>,
@@ -184,7 +186,9 @@ impl std::fmt::Debug for OutboxHandle {
 }
 
 impl OutboxHandle {
-    pub(crate) fn new(store: Arc<dyn OutboxStore>) -> Self {
+    /// A handle on `store`.
+    #[doc(hidden)]
+    pub fn new(store: Arc<dyn OutboxStore>) -> Self {
         OutboxHandle {
             transactional: store.clone().transactional(),
             store,
@@ -193,22 +197,26 @@ impl OutboxHandle {
     }
 
     /// The store.
-    pub(crate) fn store(&self) -> &Arc<dyn OutboxStore> {
+    #[doc(hidden)]
+    pub fn store(&self) -> &Arc<dyn OutboxStore> {
         &self.store
     }
 
     /// The store, if it writes in the caller's transaction.
-    pub(crate) fn transactional(&self) -> Option<Arc<dyn TransactionalOutbox>> {
+    #[doc(hidden)]
+    pub fn transactional(&self) -> Option<Arc<dyn TransactionalOutbox>> {
         self.transactional.clone()
     }
 
     /// What wakes the processor.
-    pub(crate) fn wake(&self) -> &Arc<Notify> {
+    #[doc(hidden)]
+    pub fn wake(&self) -> &Arc<Notify> {
         &self.wake
     }
 
     /// Appends the envelopes, all or none, and wakes the processor.
-    pub(crate) async fn append(&self, envelopes: Vec<Envelope>) -> Result<(), Error> {
+    #[doc(hidden)]
+    pub async fn append(&self, envelopes: Vec<Envelope>) -> Result<(), Error> {
         if envelopes.is_empty() {
             return Ok(());
         }

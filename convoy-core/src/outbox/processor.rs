@@ -21,7 +21,8 @@ const BATCH: usize = 512;
 
 /// How often a relay exports the outbox's statistics (reading them is not
 /// free: a count of the backlog).
-pub(crate) const STATS_EVERY: Duration = Duration::from_secs(5);
+#[doc(hidden)]
+pub const STATS_EVERY: Duration = Duration::from_secs(5);
 
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
@@ -347,18 +348,21 @@ impl OutboxProcessor {
 
     /// What wakes this processor when records are committed in this process.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn wake(&self) -> &Arc<Notify> {
+    #[doc(hidden)]
+    pub fn wake(&self) -> &Arc<Notify> {
         &self.wake
     }
 
     /// Nothing was left to publish: lets the broker look again at what it
     /// published last (see [`Broker::recheck_published`]).
-    pub(crate) async fn recheck_published(&self) {
+    #[doc(hidden)]
+    pub async fn recheck_published(&self) {
         self.broker.recheck_published().await;
     }
 
     /// The last publish of a stopping relay: what is pending, for up to 5 s.
-    pub(crate) async fn final_drain(&self, producer: &Producer) {
+    #[doc(hidden)]
+    pub async fn final_drain(&self, producer: &Producer) {
         match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

@@ -26,14 +26,15 @@ use crate::process_manager::ProcessManagerDescriptor;
 
 /// What the checks need to know of the broker.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BrokerFacts<'a> {
+#[doc(hidden)]
+pub struct BrokerFacts<'a> {
     /// The broker's name, for messages.
-    pub(crate) name: &'a str,
+    pub name: &'a str,
     /// Whether it advertises `STREAM_PARTITIONING`.
-    pub(crate) stream_partitioning: bool,
+    pub stream_partitioning: bool,
     /// Whether it advertises `SERIAL_DELIVERY` (one event at a time, in
     /// submission order: `sequential_by` is an accepted no-op there).
-    pub(crate) serial_delivery: bool,
+    pub serial_delivery: bool,
 }
 
 /// Everything declared, in a fixed order: messages by (wire name, Rust
@@ -304,7 +305,8 @@ pub(super) fn check_broker_partitions(
 /// `Domain::builder().handler(..)` would never handle anything, silently.
 /// `run` names what the domain runs. `Domain::init` logs these problems as
 /// warnings, or fails with them under `require_all_handlers`.
-pub(crate) fn check_every_declared_handler_runs(
+#[doc(hidden)]
+pub fn check_every_declared_handler_runs(
     handlers: &[&'static HandlerDescriptor],
     process_managers: &[&'static ProcessManagerDescriptor],
     run: &[&str],

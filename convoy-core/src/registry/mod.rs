@@ -13,7 +13,8 @@ use crate::key::KeyPolicy;
 use crate::message::MessageDescriptor;
 use crate::process_manager::{ProcessManagerDescriptor, ProcessManagerRegistration};
 use checks::Declarations;
-pub(crate) use checks::{BrokerFacts, check_every_declared_handler_runs};
+#[doc(hidden)]
+pub use checks::{BrokerFacts, check_every_declared_handler_runs};
 
 /// An `inventory` entry for one message type (submitted by the derives).
 #[doc(hidden)]
@@ -70,7 +71,8 @@ pub struct Registry {
 impl Registry {
     /// Validates the declarations with every check of `checks.rs`,
     /// reporting every problem found.
-    pub(crate) fn build(
+    #[doc(hidden)]
+    pub fn build(
         messages: impl IntoIterator<Item = &'static MessageDescriptor>,
         handlers: impl IntoIterator<Item = &'static HandlerDescriptor>,
         process_managers: impl IntoIterator<Item = &'static ProcessManagerDescriptor>,
@@ -125,7 +127,8 @@ impl Registry {
     }
 
     /// The key policy of the domain.
-    pub(crate) fn key_policy(&self, backfill_suffix: &str) -> KeyPolicy {
+    #[doc(hidden)]
+    pub fn key_policy(&self, backfill_suffix: &str) -> KeyPolicy {
         KeyPolicy::new(self.event_keys.clone(), backfill_suffix)
     }
 }

@@ -8,10 +8,10 @@ use redis::Value;
 use serde::Serialize;
 
 use super::{Admin, AdminError};
-use crate::error::Error;
-use crate::names::{self, AUDIT_STREAM};
-use crate::redis::connection::query_by_slot;
-use crate::redis::reply::{entries, int};
+use crate::connection::query_by_slot;
+use crate::reply::{entries, int};
+use convoy_core::error::Error;
+use convoy_core::names::{self, AUDIT_STREAM};
 
 /// One audit record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -57,7 +57,7 @@ pub struct KeyAudit {
 }
 
 impl AuditRecord {
-    fn from_entry(stream: &str, e: crate::redis::reply::Entry) -> AuditRecord {
+    fn from_entry(stream: &str, e: crate::reply::Entry) -> AuditRecord {
         AuditRecord {
             id: e.id,
             stream: stream.to_owned(),

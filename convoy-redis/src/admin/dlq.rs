@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{Admin, AdminError};
-use crate::envelope::{Envelope, now_ms};
-use crate::names;
-use crate::redis::reply::Entry;
-use crate::redis::scripts::replay::{Replay, ReplayHead, Replayed, ReplayedHead};
+use crate::reply::Entry;
+use crate::scripts::replay::{Replay, ReplayHead, Replayed, ReplayedHead};
+use convoy_core::envelope::{Envelope, now_ms};
+use convoy_core::names;
 
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,6 +1,6 @@
 //! Why an operator action did not happen.
 
-use crate::error::Error;
+use convoy_core::error::Error;
 
 /// Why an [`Admin`](super::Admin) operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +150,7 @@ pub enum AdminError {
     /// No consumer group is registered for the category.
     #[error(
         "no handler is registered for category {category} (the set {} is empty); start an engine with a sequential_by handler on it, or check the category name",
-        crate::names::groups(0, category)
+        convoy_core::names::groups(0, category)
     )]
     NoHandlers {
         /// The category.
@@ -197,7 +197,7 @@ pub enum AdminError {
         /// The name given.
         category: String,
         /// The rule it breaks.
-        rule: crate::key::CategoryRule,
+        rule: convoy_core::key::CategoryRule,
     },
 
     /// An outbox retry or discard of a record that is not abandoned.
@@ -216,7 +216,7 @@ pub enum AdminError {
     /// The action was done, but its audit record could not be written.
     #[error(
         "{done}, but its audit record could not be written to {}",
-        crate::names::AUDIT_STREAM
+        convoy_core::names::AUDIT_STREAM
     )]
     NotAudited {
         /// What was done.

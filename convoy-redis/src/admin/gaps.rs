@@ -2,8 +2,8 @@
 //! operator acknowledging one (audited) once it was reconciled.
 
 use super::{Admin, AdminError, PartitionStatus};
-use crate::envelope::now_ms;
-use crate::names;
+use convoy_core::envelope::now_ms;
+use convoy_core::names;
 
 impl Admin {
     /// The partitions of `category` (of `key` only, when given) with a gap
@@ -44,7 +44,7 @@ impl Admin {
             .arg("gap_entry")
             .query_async(&mut c)
             .await
-            .map_err(|e| crate::error::Error::redis("reading the gap record", e))?;
+            .map_err(|e| convoy_core::error::Error::redis("reading the gap record", e))?;
         let Some(entry) = entry else {
             return Ok(None);
         };
@@ -76,7 +76,7 @@ impl Admin {
             .ignore()
             .query_async(&mut c)
             .await
-            .map_err(|e| crate::error::Error::redis("clearing the gap record", e))?;
+            .map_err(|e| convoy_core::error::Error::redis("clearing the gap record", e))?;
         Ok(Some(entry))
     }
 }

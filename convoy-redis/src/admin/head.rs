@@ -5,9 +5,9 @@
 use serde::Serialize;
 
 use super::{Admin, AdminError, Lane};
-use crate::envelope::now_ms;
-use crate::names;
-use crate::redis::scripts::head_action::{HeadActed, HeadAction};
+use crate::scripts::head_action::{HeadActed, HeadAction};
+use convoy_core::envelope::now_ms;
+use convoy_core::names;
 
 /// Skip, dead-letter or retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

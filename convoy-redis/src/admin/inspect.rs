@@ -5,10 +5,10 @@ use serde::Serialize;
 
 use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
 use super::{Admin, AdminError, Lane};
-use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::names;
-use crate::redis::reply::{Entry, int, text};
+use crate::reply::{Entry, int, text};
+use convoy_core::envelope::Envelope;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// A unit's head entry, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

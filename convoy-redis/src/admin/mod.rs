@@ -104,7 +104,7 @@ pub use status::{GapRecord, PartitionStatus};
 pub use time::utc;
 
 /// The stream operator actions are recorded in.
-pub use crate::names::AUDIT_STREAM;
+pub use convoy_core::names::AUDIT_STREAM;
 
 use std::time::Duration;
 
@@ -117,8 +117,8 @@ use super::connection::{Client, Conn, Connection, query_by_slot};
 use super::layout::recorded_shards;
 use super::reply::{Entry, entries, text};
 use super::unit::Unit;
-use crate::error::Error;
-use crate::names;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Which lane of a partition an entry is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -387,10 +387,10 @@ impl Admin {
 }
 
 /// Refuses a name that cannot be a category (see
-/// [`check_category`](crate::key::check_category)), before any key is
+/// [`check_category`](convoy_core::key::check_category)), before any key is
 /// derived from it.
 fn check_category(category: &str) -> Result<(), AdminError> {
-    crate::key::check_category(category).map_err(|rule| AdminError::BadCategory {
+    convoy_core::key::check_category(category).map_err(|rule| AdminError::BadCategory {
         category: category.to_owned(),
         rule,
     })

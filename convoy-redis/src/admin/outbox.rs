@@ -10,10 +10,10 @@
 use serde::Serialize;
 
 use super::{Admin, AdminError};
-use crate::envelope::now_ms;
-use crate::error::Error;
-use crate::names::AUDIT_STREAM;
-use crate::outbox::{OutboxRecord, OutboxStatus, OutboxStore};
+use convoy_core::envelope::now_ms;
+use convoy_core::error::Error;
+use convoy_core::names::AUDIT_STREAM;
+use convoy_core::outbox::{OutboxRecord, OutboxStatus, OutboxStore};
 
 /// Retry or discard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -163,13 +163,13 @@ mod tests {
     fn only_an_abandoned_record_can_be_acted_on() {
         let record = |status| OutboxRecord {
             seq: 7,
-            envelope: crate::envelope::Envelope {
+            envelope: convoy_core::envelope::Envelope {
                 id: "m".into(),
                 type_name: "T".into(),
                 category: "c".into(),
                 partition_key: Some("k".into()),
                 time_ms: 0,
-                priority: crate::envelope::Priority::Normal,
+                priority: convoy_core::envelope::Priority::Normal,
                 correlation_id: None,
                 payload: "{}".into(),
                 origin: None,

@@ -15,10 +15,10 @@ use serde::Serialize;
 use super::super::connection::{query_by_slot, read_by_slot};
 use super::super::layout::recorded_key_field;
 use super::{Admin, AdminError, DeadLetter, Lane, PartitionStatus};
-use crate::envelope::Envelope;
-use crate::error::Error;
-use crate::names;
-use crate::redis::reply::{entries, int, text};
+use crate::reply::{entries, int, text};
+use convoy_core::envelope::Envelope;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Where a walk over a category's partition indexes stands: a shard, the
 /// `SSCAN` cursor in that shard's index, and how many keys of that call's
@@ -226,7 +226,7 @@ impl Admin {
             .query_async(&mut c)
             .await
             .map_err(|e| Error::redis(format!("failed to read {set}"), e))?;
-        let now = crate::envelope::now_ms();
+        let now = convoy_core::envelope::now_ms();
         let mut out = Vec::with_capacity(v.len());
         for (id, score) in v {
             let cmds = (0..shards)

@@ -9,10 +9,10 @@ use super::super::connection::read_by_slot;
 use super::super::layout::recorded_key_field;
 use super::status::{PartitionStatus, group_infos, ok_int, status, string_map};
 use super::{Admin, AdminError};
-use crate::error::Error;
-use crate::names;
-use crate::redis::connection::query_by_slot;
-use crate::redis::reply::text;
+use crate::connection::query_by_slot;
+use crate::reply::text;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Keys per pipeline when listing partitions.
 pub(super) const CHUNK: usize = 200;

@@ -8,10 +8,10 @@ use redis::Value;
 use serde::Serialize;
 
 use super::{Admin, AdminError};
-use crate::error::Error;
-use crate::names;
-use crate::redis::connection::query_by_slot;
-use crate::redis::reply::{int, text};
+use crate::connection::query_by_slot;
+use crate::reply::{int, text};
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// One unit: a partition key as one handler (consumer group) sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

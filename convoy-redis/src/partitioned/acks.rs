@@ -12,8 +12,8 @@ use super::super::connection::Connection;
 use super::super::scripts::Replicated;
 use super::super::scripts::ack::{Ack, AckItem, Acked};
 use super::super::unit::{At, Unit};
-use crate::envelope::now_ms;
-use crate::error::Error;
+use convoy_core::envelope::now_ms;
+use convoy_core::error::Error;
 
 /// The most acknowledgements one call carries.
 const MAX_BATCH: usize = 256;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::{Cmd, RedisResult, Value};
 
 use super::Counts;
-use crate::redis::connection::{Conn, query_each_slot};
-use crate::redis::reply::int;
+use crate::connection::{Conn, query_each_slot};
+use crate::reply::int;
 
 /// Where a (category, shard)'s three count replies start.
 #[derive(Debug, Clone, Copy)]

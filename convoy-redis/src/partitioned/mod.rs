@@ -27,15 +27,15 @@ use super::scripts::acquire::{self, Acquire, Acquired};
 use super::scripts::release::{Held, Release, Released};
 use super::unit::Unit;
 use super::wake;
-use crate::backoff::Backoff;
-use crate::broker::outage::Outage;
-use crate::broker::{ConsumerPlan, Subscription};
-use crate::config::{Config, RetryConfig};
-use crate::envelope::now_ms;
-use crate::error::{Error, chain};
-use crate::handler::Fence;
-use crate::key::Escaped;
-use crate::names::{self, CORRELATION_SCOPE};
+use convoy_core::backoff::Backoff;
+use convoy_core::broker::outage::Outage;
+use convoy_core::broker::{ConsumerPlan, Subscription};
+use convoy_core::config::{Config, RetryConfig};
+use convoy_core::envelope::now_ms;
+use convoy_core::error::{Error, chain};
+use convoy_core::handler::Fence;
+use convoy_core::key::Escaped;
+use convoy_core::names::{self, CORRELATION_SCOPE};
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -715,7 +715,7 @@ impl Coordinator {
             }
             tracing::debug!(handler = s.group(), owned, target, "released surplus units");
         }
-        crate::metrics::owned(s.group(), self.owned());
+        convoy_core::metrics::owned(s.group(), self.owned());
         again
     }
 
@@ -799,7 +799,7 @@ impl Coordinator {
                     if mono_ms() < s.deadline(shard) {
                         // The key should still be there: its TTL had not
                         // run out.
-                        crate::metrics::state_lost(s.group());
+                        convoy_core::metrics::state_lost(s.group());
                         tracing::error!(handler = s.group(), owner = %s.owner, shard, "Redis lost convoy's state: this instance's liveness key vanished before its TTL ran out (Redis restarted without persistence, was flushed, or failed over to a replica that had not received it); events published before may be lost; fence generations still never repeat");
                     }
                 }
@@ -858,8 +858,8 @@ impl Coordinator {
             t.2 += last.acked;
         }
         for (cat, (count, published, acked)) in categories.iter().zip(totals) {
-            crate::metrics::partitions(cat, count as usize, count > threshold);
-            crate::metrics::lag(s.group(), cat, published - acked);
+            convoy_core::metrics::partitions(cat, count as usize, count > threshold);
+            convoy_core::metrics::lag(s.group(), cat, published - acked);
             partitions += count as usize;
         }
         self.partitions = partitions;
@@ -981,8 +981,8 @@ impl Coordinator {
                 self.draining.insert(key.clone(), u.task);
             }
         }
-        crate::metrics::lost(s.group(), gone.len());
-        crate::metrics::owned(s.group(), self.owned());
+        convoy_core::metrics::lost(s.group(), gone.len());
+        convoy_core::metrics::owned(s.group(), self.owned());
         self.rescan_for(s.ttl());
         s.new_incarnation(shards.iter().copied());
         self.registered.retain(|shard| !shards.contains(shard));
@@ -1167,7 +1167,7 @@ impl Coordinator {
                 left = left.saturating_sub(1);
                 let key = unit.key.clone();
                 tracing::info!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
-                crate::metrics::acquired(s.group(), 1);
+                convoy_core::metrics::acquired(s.group(), 1);
                 let handle = worker::spawn(
                     s.clone(),
                     unit,

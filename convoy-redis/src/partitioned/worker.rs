@@ -36,14 +36,14 @@ use super::super::scripts::rest::{Rest, Rested};
 use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
-use crate::backoff::{Backoff, jitter};
-use crate::broker::Attempt;
-use crate::broker::outage::Admission;
-use crate::config::PoisonPolicy;
-use crate::envelope::now_ms;
-use crate::error::{Error, chain};
-use crate::handler::{Fence, Gap, HandlerError, Position};
-use crate::key::Escaped;
+use convoy_core::backoff::{Backoff, jitter};
+use convoy_core::broker::Attempt;
+use convoy_core::broker::outage::Admission;
+use convoy_core::config::PoisonPolicy;
+use convoy_core::envelope::now_ms;
+use convoy_core::error::{Error, chain};
+use convoy_core::handler::{Fence, Gap, HandlerError, Position};
+use convoy_core::key::Escaped;
 
 /// Entries read per fenced read from the primary lane.
 const PRIMARY_BATCH: usize = 100;
@@ -246,7 +246,7 @@ impl Worker {
     }
 
     fn lost(&self, why: Refusal) {
-        crate::metrics::lost(self.group(), 1);
+        convoy_core::metrics::lost(self.group(), 1);
         match why {
             Refusal::LeaseGone => {
                 tracing::error!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "{}", why.describe())
@@ -269,7 +269,7 @@ impl Worker {
             Ok(_) => {
                 tracing::error!(handler = self.group(), key = ?Escaped(&self.unit.key), stream, kind, "partition halted: {reason}");
                 self.set_halted(true);
-                crate::metrics::halted(self.group());
+                convoy_core::metrics::halted(self.group());
                 Ok(())
             }
             Err(exit) => Err(exit),
@@ -302,7 +302,7 @@ impl Worker {
             match r {
                 Ok(Claimed::Done { count, gone }) => {
                     if count > 0 {
-                        crate::metrics::reclaimed(self.group(), count);
+                        convoy_core::metrics::reclaimed(self.group(), count);
                         tracing::info!(handler = self.group(), key = ?Escaped(&unit.key), stream = ?Escaped(stream), claimed = count, "reclaimed pending entries of earlier owners");
                     }
                     if !gone.is_empty() {
@@ -564,20 +564,18 @@ impl Worker {
                     }
                     self.s
                         .plan
-                        .invoke(
-                            self.s.sub(),
-                            &env,
-                            Attempt {
-                                fence: Some(self.fence.clone()),
-                                position: Some(Position {
-                                    stream: stream.to_owned(),
-                                    entry_id: entry.id.clone(),
-                                }),
-                                dispatched_at,
-                                gap: self.gap.clone(),
-                                ..Attempt::new(attempt)
-                            },
-                        )
+                        .invoke(self.s.sub(), &env, {
+                            // `Attempt` is non-exhaustive outside convoy-core.
+                            let mut at = Attempt::new(attempt);
+                            at.fence = Some(self.fence.clone());
+                            at.position = Some(Position {
+                                stream: stream.to_owned(),
+                                entry_id: entry.id.clone(),
+                            });
+                            at.dispatched_at = dispatched_at;
+                            at.gap = self.gap.clone();
+                            at
+                        })
                         .await
                 }
                 Err(e) => Err(HandlerError::from(e)),
@@ -650,7 +648,7 @@ impl Worker {
                                 "partition halted: {why}; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
                             );
                             self.set_halted(true);
-                            crate::metrics::halted(self.group());
+                            convoy_core::metrics::halted(self.group());
                             return Step::Halted;
                         }
                         let wait = retry.backoff(n);
@@ -774,7 +772,7 @@ impl Worker {
             error = %Escaped(&reason),
             "poisoned head moved to the key's dead letters with a recorded gap (on_poison = dead_letter); the key goes on with its next event"
         );
-        crate::metrics::gap(self.group());
+        convoy_core::metrics::gap(self.group());
         self.gap = Some(Gap::new(entry.id.clone(), message_id, reason, dlq_id));
         self.set_halted(false);
         self.head = None;
@@ -834,7 +832,7 @@ impl Worker {
     /// from its stream: they can never be handled, and that is an error
     /// an operator must see, not a quiet skip.
     fn report_missing(&self, stream: &str, ids: &[String]) {
-        crate::metrics::missing(self.group(), ids.len());
+        convoy_core::metrics::missing(self.group(), ids.len());
         tracing::error!(
             handler = self.group(),
             key = ?Escaped(&self.unit.key),

@@ -5,9 +5,9 @@
 use redis::aio::ConnectionLike;
 
 use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
-use crate::error::Error;
-use crate::redis::reply::int;
-use crate::redis::unit::{At, Unit};
+use crate::reply::int;
+use crate::unit::{At, Unit};
+use convoy_core::error::Error;
 
 /// One unit's acknowledgement.
 #[derive(Debug)]

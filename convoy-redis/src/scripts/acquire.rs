@@ -11,11 +11,11 @@ use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
-use crate::error::Error;
-use crate::names;
-use crate::redis::connection::{Conn, query_by_slot};
-use crate::redis::reply::{int, text};
-use crate::redis::unit::Unit;
+use crate::connection::{Conn, query_by_slot};
+use crate::reply::{int, text};
+use crate::unit::Unit;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// The owner named by a fence token `{owner}:{generation}`.
 pub(crate) fn token_owner(token: &str) -> Option<&str> {

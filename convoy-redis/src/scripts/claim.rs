@@ -4,8 +4,8 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::redis::reply::text;
+use crate::reply::text;
+use convoy_core::error::Error;
 
 /// Reclaims `stream` of the caller's unit for the caller's consumer.
 #[derive(Debug)]

@@ -4,9 +4,9 @@
 use redis::aio::ConnectionLike;
 
 use super::{SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::names;
-use crate::redis::reply::Entry;
+use crate::reply::Entry;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Dead-letters `entry` of `stream` for `group`.
 #[derive(Debug)]

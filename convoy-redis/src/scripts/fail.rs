@@ -5,7 +5,7 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::error::Error;
+use convoy_core::error::Error;
 
 /// Records a failure of `entry` in the caller's unit.
 #[derive(Debug)]

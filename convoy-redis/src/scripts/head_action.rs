@@ -2,11 +2,11 @@
 //! atomic against the owner.
 
 use super::{SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::names;
-use crate::redis::connection::Conn;
-use crate::redis::unit::Unit;
-use crate::redis::wake;
+use crate::connection::Conn;
+use crate::unit::Unit;
+use crate::wake;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Skips (`op = "skip"`), dead-letters (`op = "dead_letter"`) or retries in place (`op = "retry"`) the head
 /// of the unit's single category for its group.
@@ -103,7 +103,7 @@ impl HeadAction<'_> {
             if let Err(e) =
                 wake::hint(conn, [(lane.category.as_str(), u.key.as_str())], false).await
             {
-                tracing::debug!(error = %crate::error::chain(&e), "the head action is done, but the wake-up failed; the owner sees it at its next poll");
+                tracing::debug!(error = %convoy_core::error::chain(&e), "the head action is done, but the wake-up failed; the owner sees it at its next poll");
             }
         }
         let at = |i| reply.text(i);

@@ -44,7 +44,7 @@ use redis::{Script, ScriptInvocation, Value};
 use super::connection::{Refusals, refused};
 use super::reply::{int, text};
 use super::unit::Unit;
-use crate::error::Error;
+use convoy_core::error::Error;
 
 /// Every script convoy runs.
 pub(crate) struct Scripts {
@@ -68,7 +68,7 @@ pub(crate) struct Scripts {
 #[cfg(feature = "testing")]
 impl Scripts {
     /// A script by the stem of its file in `lua/` (for
-    /// [`script_sha`](crate::redis::script_sha)).
+    /// [`script_sha`](crate::script_sha)).
     pub(crate) fn by_name(&self, name: &str) -> Option<&Script> {
         Some(match name {
             "publish" => &self.publish,
@@ -290,7 +290,7 @@ pub(crate) struct Replicated {
 
 impl Replicated {
     /// What a publish waits for (`wait_replicas`; none when 0).
-    pub(crate) fn publishing(b: &crate::config::BrokerConfig) -> Option<Self> {
+    pub(crate) fn publishing(b: &convoy_core::config::BrokerConfig) -> Option<Self> {
         (b.wait_replicas > 0).then_some(Replicated {
             replicas: b.wait_replicas,
             timeout_ms: b.wait_timeout_ms,
@@ -298,7 +298,7 @@ impl Replicated {
     }
 
     /// What an acknowledgement waits for (the same, with `wait_acks`).
-    pub(crate) fn acknowledging(b: &crate::config::BrokerConfig) -> Option<Self> {
+    pub(crate) fn acknowledging(b: &convoy_core::config::BrokerConfig) -> Option<Self> {
         Self::publishing(b).filter(|_| b.wait_acks)
     }
 }

@@ -5,10 +5,10 @@
 use redis::aio::ConnectionLike;
 
 use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
-use crate::broker::{Producer, Publication};
-use crate::error::Error;
-use crate::names;
-use crate::redis::reply::{int, text};
+use crate::reply::{int, text};
+use convoy_core::broker::{Producer, Publication};
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// How long a single publisher's published set and epoch are kept after
 /// its last publish (7 days). An elected publisher's (epoch above 0) are

@@ -4,9 +4,9 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::redis::reply::{Entry, entries};
-use crate::redis::unit::At;
+use crate::reply::{Entry, entries};
+use crate::unit::At;
+use convoy_core::error::Error;
 
 /// Which entries to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

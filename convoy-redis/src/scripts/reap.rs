@@ -4,7 +4,7 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::error::Error;
+use convoy_core::error::Error;
 
 /// Retires the caller's unit if it is empty and idle for `idle_ms`.
 #[derive(Debug)]

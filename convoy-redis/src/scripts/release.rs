@@ -2,10 +2,10 @@
 //! other instances so one with room takes the unit at once.
 
 use super::{SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::redis::connection::Conn;
-use crate::redis::unit::Unit;
-use crate::redis::wake;
+use crate::connection::Conn;
+use crate::unit::Unit;
+use crate::wake;
+use convoy_core::error::Error;
 
 /// Which lease counts as the caller's.
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +48,7 @@ impl Release<'_> {
                 if let Err(e) = wake::hint(conn, [(category, self.unit.key.as_str())], true).await {
                     // Released: the others find the unit free at their
                     // next heartbeat.
-                    tracing::debug!(error = %crate::error::chain(&e), "released, but the wake-up failed");
+                    tracing::debug!(error = %convoy_core::error::chain(&e), "released, but the wake-up failed");
                 }
                 Ok(Released::Released)
             }

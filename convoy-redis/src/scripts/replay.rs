@@ -2,10 +2,10 @@
 //! partition.
 
 use super::{SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::names;
-use crate::redis::connection::Conn;
-use crate::redis::wake;
+use crate::connection::Conn;
+use crate::wake;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Puts dead letter `dlq_id` of `{s}{category}:{key}:dlq` back at the tail
 /// of `{s}{category}:{key}`, in the key's shard `s`.
@@ -55,7 +55,7 @@ impl Replay<'_> {
         Ok(match status.as_str() {
             "ok" => {
                 if let Err(e) = wake::hint(conn, [(self.category, self.key)], false).await {
-                    tracing::debug!(error = %crate::error::chain(&e), "replayed, but the wake-up failed; the owner finds the entry at its next poll");
+                    tracing::debug!(error = %convoy_core::error::chain(&e), "replayed, but the wake-up failed; the owner finds the entry at its next poll");
                 }
                 Replayed::Done {
                     entry_id: reply.text(0),
@@ -75,7 +75,7 @@ impl Replay<'_> {
 /// `replay_head.lua`).
 #[derive(Debug)]
 pub(crate) struct ReplayHead<'a> {
-    pub(crate) unit: &'a crate::redis::unit::Unit,
+    pub(crate) unit: &'a crate::unit::Unit,
     pub(crate) category: &'a str,
     pub(crate) dlq_id: &'a str,
     pub(crate) operator: &'a str,
@@ -147,7 +147,7 @@ impl ReplayHead<'_> {
         Ok(match status.as_str() {
             "ok" => {
                 if let Err(e) = wake::hint(conn, [(self.category, key)], false).await {
-                    tracing::debug!(error = %crate::error::chain(&e), "replayed, but the wake-up failed; the owner finds the entry at its next poll");
+                    tracing::debug!(error = %convoy_core::error::chain(&e), "replayed, but the wake-up failed; the owner finds the entry at its next poll");
                 }
                 ReplayedHead::Done {
                     entry_id: reply.text(0),

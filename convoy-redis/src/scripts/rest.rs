@@ -4,7 +4,7 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::error::Error;
+use convoy_core::error::Error;
 
 /// Lets the caller's drained unit rest.
 #[derive(Debug)]

@@ -4,8 +4,8 @@
 use redis::aio::ConnectionLike;
 
 use super::{SCRIPTS, Status, call};
-use crate::error::Error;
-use crate::names;
+use convoy_core::error::Error;
+use convoy_core::names;
 
 /// Saves instance `id` of process manager `pm`.
 #[derive(Debug)]

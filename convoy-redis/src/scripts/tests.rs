@@ -3,8 +3,8 @@
 //! liveness lapsed, every operation of the old token is refused. And
 //! `script_sha` names every script of `lua/` by the hash the engine sends.
 
-use crate::redis::connection::Conn;
-use crate::redis::script_sha;
+use crate::connection::Conn;
+use crate::script_sha;
 use redis::Value;
 
 use super::ack::{Ack, AckItem, Acked};
@@ -16,7 +16,7 @@ use super::reap::{Reap, Reaped};
 use super::release::{Held, Release, Released};
 use super::rest::{Rest, Rested};
 use super::{Caller, Refusal};
-use crate::redis::unit::{At, Unit};
+use crate::unit::{At, Unit};
 use convoy_testkit::RedisServer;
 
 const LEASE: &str = "{0}convoy:lease:g:cat:k";
@@ -101,7 +101,7 @@ async fn read_holding(
     held: Option<usize>,
     count: usize,
 ) -> ReadReply {
-    let primary = crate::redis::unit::At {
+    let primary = crate::unit::At {
         lane: 0,
         backfill: false,
     };
@@ -356,7 +356,7 @@ async fn taking_leases_with_wait_is_confirmed_only_by_the_replicas() {
     assert!(
         matches!(
             waited,
-            Err(crate::error::Error::NotReplicated {
+            Err(convoy_core::error::Error::NotReplicated {
                 wanted: 1,
                 acked: 0
             })
@@ -504,19 +504,19 @@ async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries(
 }
 
 /// A publication of `seq` for key `key` of category `cat`.
-fn publication(seq: u64, key: &str) -> crate::broker::Publication {
-    let envelope = crate::envelope::Envelope {
+fn publication(seq: u64, key: &str) -> convoy_core::broker::Publication {
+    let envelope = convoy_core::envelope::Envelope {
         id: format!("m{seq}"),
         type_name: "T".into(),
         category: "cat".into(),
         partition_key: Some(key.into()),
         time_ms: 0,
-        priority: crate::envelope::Priority::Normal,
+        priority: convoy_core::envelope::Priority::Normal,
         correlation_id: None,
         payload: format!("{{\"seq\":{seq}}}"),
         origin: None,
     };
-    crate::broker::Publication {
+    convoy_core::broker::Publication {
         seq,
         stream: format!("{{0}}cat:{key}"),
         partition: Some(key.into()),
@@ -527,13 +527,13 @@ fn publication(seq: u64, key: &str) -> crate::broker::Publication {
 async fn publish(
     c: &mut Conn,
     epoch: u64,
-    batch: &[crate::broker::Publication],
-) -> Result<u64, crate::error::Error> {
-    let producer = crate::broker::Producer {
+    batch: &[convoy_core::broker::Publication],
+) -> Result<u64, convoy_core::error::Error> {
+    let producer = convoy_core::broker::Producer {
         name: "pg/x".into(),
         epoch,
     };
-    let batch: Vec<&crate::broker::Publication> = batch.iter().collect();
+    let batch: Vec<&convoy_core::broker::Publication> = batch.iter().collect();
     super::publish::Publish {
         producer: &producer,
         shard: 0,
@@ -596,7 +596,7 @@ async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_pub
     assert!(
         matches!(
             err,
-            crate::error::Error::PublisherReplaced {
+            convoy_core::error::Error::PublisherReplaced {
                 epoch: 1,
                 newer: 2,
                 ..
