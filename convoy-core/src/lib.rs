@@ -50,6 +50,13 @@ pub mod outbox;
 #[doc(hidden)]
 pub mod routing;
 
+// logs under their targets of before the split (`convoy_runtime::...`)
+#[doc(hidden)]
+pub mod tracing_target;
+mod tracing {
+    crate::tracing_shim!($ "convoy_core" => "convoy_runtime");
+}
+
 pub use broker::{Broker, Capabilities, InlineBroker};
 pub use config::Config;
 pub use envelope::{Envelope, Origin, Priority};

@@ -26,6 +26,7 @@ use crate::future::BoxFuture;
 use crate::handler::{Context, Dispatch, Dispatched, HandlerError};
 use crate::key::Escaped;
 use crate::message::MessageDescriptor;
+use crate::tracing;
 
 /// One handled event of a process manager.
 #[derive(Debug)]

@@ -65,6 +65,11 @@ mod insert;
 mod relay;
 mod schema;
 
+// logs under their targets of before the split (`convoy_runtime::postgres::...`)
+mod tracing {
+    convoy_core::tracing_shim!($ "convoy_postgres" => "convoy_runtime::postgres");
+}
+
 pub use applied::{Applied, AppliedEvents};
 
 use std::str::FromStr;

@@ -10,6 +10,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::{PgOutbox, pg_error};
+use crate::tracing;
 use convoy_core::backoff::{Backoff, sleep_or_stop};
 use convoy_core::broker::Producer;
 use convoy_core::error::{Error, chain};

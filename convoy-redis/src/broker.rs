@@ -17,6 +17,7 @@ use super::scripts::Replicated;
 use super::scripts::publish::Publish;
 use super::state::RedisStateStore;
 use super::wake;
+use crate::tracing;
 use convoy_core::broker::{
     Broker, Capabilities, ConsumerPlan, KeyUse, Producer, Publication, PublishError,
 };

@@ -16,6 +16,7 @@ use redis::cluster_routing::Slot;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::OnceCell;
 
+use crate::tracing;
 use convoy_core::config::{cluster_nodes, redact_url};
 use convoy_core::error::Error;
 

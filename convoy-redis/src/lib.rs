@@ -61,6 +61,11 @@ mod state;
 mod unit;
 mod wake;
 
+// logs under their targets of before the split (`convoy_runtime::redis::...`)
+mod tracing {
+    convoy_core::tracing_shim!($ "convoy_redis" => "convoy_runtime::redis");
+}
+
 pub use broker::RedisBroker;
 
 /// The SHA1 (lowercase hex) of one of convoy's own Lua scripts, by its file

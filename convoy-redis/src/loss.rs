@@ -22,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::tracing;
 use convoy_core::broker::Publication;
 
 /// How many of its last outbox seqs the publisher keeps per shard and

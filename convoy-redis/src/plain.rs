@@ -11,6 +11,7 @@ use super::connection::{BLOCK, Conn, Connection};
 use super::reply::{Entry, entries, first_stream_entries};
 use super::scripts::dead_letter::DeadLetter;
 use super::scripts::plain_ack::PlainAck;
+use crate::tracing;
 use convoy_core::backoff::{Backoff, sleep_or_stop};
 use convoy_core::broker::{Attempt, ConsumerPlan, Subscription};
 use convoy_core::envelope::now_ms;

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::{BLOCK, Conn, Connection, query_by_slot};
 use super::reply::{first_stream_entries, text};
+use crate::tracing;
 use convoy_core::backoff::Backoff;
 use convoy_core::error::{Error, chain};
 use convoy_core::names;

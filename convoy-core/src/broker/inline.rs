@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::handler::Position;
 use crate::key::Escaped;
+use crate::tracing;
 
 /// An event an inline handler gave up on: after its retries, or at once
 /// for a permanent error.

@@ -36,6 +36,7 @@ use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::raise::RaisedKey;
+use crate::tracing;
 
 /// What a broker can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use super::plan::HealthState;
 use crate::config::RetryConfig;
 use crate::metrics;
+use crate::tracing;
 
 /// What [`Outage::admit`] decided for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

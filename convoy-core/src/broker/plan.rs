@@ -21,6 +21,7 @@ use crate::names::CORRELATION_SCOPE;
 use crate::outbox::OutboxHandle;
 use crate::process_manager::{PmHandle, ProcessManagerDescriptor};
 use crate::registry::Registry;
+use crate::tracing;
 
 /// One handler's (or process manager's) subscription: what it consumes.
 pub struct Subscription {

@@ -15,6 +15,7 @@ use crate::key::Escaped;
 use crate::key::check_key;
 use crate::metrics;
 use crate::routing::route;
+use crate::tracing;
 
 /// How many records one publish call carries.
 const BATCH: usize = 512;

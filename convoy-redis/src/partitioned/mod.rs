@@ -27,6 +27,7 @@ use super::scripts::acquire::{self, Acquire, Acquired};
 use super::scripts::release::{Held, Release, Released};
 use super::unit::Unit;
 use super::wake;
+use crate::tracing;
 use convoy_core::backoff::Backoff;
 use convoy_core::broker::outage::Outage;
 use convoy_core::broker::{ConsumerPlan, Subscription};

@@ -36,6 +36,7 @@ use super::super::scripts::rest::{Rest, Rested};
 use super::super::scripts::{Caller, Refusal};
 use super::super::unit::{At, Unit};
 use super::{Shared, UnitHandle, mono_ms};
+use crate::tracing;
 use convoy_core::backoff::{Backoff, jitter};
 use convoy_core::broker::Attempt;
 use convoy_core::broker::outage::Admission;

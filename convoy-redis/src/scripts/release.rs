@@ -3,6 +3,7 @@
 
 use super::{SCRIPTS, Status, call};
 use crate::connection::Conn;
+use crate::tracing;
 use crate::unit::Unit;
 use crate::wake;
 use convoy_core::error::Error;
