@@ -3,7 +3,7 @@
 //! - [`InlineBroker`]: in-process, strict submission order, no services;
 //!   it advertises [`Capabilities::SERIAL_DELIVERY`], so `sequential_by` is
 //!   an accepted no-op there.
-//! - `RedisBroker` (in [`crate::redis`]): Redis Streams with partition
+//! - `RedisBroker` (in `convoy_runtime::redis`): Redis Streams with partition
 //!   streams, leases and fences; it advertises
 //!   [`Capabilities::STREAM_PARTITIONING`].
 //!

@@ -1,4 +1,4 @@
-//! The Lua scripts (`.lua` files in `redis/lua/`), each with one typed
+//! The Lua scripts (`.lua` files in `lua/`), each with one typed
 //! binding in this folder: an argument struct that puts every key in
 //! `KEYS` and every value in `ARGV` in the order the script's header
 //! lists, and a reply enum. Call sites never index `KEYS`/`ARGV` or match

@@ -667,7 +667,7 @@ async fn a_drained_unit_rests_without_its_consumer_and_keeps_one_with_pending_en
 
 #[test]
 fn every_lua_file_has_its_script_sha() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/redis/lua");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua");
     for entry in std::fs::read_dir(dir).expect("the lua directory") {
         let path = entry.expect("a directory entry").path();
         if path.extension().is_none_or(|ext| ext != "lua") {
