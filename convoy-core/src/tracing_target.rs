@@ -135,6 +135,37 @@ macro_rules! tracing_shim {
 
 #[cfg(test)]
 mod tests {
+    mod redis {
+        // What convoy-redis's lib.rs expands, with this test module standing
+        // in for convoy-redis's root (the calls below are made from it).
+        crate::tracing_shim!($ "convoy_core::tracing_target::tests" => "convoy_runtime::redis");
+    }
+
+    #[test]
+    fn the_shim_s_events_and_spans_carry_the_old_target() {
+        use redis as tracing;
+        let log = convoy_testkit::CapturedLog::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("convoy_runtime::redis=info")
+            .with_writer(log.clone())
+            .with_ansi(false)
+            .finish();
+        ::tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::span!(tracing::Level::INFO, "unit", key = "k");
+            span.in_scope(|| tracing::warn!(shard = 3, "lost a lease"));
+            tracing::info!("kept");
+            tracing::debug!("filtered out");
+        });
+        let text = log.text();
+        assert!(
+            text.contains("convoy_runtime::redis: lost a lease shard=3"),
+            "{text}"
+        );
+        assert!(text.contains("unit{key=\"k\"}"), "{text}");
+        assert!(text.contains("convoy_runtime::redis: kept"), "{text}");
+        assert!(!text.contains("filtered out"), "{text}");
+    }
+
     #[test]
     fn the_prefix_is_replaced() {
         const T: &str = crate::old_target!("convoy_core" => "convoy_runtime");

@@ -103,7 +103,10 @@
 //!
 //! A broker never imports the domain, the engine or the unit of work, and
 //! `convoy-redis` and `convoy-postgres` never import each other: neither
-//! depends on the other crate.
+//! depends on the other crate. Their log lines keep the targets of the
+//! modules they come from as paths of this crate
+//! (`convoy_runtime::redis::partitioned::worker`, ...), so a filter on
+//! `convoy_runtime` selects all of convoy's own lines.
 //!
 //! Where each rule of the specification is enforced:
 //!
@@ -222,6 +225,7 @@ pub mod testing {
     //! # }
     //! ```
 
+    #[doc(no_inline)]
     pub use convoy_redis::script_sha;
     pub use convoy_testkit::*;
 }
@@ -304,6 +308,8 @@ pub mod docs {
 #[path = "private.rs"]
 pub mod __private;
 
+// Listed as re-exports, as they were when the modules were this crate's.
+#[doc(no_inline)]
 pub use convoy_core::{
     Aggregate, BoxFuture, Broker, Capabilities, Command, CommandHandler, Config, Context, Envelope,
     Error, Event, EventHandler, Fence, Gap, Handle, HandlerError, InlineBroker, KeyRule, Message,

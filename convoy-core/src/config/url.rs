@@ -144,6 +144,7 @@ fn percent_decoded(s: &str) -> Result<String, std::str::Utf8Error> {
 /// The nodes of a `redis+cluster://[user:password@]h1:p1,h2:p2/[?..]` (or
 /// `rediss+cluster://`) URL, each as a single-node URL with the same
 /// credentials, TLS and query; `None` for a URL of one server.
+#[doc(hidden)]
 pub fn cluster_nodes(url: &str) -> Option<Result<Vec<String>, String>> {
     let (scheme, rest) = url.split_once("://")?;
     let scheme = match scheme {
