@@ -6,22 +6,22 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::broker::{Broker, Capabilities, InlineBroker, RaisedCheck};
-use crate::config::Config;
-use crate::envelope::{Envelope, Priority};
-use crate::error::{Error, Problems};
-use crate::handler::{
+use crate::uow::UnitOfWork;
+use convoy_core::broker::{Broker, Capabilities, InlineBroker, RaisedCheck};
+use convoy_core::config::Config;
+use convoy_core::envelope::{Envelope, Priority};
+use convoy_core::error::{Error, Problems};
+use convoy_core::handler::{
     CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
 };
-use crate::key::KeyPolicy;
-use crate::message::{Command, Message, MessageDescriptor};
-use crate::outbox::{MemoryOutbox, OutboxHandle, OutboxStore};
-use crate::process_manager::{
+use convoy_core::key::KeyPolicy;
+use convoy_core::message::{Command, Message, MessageDescriptor};
+use convoy_core::outbox::{MemoryOutbox, OutboxHandle, OutboxStore};
+use convoy_core::process_manager::{
     MemoryStateStore, PmDispatch, ProcessManager, ProcessManagerDescriptor, StateStore,
 };
-use crate::redis::RedisBroker;
-use crate::registry::{self, BrokerFacts, Registry};
-use crate::uow::UnitOfWork;
+use convoy_core::registry::{self, BrokerFacts, Registry};
+use convoy_redis::RedisBroker;
 
 /// An event handler as the domain keeps it: its descriptor, and what the
 /// consumers call.
@@ -546,7 +546,7 @@ fn outbox_from_config(config: &Config) -> Result<Arc<dyn OutboxStore>, Error> {
     match &config.outbox.postgres_url {
         None => Ok(Arc::new(MemoryOutbox::new())),
         #[cfg(feature = "postgres")]
-        Some(_) => Ok(Arc::new(crate::postgres::PgOutbox::from_config(
+        Some(_) => Ok(Arc::new(convoy_postgres::PgOutbox::from_config(
             &config.outbox,
         )?)),
         #[cfg(not(feature = "postgres"))]

@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, ConsumerPlan, HealthState, Subscription};
 use crate::domain::Domain;
-use crate::error::Error;
-use crate::outbox::OutboxProcessor;
+use convoy_core::broker::{Broker, ConsumerPlan, HealthState, Subscription};
+use convoy_core::error::Error;
+use convoy_core::outbox::OutboxProcessor;
 
 impl Domain {
     /// The engine that publishes the outbox and runs the event handlers.
@@ -41,7 +41,7 @@ pub struct Engine {
 #[derive(Clone)]
 struct ReadinessCheck {
     name: &'static str,
-    run: Arc<dyn Fn() -> crate::future::BoxFuture<'static, Result<(), String>> + Send + Sync>,
+    run: Arc<dyn Fn() -> convoy_core::future::BoxFuture<'static, Result<(), String>> + Send + Sync>,
 }
 
 impl std::fmt::Debug for ReadinessCheck {
@@ -180,7 +180,7 @@ impl Engine {
     fn spawn_with(self, token: CancellationToken) -> EngineHandle {
         let processor = Arc::new(self.processor());
         let outbox_token = CancellationToken::new();
-        let relay = crate::outbox::relay::run(processor, outbox_token.clone());
+        let relay = processor.relay(outbox_token.clone());
         let outbox_task = tokio::spawn(relay);
         let plan = Arc::new(self.plan());
         let broker = self.domain.broker().clone();

@@ -84,37 +84,48 @@
 //!
 //! # Design
 //!
-//! The runtime is built in layers; each module imports only from its own
-//! layer or those below it, and never in a circle (a test,
-//! `tests/module_layers.rs`, fails on an import cycle between files, on an
-//! import from a higher layer, and on a file it does not place in a layer).
+//! convoy is built in layers, and each layer below the assembly is a crate
+//! of its own, so the compiler enforces what may import what: a crate sees
+//! only the crates it depends on, and the files of a crate import each
+//! other without a cycle. This crate, `convoy-runtime`, is the one users
+//! add: it holds the assembly and re-exports the others under the paths
+//! documented here (`convoy_runtime::config`, `convoy_runtime::redis`, ...).
 //!
-//! | layer | files | what |
+//! | crate | files | what |
 //! | --- | --- | --- |
-//! | 1. vocabulary | `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config/`, `metrics.rs`, `log.rs`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, the Redis client's log noise rate-limited, `BoxFuture`, the one retry back-off |
-//! | 2. handler contracts | `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
-//! | 3. delivery contracts | `names.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the outbox store and its processor, the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
-//! | 4. brokers and stores | `broker/inline.rs`, `redis/`, `postgres/` | the inline broker; the Redis broker (connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools); the PostgreSQL outbox, its relay and the exactly-once helper (feature `postgres`). A broker never imports the domain, the engine or the unit of work |
-//! | 5. assembly | `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs` | [`Domain`] and its builder, [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`] |
+//! | `convoy-core` | vocabulary: `error.rs`, `key.rs`, `message.rs`, `envelope.rs`, `config/`, `metrics.rs`, `log/`, `future.rs`, `backoff.rs` | the error type, the key rules, message traits and descriptors, the envelope, `domain.toml`, metric names, the Redis client's log noise rate-limited, `BoxFuture`, the one retry back-off |
+//! | | handler contracts: `raise.rs`, `handler.rs`, `process_manager.rs`, `registry/` | raising events (key extraction and checks), handler and process-manager traits and descriptors, [`Context`], [`Fence`], the registry and the checks of `Domain::init` |
+//! | | delivery contracts: `names.rs`, `outbox/`, `broker/mod.rs`, `broker/plan.rs`, `broker/outage.rs` | every stream and key name, the outbox store, its processor and its relay (one publishing loop, an [`Election`](outbox::Election) for a shared outbox), the [`Broker`] trait, the [`ConsumerPlan`](broker::ConsumerPlan) a broker consumes, a handler's outage pause |
+//! | | the inline broker: `broker/inline.rs` | [`InlineBroker`]: in-process, no services |
+//! | `convoy-redis` | `src/` (re-exported as [`redis`]) | the Redis broker: connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools; depends on `convoy-core` only |
+//! | `convoy-postgres` | `src/` (re-exported as `postgres`, feature `postgres`) | the PostgreSQL outbox, its relay and the exactly-once helper; depends on `convoy-core` only |
+//! | `convoy-runtime` | assembly: `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs`; `private.rs` | [`Domain`] and its builder (it picks the broker and the outbox from the configuration), [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`]; the support of the macros' generated code |
+//!
+//! A broker never imports the domain, the engine or the unit of work, and
+//! `convoy-redis` and `convoy-postgres` never import each other: neither
+//! depends on the other crate. Their log lines keep the targets of the
+//! modules they come from as paths of this crate
+//! (`convoy_runtime::redis::partitioned::worker`, ...), so a filter on
+//! `convoy_runtime` selects all of convoy's own lines.
 //!
 //! Where each rule of the specification is enforced:
 //!
 //! | rule | where |
 //! | --- | --- |
 //! | the key field exists, and its type can be a key | at compile time, by the macros (`convoy-macros`) |
-//! | every rule of `Domain::init`, one function each (`check_one_key_per_category`, `check_broker_partitions`, ...) | `registry/checks.rs` |
-//! | a key value's rules (not null or empty, no `:`, not `dlq`, the backfill suffix or `__name__`) | `key.rs` (`check_key`), applied at raise in `raise.rs` and again at publish in `outbox/processor.rs` |
-//! | where a published event goes (the broker routes: shards, streams, lanes) | `redis/routing.rs`, with the names of `names.rs` |
-//! | single active consumer per unit: leases, fences, incarnations, generations | `redis/lua/acquire.lua`, `redis/lua/fence.lua`, and their bindings in `redis/scripts/` |
-//! | reclaim, retries in place, halt, reaping, lanes | `redis/partitioned/worker.rs`, its phases (reclaim, pending, new, idle, resting, halted) in `redis/partitioned/phase.rs`, its I/O in `redis/partitioned/unit_io.rs` |
-//! | fair sharing, liveness, discovery | `redis/partitioned/ownership.rs` (fair share, taking and giving up units, orphans), `redis/partitioned/membership.rs` (registration, liveness, incarnations, deadlines, heartbeat), `redis/partitioned/discovery.rs`; the coordinator's loop in `redis/partitioned/mod.rs` |
-//! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `postgres/insert.rs` |
-//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `outbox/relay.rs` (the election's [`Term`](outbox::Term)s and the one publishing loop), `postgres/relay.rs` (the advisory-lock election), `outbox/processor.rs` (`Broker::take_over`), `redis/lua/publish.lua` |
-//! | a category's partition key is the same in every process (declared on the aggregate, recorded in Redis) | `convoy-macros` (compile time), `registry/checks.rs`, `raise.rs`, `redis/layout.rs`, `broker/mod.rs` (`KeyUse`), `outbox/processor.rs` |
-//! | outage, not poison: transient failures retried without counting; a handler pauses on an outage | `handler.rs` (`HandlerError`), `broker/outage.rs`, `redis/partitioned/worker.rs` |
-//! | a re-sent outbox record never makes a second stream entry (dropped by its own seq) | `redis/lua/publish.lua` |
-//! | exactly-once, fenced handler effects in PostgreSQL, by the event's identity (its origin) | `postgres/applied.rs`, `envelope.rs` (`Origin`) |
-//! | operators' actions, atomic against the owner | `redis/admin/` and `redis/lua/head_action.lua` |
+//! | every rule of `Domain::init`, one function each (`check_one_key_per_category`, `check_broker_partitions`, ...) | `convoy-core/src/registry/checks.rs` |
+//! | a key value's rules (not null or empty, no `:`, not `dlq`, the backfill suffix or `__name__`) | `convoy-core/src/key.rs` (`check_key`), applied at raise in `convoy-core/src/raise.rs` and again at publish in `convoy-core/src/outbox/processor.rs` |
+//! | where a published event goes (the broker routes: shards, streams, lanes) | `convoy-redis/src/routing.rs`, with the names of `convoy-core/src/names.rs` |
+//! | single active consumer per unit: leases, fences, incarnations, generations | `convoy-redis/src/lua/acquire.lua`, `convoy-redis/src/lua/fence.lua`, and their bindings in `convoy-redis/src/scripts/` |
+//! | reclaim, retries in place, halt, reaping, lanes | `convoy-redis/src/partitioned/worker.rs`, its phases (reclaim, pending, new, idle, resting, halted) in `convoy-redis/src/partitioned/phase.rs`, its I/O in `convoy-redis/src/partitioned/unit_io.rs` |
+//! | fair sharing, liveness, discovery | `convoy-redis/src/partitioned/ownership.rs` (fair share, taking and giving up units, orphans), `convoy-redis/src/partitioned/membership.rs` (registration, liveness, incarnations, deadlines, heartbeat), `convoy-redis/src/partitioned/discovery.rs`; the coordinator's loop in `convoy-redis/src/partitioned/mod.rs` |
+//! | outbox rows of one key commit in id order (a transaction-scoped advisory lock per key) | `convoy-postgres/src/insert.rs` |
+//! | one relay publishes a PostgreSQL outbox; a replaced one is fenced by its epoch, raised in every shard before the new leader reads a row | `convoy-core/src/outbox/relay.rs` (the election's [`Term`](outbox::Term)s and the one publishing loop), `convoy-postgres/src/relay.rs` (the advisory-lock election), `convoy-core/src/outbox/processor.rs` (`Broker::take_over`), `convoy-redis/src/lua/publish.lua` |
+//! | a category's partition key is the same in every process (declared on the aggregate, recorded in Redis) | `convoy-macros` (compile time), `convoy-core/src/registry/checks.rs`, `convoy-core/src/raise.rs`, `convoy-redis/src/layout.rs`, `convoy-core/src/broker/mod.rs` (`KeyUse`), `convoy-core/src/outbox/processor.rs` |
+//! | outage, not poison: transient failures retried without counting; a handler pauses on an outage | `convoy-core/src/handler.rs` (`HandlerError`), `convoy-core/src/broker/outage.rs`, `convoy-redis/src/partitioned/worker.rs` |
+//! | a re-sent outbox record never makes a second stream entry (dropped by its own seq) | `convoy-redis/src/lua/publish.lua` |
+//! | exactly-once, fenced handler effects in PostgreSQL, by the event's identity (its origin) | `convoy-postgres/src/applied.rs`, `convoy-core/src/envelope.rs` (`Origin`) |
+//! | operators' actions, atomic against the owner | `convoy-redis/src/admin/` and `convoy-redis/src/lua/head_action.lua` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -122,35 +133,20 @@
 // lets generated `::convoy_runtime` paths resolve in this crate's own tests
 extern crate self as convoy_runtime;
 
-// 1. vocabulary
-mod backoff;
-pub mod config;
-pub mod envelope;
-mod error;
-mod future;
-pub mod key;
-pub mod log;
-pub mod message;
-pub mod metrics;
-
-// 2. handler contracts
-pub mod handler;
-pub mod process_manager;
-mod raise;
-pub mod registry;
-
-// 3. delivery contracts
-pub mod broker;
-mod names;
-pub mod outbox;
+// The layers below the assembly, under their paths of before the split.
+#[doc(inline)]
+pub use convoy_core::{
+    broker, config, envelope, handler, key, log, message, metrics, outbox, process_manager,
+    registry,
+};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
+#[doc(inline)]
+pub use convoy_postgres as postgres;
+#[doc(inline)]
+pub use convoy_redis as redis;
 
-// 4. brokers (the inline broker lives in `broker/inline.rs`)
-pub mod redis;
-
-// 5. assembly
+// the assembly
 mod domain;
 mod engine;
 mod signal;
@@ -229,7 +225,8 @@ pub mod testing {
     //! # }
     //! ```
 
-    pub use crate::redis::script_sha;
+    #[doc(no_inline)]
+    pub use convoy_redis::script_sha;
     pub use convoy_testkit::*;
 }
 
@@ -311,19 +308,15 @@ pub mod docs {
 #[path = "private.rs"]
 pub mod __private;
 
-pub use broker::{Broker, Capabilities, InlineBroker};
-pub use config::Config;
+// Listed as re-exports, as they were when the modules were this crate's.
+#[doc(no_inline)]
+pub use convoy_core::{
+    Aggregate, BoxFuture, Broker, Capabilities, Command, CommandHandler, Config, Context, Envelope,
+    Error, Event, EventHandler, Fence, Gap, Handle, HandlerError, InlineBroker, KeyRule, Message,
+    Origin, PartitionKey, Position, Priority, Problem, Problems, ProcessManager,
+};
 pub use domain::{Domain, DomainBuilder};
 pub use engine::{Engine, EngineHandle, Health};
-pub use envelope::{Envelope, Origin, Priority};
-pub use error::{Error, Problem, Problems};
-pub use future::BoxFuture;
-pub use handler::{
-    CommandHandler, Context, EventHandler, Fence, Gap, Handle, HandlerError, Position,
-};
-pub use key::KeyRule;
-pub use message::{Aggregate, Command, Event, Message, PartitionKey};
-pub use process_manager::ProcessManager;
 pub use signal::shutdown_signal;
 /// The shutdown token brokers receive (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use crate::broker::RaisedCheck;
-use crate::envelope::Priority;
-use crate::error::Error;
-use crate::key::KeyPolicy;
-use crate::message::Event;
-use crate::outbox::OutboxHandle;
-use crate::raise::PendingEvents;
+use convoy_core::broker::RaisedCheck;
+use convoy_core::envelope::Priority;
+use convoy_core::error::Error;
+use convoy_core::key::KeyPolicy;
+use convoy_core::message::Event;
+use convoy_core::outbox::OutboxHandle;
+use convoy_core::raise::PendingEvents;
 
 /// A unit of work: raise events, then commit them to the outbox at once.
 ///

@@ -1,0 +1,399 @@
+//! The envelope: how one event travels from the outbox to a handler.
+//!
+//! On Redis each stream entry holds these fields (all UTF-8 strings):
+//!
+//! | field | meaning |
+//! | --- | --- |
+//! | `id` | the message id, unique per raised message |
+//! | `type` | the wire type name (`OrderPlaced`) |
+//! | `category` | the stream category (`order`) |
+//! | `key` | the partition key; absent for unpartitioned messages |
+//! | `time` | when it was raised, milliseconds since the Unix epoch |
+//! | `priority` | `normal` or `low` |
+//! | `correlation` | the correlation id; absent when none |
+//! | `payload` | the message itself, as JSON |
+//! | `origin` | `{producer}#{seq}`: the outbox that published it and its record there (see [`Origin`]); absent on entries written by an older convoy or replayed by an operator |
+//!
+//! An entry that lacks a required field or has an unreadable one is a
+//! processing failure of the handler that reads it (retried, then halted or
+//! dead-lettered), never a crash.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::key::Escaped;
+use crate::message::Message;
+
+/// The priority of a raised event; low-priority events use the backfill lane
+/// when priority lanes are enabled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Production traffic: the primary lane.
+    #[default]
+    Normal,
+    /// Backfill traffic: the backfill lane when lanes are enabled.
+    Low,
+}
+
+impl Priority {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+/// One message with its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique message id.
+    pub id: String,
+    /// Wire type name.
+    pub type_name: String,
+    /// Stream category.
+    pub category: String,
+    /// Partition key, validated when the message was raised.
+    pub partition_key: Option<String>,
+    /// Milliseconds since the Unix epoch when raised.
+    pub time_ms: u64,
+    /// Priority.
+    pub priority: Priority,
+    /// Correlation id.
+    pub correlation_id: Option<String>,
+    /// The message as JSON.
+    pub payload: String,
+    /// Where it was published from: set by the outbox processor when it
+    /// publishes the record (`None` before, and on entries without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The identity of a published event: the outbox that published it (its
+/// producer name, shared by a PostgreSQL outbox's replicas) and the
+/// record's sequence number there. Within one producer a partition key's
+/// records are published in increasing `seq` (a PostgreSQL outbox
+/// serialises a key's inserts, so its ids follow the key's commit order),
+/// so `(producer, seq)` identifies an event and orders it among its key's
+/// events, whichever stream entry carries it: a duplicate entry, a stream
+/// recreated after a reap or a Redis clock step cannot change it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Origin {
+    /// The producer name ([`Producer::name`](crate::broker::Producer::name)).
+    pub producer: String,
+    /// The record's sequence number in that outbox.
+    pub seq: u64,
+}
+
+impl Origin {
+    /// The wire form, `{producer}#{seq}`.
+    pub fn to_wire(&self) -> String {
+        format!("{}#{}", self.producer, self.seq)
+    }
+
+    /// Reads the wire form (the last `#` separates the seq, so a producer
+    /// name may hold one); `None` if it has another form.
+    pub fn parse(wire: &str) -> Option<Origin> {
+        let (producer, seq) = wire.rsplit_once('#')?;
+        Some(Origin {
+            producer: producer.to_owned(),
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+/// The names of the stream entry fields.
+pub mod fields {
+    /// Message id.
+    pub const ID: &str = "id";
+    /// Wire type name.
+    pub const TYPE: &str = "type";
+    /// Stream category.
+    pub const CATEGORY: &str = "category";
+    /// Partition key.
+    pub const KEY: &str = "key";
+    /// Raise time in ms.
+    pub const TIME: &str = "time";
+    /// Priority.
+    pub const PRIORITY: &str = "priority";
+    /// Correlation id.
+    pub const CORRELATION: &str = "correlation";
+    /// JSON payload.
+    pub const PAYLOAD: &str = "payload";
+    /// Producer and outbox seq (`{producer}#{seq}`).
+    pub const ORIGIN: &str = "origin";
+}
+
+impl Envelope {
+    /// Wraps a message: serializes it and gives it a fresh id.
+    pub fn wrap<M: Message>(
+        message: &M,
+        partition_key: Option<String>,
+        priority: Priority,
+        correlation_id: Option<String>,
+    ) -> Result<Self, Error> {
+        let d = M::DESCRIPTOR;
+        let payload = message.to_json().map_err(|source| Error::Encode {
+            type_name: d.type_name.to_owned(),
+            source,
+        })?;
+        Ok(Envelope {
+            id: new_message_id(),
+            type_name: d.type_name.to_owned(),
+            category: d.category.to_owned(),
+            partition_key,
+            time_ms: now_ms(),
+            priority,
+            correlation_id,
+            payload,
+            origin: None,
+        })
+    }
+
+    /// Decodes the payload as `M`.
+    pub fn decode<M: Message>(&self) -> Result<M, Error> {
+        M::from_json(&self.payload).map_err(|source| Error::Decode {
+            id: self.id.clone(),
+            type_name: self.type_name.clone(),
+            source,
+        })
+    }
+
+    /// The stream entry fields, in a fixed order.
+    pub fn to_fields(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![
+            (fields::ID, self.id.clone()),
+            (fields::TYPE, self.type_name.clone()),
+            (fields::CATEGORY, self.category.clone()),
+            (fields::TIME, self.time_ms.to_string()),
+            (fields::PRIORITY, self.priority.as_str().to_owned()),
+            (fields::PAYLOAD, self.payload.clone()),
+        ];
+        if let Some(k) = &self.partition_key {
+            out.push((fields::KEY, k.clone()));
+        }
+        if let Some(c) = &self.correlation_id {
+            out.push((fields::CORRELATION, c.clone()));
+        }
+        if let Some(o) = &self.origin {
+            out.push((fields::ORIGIN, o.to_wire()));
+        }
+        out
+    }
+
+    /// Checks that the envelope belongs where it was read: its `category`
+    /// field is `category` and its `key` field is `key` (a partition's key,
+    /// or none for a category's own stream). An entry written where it does
+    /// not belong (by hand, by another program, or copied between streams)
+    /// is a processing failure with this reason, never handled as if it
+    /// were the partition's.
+    pub fn check_origin(
+        &self,
+        stream: &str,
+        entry_id: &str,
+        category: &str,
+        key: Option<&str>,
+    ) -> Result<(), Error> {
+        let misplaced = |reason: String| Error::MalformedEntry {
+            stream: stream.to_owned(),
+            entry_id: entry_id.to_owned(),
+            reason,
+        };
+        if self.category != category {
+            return Err(misplaced(format!(
+                "its `category` field is {:?} but it was read from a stream of category {:?}; it was written where it does not belong: move it to its own category's stream, or skip it",
+                Escaped(&self.category),
+                Escaped(category)
+            )));
+        }
+        if self.partition_key.as_deref() != key {
+            let found = match &self.partition_key {
+                Some(k) => format!("{:?}", Escaped(k)),
+                None => "missing".to_owned(),
+            };
+            let want = match key {
+                Some(k) => format!("partition {:?}", Escaped(k)),
+                None => "the category's stream of events without a key".to_owned(),
+            };
+            return Err(misplaced(format!(
+                "its `key` field is {found} but it was read from {want}; it was written where it does not belong: move it to its own partition, or skip it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads an envelope back from stream entry fields; `entry_id` and
+    /// `stream` only serve the error message.
+    pub fn from_fields<'a, I>(stream: &str, entry_id: &str, entries: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = (&'a str, &'a [u8])>,
+    {
+        let malformed = |reason: String| Error::MalformedEntry {
+            stream: stream.to_owned(),
+            entry_id: entry_id.to_owned(),
+            reason,
+        };
+        let mut id = None;
+        let mut type_name = None;
+        let mut category = None;
+        let mut key = None;
+        let mut time = None;
+        let mut priority = Priority::Normal;
+        let mut correlation = None;
+        let mut payload = None;
+        let mut origin = None;
+        for (name, value) in entries {
+            let text = std::str::from_utf8(value)
+                .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?
+                .to_owned();
+            match name {
+                fields::ID => id = Some(text),
+                fields::TYPE => type_name = Some(text),
+                fields::CATEGORY => category = Some(text),
+                fields::KEY => key = Some(text),
+                fields::TIME => {
+                    time = Some(text.parse::<u64>().map_err(|_| {
+                        malformed(format!("field `time` is not a number: {text:?}"))
+                    })?)
+                }
+                fields::PRIORITY => {
+                    priority = match text.as_str() {
+                        "normal" => Priority::Normal,
+                        "low" => Priority::Low,
+                        other => return Err(malformed(format!("unknown priority {other:?}"))),
+                    }
+                }
+                fields::CORRELATION => correlation = Some(text),
+                fields::PAYLOAD => payload = Some(text),
+                fields::ORIGIN => {
+                    origin = Some(Origin::parse(&text).ok_or_else(|| {
+                        malformed(format!(
+                            "field `origin` is not `{{producer}}#{{seq}}`: {text:?}"
+                        ))
+                    })?)
+                }
+                _ => {}
+            }
+        }
+        let missing = |f: &str| malformed(format!("required field `{f}` is missing"));
+        Ok(Envelope {
+            id: id.ok_or_else(|| missing(fields::ID))?,
+            type_name: type_name.ok_or_else(|| missing(fields::TYPE))?,
+            category: category.ok_or_else(|| missing(fields::CATEGORY))?,
+            partition_key: key,
+            time_ms: time.ok_or_else(|| missing(fields::TIME))?,
+            priority,
+            correlation_id: correlation,
+            payload: payload.ok_or_else(|| missing(fields::PAYLOAD))?,
+            origin,
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+#[doc(hidden)]
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A new message id: 128 random bits as 32 hex digits.
+pub(crate) fn new_message_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Envelope {
+        Envelope {
+            id: "abc".into(),
+            type_name: "OrderPlaced".into(),
+            category: "order".into(),
+            partition_key: Some("c-1".into()),
+            time_ms: 17,
+            priority: Priority::Low,
+            correlation_id: None,
+            payload: "{}".into(),
+            origin: None,
+        }
+    }
+
+    #[test]
+    fn fields_round_trip() {
+        let e = Envelope {
+            origin: Some(Origin {
+                producer: "pg/a#b".into(),
+                seq: 42,
+            }),
+            ..sample()
+        };
+        assert_eq!(
+            e.to_fields().last(),
+            Some(&(fields::ORIGIN, "pg/a#b#42".to_owned()))
+        );
+        let f = e.to_fields();
+        let back = Envelope::from_fields("s", "1-0", f.iter().map(|(k, v)| (*k, v.as_bytes())))
+            .expect("round trip");
+        assert_eq!(back, e);
+    }
+
+    #[test]
+    fn missing_and_bad_fields_are_errors() {
+        let e = sample();
+        let f: Vec<_> = e
+            .to_fields()
+            .into_iter()
+            .filter(|(k, _)| *k != fields::TYPE)
+            .collect();
+        let err = Envelope::from_fields(
+            "order:c-1",
+            "1-0",
+            f.iter().map(|(k, v)| (*k, v.as_bytes())),
+        )
+        .expect_err("missing type");
+        assert!(err.to_string().contains("`type`"), "{err}");
+        let bad = [("time", b"x".as_slice())];
+        let err = Envelope::from_fields("s", "1-0", bad).expect_err("bad time");
+        assert!(err.to_string().contains("not a number"), "{err}");
+    }
+
+    #[test]
+    fn an_entry_must_belong_where_it_was_read() {
+        let e = sample();
+        e.check_origin("order:c-1", "1-0", "order", Some("c-1"))
+            .expect("its own partition");
+        let err = e
+            .check_origin("order:c-2", "1-0", "order", Some("c-2"))
+            .expect_err("another key")
+            .to_string();
+        assert!(
+            err.contains("its `key` field is \"c-1\" but it was read from partition \"c-2\""),
+            "{err}"
+        );
+        let err = e
+            .check_origin("pay:c-1", "1-0", "pay", Some("c-1"))
+            .expect_err("another category")
+            .to_string();
+        assert!(err.contains("its `category` field is \"order\""), "{err}");
+        let err = e
+            .check_origin("order", "1-0", "order", None)
+            .expect_err("a key in the category's own stream")
+            .to_string();
+        assert!(err.contains("events without a key"), "{err}");
+        let unkeyed = Envelope {
+            partition_key: None,
+            ..sample()
+        };
+        let err = unkeyed
+            .check_origin("order:c-1", "1-0", "order", Some("c-1"))
+            .expect_err("no key in a partition")
+            .to_string();
+        assert!(err.contains("`key` field is missing"), "{err}");
+    }
+}

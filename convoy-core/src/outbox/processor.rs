@@ -1,0 +1,372 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{OutboxRecord, OutboxStore};
+use crate::broker::{Broker, KeyUse, Producer, Publication};
+use crate::config::PriorityLanesConfig;
+use crate::envelope::Origin;
+use crate::error::{Error, chain};
+use crate::key::Escaped;
+use crate::key::check_key;
+use crate::metrics;
+use crate::tracing;
+
+/// How many records one publish call carries.
+const BATCH: usize = 512;
+
+/// How long a stopping relay keeps publishing what is pending.
+const FINAL_DRAIN: Duration = Duration::from_secs(5);
+
+/// Publishes outbox records in order, through the broker (which routes
+/// them); every record's key is checked here first.
+///
+/// A record whose key is invalid at publish time is marked abandoned at once
+/// and never retried, so it cannot wedge the records behind it. When the
+/// broker fails, the records stay pending and are published, still in
+/// order, once it is back.
+pub struct OutboxProcessor {
+    store: Arc<dyn OutboxStore>,
+    broker: Arc<dyn Broker>,
+    lanes: PriorityLanesConfig,
+    producer: String,
+    wake: Arc<Notify>,
+    /// The elected publisher that took over in the broker (see
+    /// [`Broker::take_over`]); a batch of another is preceded by its take
+    /// over.
+    taken_over: std::sync::Mutex<Option<Producer>>,
+    /// The Rust field names of the message types the domain knows, by wire
+    /// name (for the unkeyed-publication check).
+    message_fields: BTreeMap<&'static str, &'static [&'static str]>,
+}
+
+impl std::fmt::Debug for OutboxProcessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxProcessor")
+            .field("broker", &self.broker.name())
+            .field("producer", &self.producer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxProcessor {
+    /// A processor publishing `store` to `broker` for the engine instance
+    /// `instance_id` (the store's [`OutboxStore::producer`] for it names
+    /// the set that drops re-sent records).
+    pub fn new(
+        store: Arc<dyn OutboxStore>,
+        broker: Arc<dyn Broker>,
+        lanes: PriorityLanesConfig,
+        instance_id: &str,
+        wake: Arc<Notify>,
+    ) -> Self {
+        let producer = store.producer(instance_id);
+        OutboxProcessor {
+            store,
+            broker,
+            lanes,
+            producer,
+            wake,
+            taken_over: std::sync::Mutex::new(None),
+            message_fields: BTreeMap::new(),
+        }
+    }
+
+    /// The message types the domain knows (their Rust field names judge
+    /// an unkeyed publication; a type not given here is judged by its
+    /// payload's JSON field names).
+    pub fn message_types(
+        mut self,
+        types: impl IntoIterator<Item = &'static crate::message::MessageDescriptor>,
+    ) -> Self {
+        self.message_fields = types.into_iter().map(|m| (m.type_name, m.fields)).collect();
+        self
+    }
+
+    /// The producer name this processor publishes under.
+    pub fn producer(&self) -> &str {
+        &self.producer
+    }
+
+    /// Publishes one batch of pending records as the single publisher of
+    /// its store (epoch 0); returns how many records were settled
+    /// (published or abandoned).
+    pub async fn process_batch(&self) -> Result<usize, Error> {
+        self.process_batch_as(&self.single()).await
+    }
+
+    /// This processor as the single publisher of its store.
+    pub(crate) fn single(&self) -> Producer {
+        Producer {
+            name: self.producer.clone(),
+            epoch: 0,
+        }
+    }
+
+    /// Publishes one batch of pending records as `producer` (a relay
+    /// elected among replicas passes the store's shared name and its
+    /// fencing epoch, see [`Producer::epoch`]); returns how many records
+    /// were settled. A replaced publisher gets
+    /// [`Error::PublisherReplaced`].
+    ///
+    /// An elected publisher (epoch above 0) first takes over in the broker,
+    /// once per epoch, before it reads a single pending record: from then
+    /// on its predecessor's batches are refused, so no record is published
+    /// by both.
+    pub async fn process_batch_as(&self, producer: &Producer) -> Result<usize, Error> {
+        if producer.epoch > 0 && !self.has_taken_over(producer) {
+            self.broker.take_over(producer).await?;
+            *self
+                .taken_over
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(producer.clone());
+        }
+        let records = self.store.pending(BATCH).await?;
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut batch: Vec<Publication> = Vec::with_capacity(records.len());
+        let mut settled = 0;
+        for r in records {
+            if let Err(reason) = self.check(&r) {
+                tracing::error!(seq = r.seq, id = %Escaped(&r.envelope.id), reason = %Escaped(&reason), "outbox record abandoned");
+                self.store.mark_abandoned(r.seq, reason).await?;
+                settled += 1;
+                continue;
+            }
+            let mut envelope = r.envelope;
+            envelope.origin = Some(Origin {
+                producer: producer.name.clone(),
+                seq: r.seq,
+            });
+            batch.push(Publication {
+                seq: r.seq,
+                envelope,
+            });
+        }
+        if batch.is_empty() {
+            return Ok(settled);
+        }
+        // A category the broker records as partitioned by a field is never
+        // published without a key for an event that carries the field (a
+        // writer that knew no key raised it): those records stay pending,
+        // loudly (their failures counted), and the rest of the batch goes
+        // out. Checked once per category and shape in this process
+        // (unkeyed shapes again every few seconds).
+        let mut refused = self.refused_unkeyed(&batch).await?;
+        if !refused.is_empty() {
+            let (out, kept): (Vec<Publication>, Vec<Publication>) = batch
+                .into_iter()
+                .partition(|p| refused.iter().any(|(c, _)| *c == p.envelope.category));
+            for p in &out {
+                self.store.record_failure(p.seq).await?;
+            }
+            if kept.is_empty() {
+                metrics::outbox_publish_failed();
+                let (_, first) = refused.swap_remove(0);
+                return Err(first);
+            }
+            for (category, e) in &refused {
+                tracing::error!(category = %Escaped(category), error = %chain(e), "outbox records of this category stay pending; the rest are published");
+            }
+            batch = kept;
+        }
+        let result = self.publish_batch(producer, &batch, settled).await;
+        if result.is_err() {
+            // Redis may have lost the take-over (a restart from an
+            // everysec AOF, a failover): take over again before the next
+            // read.
+            *self
+                .taken_over
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        result
+    }
+
+    /// The categories of `batch`'s unkeyed publications that the broker
+    /// records as partitioned by a field those events carry, with the
+    /// refusal. A type this domain knows is judged by its Rust fields (a
+    /// serde rename cannot hide the field); another by its payload's.
+    async fn refused_unkeyed(&self, batch: &[Publication]) -> Result<Vec<(String, Error)>, Error> {
+        // One shape per (category, type) of the batch's unkeyed records:
+        // compared by name, so a record costs no allocation; an unknown
+        // type's payload is parsed once.
+        let mut shapes: Vec<(&str, &str, &str)> = Vec::new();
+        for p in batch.iter().filter(|p| p.envelope.partition_key.is_none()) {
+            let e = &p.envelope;
+            if !shapes
+                .iter()
+                .any(|(c, t, _)| *c == e.category && *t == e.type_name)
+            {
+                shapes.push((&e.category, &e.type_name, &e.payload));
+            }
+        }
+        let mut refused: Vec<(String, Error)> = Vec::new();
+        for (category, type_name, payload) in shapes {
+            if refused.iter().any(|(c, _)| c == category) {
+                continue;
+            }
+            let parsed;
+            let fields: Vec<&str> = match self.message_fields.get(type_name) {
+                Some(f) => f.to_vec(),
+                None => {
+                    parsed = payload_fields(payload);
+                    parsed.iter().map(String::as_str).collect()
+                }
+            };
+            match self
+                .broker
+                .check_category(category, KeyUse::Unkeyed(&fields))
+                .await
+            {
+                Ok(()) => {}
+                Err(e @ Error::KeyFieldMismatch { .. }) => refused.push((category.to_owned(), e)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Publishes `batch` and settles what went
+    /// out; `settled` records were settled before (abandoned).
+    async fn publish_batch(
+        &self,
+        producer: &Producer,
+        batch: &[Publication],
+        settled: usize,
+    ) -> Result<usize, Error> {
+        match self.broker.publish(producer, batch).await {
+            Ok(()) => {
+                let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
+                self.store.mark_published(&seqs).await?;
+                metrics::outbox_published(seqs.len());
+                Ok(settled + seqs.len())
+            }
+            Err(e) => {
+                // The batch's first `published`, and whatever else the
+                // broker wrote (other shards than the one that failed):
+                // settled, so only the failed part is sent again.
+                let mut seqs: Vec<u64> = batch[..e.published.min(batch.len())]
+                    .iter()
+                    .map(|p| p.seq)
+                    .collect();
+                seqs.extend(e.also_written.iter().copied());
+                seqs.sort_unstable();
+                seqs.dedup();
+                self.store.mark_published(&seqs).await?;
+                metrics::outbox_published(seqs.len());
+                metrics::outbox_publish_failed();
+                let first_unwritten = batch.iter().find(|p| seqs.binary_search(&p.seq).is_err());
+                if let Some(p) = first_unwritten
+                    && !matches!(e.error, Error::PublisherReplaced { .. })
+                {
+                    self.store.record_failure(p.seq).await?;
+                }
+                Err(e.error)
+            }
+        }
+    }
+
+    fn has_taken_over(&self, producer: &Producer) -> bool {
+        self.taken_over
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            == Some(producer)
+    }
+
+    fn check(&self, r: &OutboxRecord) -> Result<(), String> {
+        match r.partition_key() {
+            Some(k) => check_key(Some(k), &self.lanes.backfill_suffix)
+                .map_err(|rule| format!("invalid partition key {k:?}: {rule}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Publishes everything pending now; stops at the first broker error.
+    pub async fn drain(&self) -> Result<usize, Error> {
+        self.drain_as(&self.single()).await
+    }
+
+    /// Publishes everything pending now as `producer`; stops at the first
+    /// broker error.
+    pub async fn drain_as(&self, producer: &Producer) -> Result<usize, Error> {
+        let mut n = 0;
+        loop {
+            let k = self.process_batch_as(producer).await?;
+            if k == 0 {
+                return Ok(n);
+            }
+            n += k;
+        }
+    }
+
+    /// Exports the store's backlog, oldest pending age and abandoned count
+    /// as metrics.
+    pub async fn export_stats(&self) -> Result<(), Error> {
+        let stats = self.store.stats().await?;
+        metrics::outbox_stats(stats.pending, stats.oldest_pending_ms, stats.abandoned);
+        Ok(())
+    }
+
+    /// Publishes as the single publisher of its store until `shutdown`
+    /// fires, waking when records are added and backing off while the
+    /// broker is unreachable; then publishes what is pending once more
+    /// (for up to 5 s) and returns. (The engine runs the relay instead,
+    /// which elects one publisher when the store is shared.)
+    pub async fn run(&self, shutdown: CancellationToken) {
+        super::relay::publish(self, &self.single(), None, &shutdown).await;
+    }
+
+    /// Runs the relay of this processor's store until `shutdown` fires: as
+    /// the store's single publisher, or, for a store shared by several
+    /// processes (one with an [`Election`](super::Election)), as a
+    /// candidate that publishes while it leads. What the engine runs.
+    pub async fn relay(self: Arc<Self>, shutdown: CancellationToken) {
+        super::relay::run(self, shutdown).await
+    }
+
+    /// The store this processor publishes.
+    pub(crate) fn store(&self) -> &Arc<dyn OutboxStore> {
+        &self.store
+    }
+
+    /// What wakes this processor when records are committed in this process.
+    pub(crate) fn wake(&self) -> &Arc<Notify> {
+        &self.wake
+    }
+
+    /// Nothing was left to publish: lets the broker look again at what it
+    /// published last (see [`Broker::recheck_published`]).
+    pub(crate) async fn recheck_published(&self) {
+        self.broker.recheck_published().await;
+    }
+
+    /// The last publish of a stopping relay: what is pending, for up to 5 s.
+    pub(crate) async fn final_drain(&self, producer: &Producer) {
+        match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %chain(&e), "outbox records stay pending at shutdown")
+            }
+            Err(_) => tracing::warn!("outbox records stay pending at shutdown (timed out)"),
+        }
+    }
+}
+
+/// The top-level field names of a JSON object payload (none for another
+/// shape).
+fn payload_fields(payload: &str) -> Vec<String> {
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(payload) {
+        Ok(map) => {
+            let mut v: Vec<String> = map.into_iter().map(|(k, _)| k).collect();
+            v.sort_unstable();
+            v
+        }
+        Err(_) => Vec::new(),
+    }
+}

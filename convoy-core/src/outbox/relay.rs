@@ -1,0 +1,467 @@
+//! The relay: who publishes an outbox, and the one loop that does.
+//!
+//! An outbox with one publisher (the in-memory one: each process publishes
+//! its own records) runs the loop as that publisher. An outbox shared by
+//! several processes (a PostgreSQL table written by every replica) offers
+//! an [`Election`] ([`OutboxStore::election`]): every process runs the
+//! relay, one at a time leads, under a fencing epoch that grows with every
+//! term, and the others stand by. The election is its own piece: the store
+//! says how a term is won and held (an advisory lock on a session, say),
+//! the loop is the same for every store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::OutboxProcessor;
+#[cfg(doc)]
+use super::OutboxStore;
+use crate::backoff::{Backoff, sleep_or_stop};
+use crate::broker::Producer;
+use crate::error::{Error, chain};
+use crate::future::BoxFuture;
+use crate::tracing;
+
+/// How often a relay exports the outbox's statistics and runs the store's
+/// housekeeping (reading the statistics is not free: a count of the
+/// backlog).
+pub(crate) const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
+
+/// How one publisher among several processes is chosen for an outbox they
+/// share.
+///
+/// The engine runs the outbox's relay. An outbox with one publisher (the
+/// in-memory one: each process publishes its own records) has no election,
+/// and the relay publishes as that publisher, with epoch 0. An outbox
+/// shared by several processes (`PgOutbox`: a table every replica writes)
+/// returns an election from [`OutboxStore::election`]: every process runs
+/// the relay, one at a time wins a [`Term`] and publishes under its
+/// fencing epoch (the broker then refuses every older epoch's batches), and
+/// the others stand by. The store says how a term is won and held (an
+/// advisory lock on a session kept alive, for `PgOutbox`); the publishing
+/// loop is the runtime's, the same for every store.
+pub trait Election: Send + Sync {
+    /// Readies the shared outbox (its tables, say) and returns the producer
+    /// name every leader publishes under (so the broker drops a record a
+    /// predecessor already published).
+    fn prepare(&self) -> BoxFuture<'_, Result<String, Error>>;
+
+    /// One attempt to lead, with an epoch above `newest_seen` (the newest
+    /// epoch this process has seen, from a broker refusing a replaced
+    /// publisher); `None` while another process leads.
+    fn campaign(&self, newest_seen: u64) -> BoxFuture<'_, Result<Option<Term>, Error>>;
+
+    /// How long a standby waits before its next attempt.
+    fn standby(&self) -> Duration;
+}
+
+/// A leadership held: its fencing epoch, and a task that holds it (a
+/// session kept alive, say) until the term is resigned, or ends by itself
+/// when the leadership is lost.
+#[derive(Debug)]
+pub struct Term {
+    epoch: u64,
+    lost: CancellationToken,
+    resign: CancellationToken,
+    holder: tokio::task::JoinHandle<()>,
+}
+
+impl Term {
+    /// A term of `epoch`, held by `hold(lost, resign)`: a future that keeps
+    /// the leadership until `resign` fires (then gives it up before it
+    /// returns) and cancels `lost` if it loses the leadership first.
+    pub fn new<F>(epoch: u64, hold: impl FnOnce(CancellationToken, CancellationToken) -> F) -> Term
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let lost = CancellationToken::new();
+        let resign = CancellationToken::new();
+        let holder = tokio::spawn(hold(lost.clone(), resign.clone()));
+        Term {
+            epoch: epoch.max(1),
+            lost,
+            resign,
+            holder,
+        }
+    }
+
+    /// The term's fencing epoch (1 or more).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Gives the leadership up, and waits until it is.
+    async fn resign(self) {
+        self.resign.cancel();
+        let _ = self.holder.await;
+    }
+}
+
+/// Runs the relay of `store` until `shutdown` fires: as its single
+/// publisher, or, for a store with an [`Election`], as a candidate that
+/// publishes while it leads.
+pub(crate) async fn run(processor: Arc<OutboxProcessor>, shutdown: CancellationToken) {
+    let Some(election) = processor.store().election() else {
+        publish(&processor, &processor.single(), None, &shutdown).await;
+        return;
+    };
+    let mut backoff = Backoff::reconnect();
+    let name = loop {
+        match election.prepare().await {
+            Ok(name) => break name,
+            Err(e) => tracing::warn!(error = %chain(&e), "outbox relay cannot start"),
+        }
+        if !backoff.wait_or_stop(&shutdown).await {
+            return;
+        }
+    };
+    let mut newest_seen = 0;
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match election.campaign(newest_seen).await {
+            Ok(Some(term)) => {
+                backoff.reset();
+                let producer = Producer {
+                    name: name.clone(),
+                    epoch: term.epoch(),
+                };
+                tracing::info!(
+                    producer = %producer.name,
+                    epoch = producer.epoch,
+                    "outbox relay: this instance publishes"
+                );
+                let newer = publish(&processor, &producer, Some(&term.lost), &shutdown);
+                newest_seen = newest_seen.max(newer.await);
+                term.resign().await;
+            }
+            Ok(None) => {
+                // `sleep_or_stop` is true when `shutdown` fired: a standby
+                // keeps trying until then.
+                if sleep_or_stop(election.standby(), &shutdown).await {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "outbox relay cannot reach its election; records stay pending");
+                if !backoff.wait_or_stop(&shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Publishes as `producer` until `shutdown` fires (then what is pending,
+/// once more, unless the leadership was lost), the term is `lost`, or the
+/// broker reports a newer publisher; returns the newest epoch seen.
+///
+/// Woken by commits in this process and, while it runs, by the store's
+/// commit notifications ([`OutboxStore::watch_commits`]); otherwise every
+/// [`OutboxStore::poll_interval`], or sooner, with back-off, after a failed
+/// publish.
+pub(crate) async fn publish(
+    processor: &OutboxProcessor,
+    producer: &Producer,
+    lost: Option<&CancellationToken>,
+    shutdown: &CancellationToken,
+) -> u64 {
+    let store = processor.store();
+    let never = CancellationToken::new();
+    let lost = lost.unwrap_or(&never);
+    let watch_stop = CancellationToken::new();
+    let watcher = store
+        .watch_commits(processor.wake().clone(), watch_stop.clone())
+        .map(tokio::spawn);
+    let mut newest = producer.epoch;
+    let mut backoff = Backoff::reconnect();
+    let mut housekeeping: Option<Instant> = None;
+    loop {
+        if housekeeping.is_none_or(|at| at.elapsed() >= HOUSEKEEPING_EVERY) {
+            housekeeping = Some(Instant::now());
+            if let Err(e) = processor.export_stats().await {
+                tracing::debug!(error = %chain(&e), "outbox statistics unavailable");
+            }
+            if let Err(e) = store.housekeeping().await {
+                tracing::warn!(error = %chain(&e), "outbox housekeeping failed");
+            }
+        }
+        let notified = processor.wake().notified();
+        let wait = match processor.drain_as(producer).await {
+            Ok(published) => {
+                backoff.reset();
+                if published == 0 {
+                    processor.recheck_published().await;
+                }
+                store.poll_interval()
+            }
+            Err(Error::PublisherReplaced { newer, .. }) => {
+                tracing::warn!(
+                    epoch = producer.epoch,
+                    newer,
+                    "outbox relay: another replica publishes now; standing by"
+                );
+                newest = newest.max(newer);
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "outbox publish failed; records stay pending");
+                backoff.next_delay()
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                if !lost.is_cancelled() {
+                    processor.final_drain(producer).await;
+                }
+                break;
+            }
+            _ = lost.cancelled() => {
+                tracing::warn!(
+                    epoch = producer.epoch,
+                    "outbox relay: leadership lost; standing by"
+                );
+                break;
+            }
+            _ = notified => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    watch_stop.cancel();
+    if let Some(w) = watcher {
+        let _ = w.await;
+    }
+    newest
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop with an election of the test's own: it publishes only
+    //! while it holds a term, under that term's epoch, stands by when the
+    //! term is lost, and campaigns again with the newest epoch it saw.
+
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::broker::{Broker, Capabilities, ConsumerPlan, Publication, PublishError};
+    use crate::config::PriorityLanesConfig;
+    use crate::envelope::{Envelope, Priority};
+    use crate::outbox::{MemoryOutbox, OutboxRecord, OutboxStats, OutboxStore};
+
+    /// Records what it is asked to publish, as (epoch, seqs).
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<(u64, Vec<u64>)>>);
+
+    impl Seen {
+        fn all(&self) -> Vec<(u64, Vec<u64>)> {
+            self.0.lock().expect("seen").clone()
+        }
+    }
+
+    struct Recording(Arc<Seen>);
+
+    impl Broker for Recording {
+        fn name(&self) -> &str {
+            "recording"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::NONE
+        }
+
+        fn publish<'a>(
+            &'a self,
+            producer: &'a Producer,
+            batch: &'a [Publication],
+        ) -> BoxFuture<'a, Result<(), PublishError>> {
+            let seqs = batch.iter().map(|p| p.seq).collect();
+            self.0.0.lock().expect("seen").push((producer.epoch, seqs));
+            Box::pin(async { Ok(()) })
+        }
+
+        fn run(
+            self: Arc<Self>,
+            _plan: Arc<ConsumerPlan>,
+            _shutdown: CancellationToken,
+        ) -> BoxFuture<'static, Result<(), Error>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Wins while `open`; a term ends when `lose` is notified.
+    #[derive(Default)]
+    struct Toy {
+        open: AtomicBool,
+        lose: Arc<Notify>,
+        epoch: AtomicU64,
+        campaigns: Mutex<Vec<u64>>,
+    }
+
+    impl Election for Toy {
+        fn prepare(&self) -> BoxFuture<'_, Result<String, Error>> {
+            Box::pin(async { Ok("toy".to_owned()) })
+        }
+
+        fn campaign(&self, newest_seen: u64) -> BoxFuture<'_, Result<Option<Term>, Error>> {
+            self.campaigns.lock().expect("campaigns").push(newest_seen);
+            if !self.open.load(Ordering::SeqCst) {
+                return Box::pin(async { Ok(None) });
+            }
+            let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            let lose = self.lose.clone();
+            Box::pin(async move {
+                Ok(Some(Term::new(epoch, move |lost, resign| async move {
+                    tokio::select! {
+                        _ = resign.cancelled() => {}
+                        _ = lose.notified() => lost.cancel(),
+                    }
+                })))
+            })
+        }
+
+        fn standby(&self) -> Duration {
+            Duration::from_millis(10)
+        }
+    }
+
+    /// A memory outbox shared under the toy election.
+    struct Elected {
+        inner: MemoryOutbox,
+        election: Arc<Toy>,
+    }
+
+    impl OutboxStore for Elected {
+        fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.append(envelopes)
+        }
+        fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.pending(limit)
+        }
+        fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+            self.inner.mark_published(seqs)
+        }
+        fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.mark_abandoned(seq, reason)
+        }
+        fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+            self.inner.record_failure(seq)
+        }
+        fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.records()
+        }
+        fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
+            self.inner.stats()
+        }
+        fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+            self.inner.abandoned(limit)
+        }
+        fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+            self.inner.retry(seq)
+        }
+        fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+            self.inner.discard(seq)
+        }
+        fn election(&self) -> Option<Arc<dyn Election>> {
+            Some(self.election.clone())
+        }
+    }
+
+    fn envelope(n: u64) -> Envelope {
+        Envelope {
+            id: format!("m{n}"),
+            type_name: "T".into(),
+            category: "c".into(),
+            partition_key: Some("k".into()),
+            time_ms: 0,
+            priority: Priority::Normal,
+            correlation_id: None,
+            payload: "{}".into(),
+            origin: None,
+        }
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn publishes_only_under_a_held_term_with_its_epoch_and_stands_by_after_losing_it() {
+        let toy = Arc::new(Toy::default());
+        let store = Arc::new(Elected {
+            inner: MemoryOutbox::new(),
+            election: toy.clone(),
+        });
+        let seen = Arc::new(Seen::default());
+        let wake = Arc::new(Notify::new());
+        let processor = Arc::new(OutboxProcessor::new(
+            store.clone(),
+            Arc::new(Recording(seen.clone())),
+            PriorityLanesConfig::default(),
+            "i",
+            wake.clone(),
+        ));
+        let shutdown = CancellationToken::new();
+        let relay = tokio::spawn(run(processor, shutdown.clone()));
+
+        store.append(vec![envelope(0)]).await.expect("append");
+        until("a few standby attempts", || {
+            toy.campaigns.lock().expect("campaigns").len() >= 3
+        })
+        .await;
+        assert!(seen.all().is_empty(), "a standby publishes nothing");
+
+        toy.open.store(true, Ordering::SeqCst);
+        until("the first term publishes", || !seen.all().is_empty()).await;
+        assert!(
+            seen.all().iter().all(|(epoch, _)| *epoch == 1),
+            "{:?}",
+            seen.all()
+        );
+
+        // The term is lost: nothing more is published until a new one.
+        toy.open.store(false, Ordering::SeqCst);
+        let before = toy.campaigns.lock().expect("campaigns").len();
+        toy.lose.notify_one();
+        until("campaigning again", || {
+            toy.campaigns.lock().expect("campaigns").len() >= before + 3
+        })
+        .await;
+        store.append(vec![envelope(1)]).await.expect("append");
+        let records = store.records().await.expect("records");
+        let second = records.last().expect("a record").seq;
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let published: Vec<u64> = seen.all().into_iter().flat_map(|(_, s)| s).collect();
+        assert!(
+            !published.contains(&second),
+            "published after the term was lost: {published:?}"
+        );
+
+        toy.open.store(true, Ordering::SeqCst);
+        until("the second term publishes", || {
+            seen.all().iter().any(|(_, s)| s.contains(&second))
+        })
+        .await;
+        let last = seen.all().last().cloned().expect("a publish");
+        assert_eq!(last.0, 2, "the second term's epoch");
+        assert!(
+            toy.campaigns
+                .lock()
+                .expect("campaigns")
+                .iter()
+                .all(|n| *n <= 1),
+            "campaigns carry the newest epoch seen"
+        );
+        shutdown.cancel();
+        relay.await.expect("the relay stops");
+    }
+}

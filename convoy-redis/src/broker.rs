@@ -1,0 +1,435 @@
+//! The Redis broker: publishing through the publish script, consuming with
+//! one partitioned coordinator and/or one ordinary consumer group per
+//! subscription.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::connection::{Client, Conn, Connection, query_each_slot};
+use super::layout;
+use super::loss::PublishMarks;
+use super::partitioned::Coordinator;
+use super::plain::PlainConsumer;
+use super::routing::{Routed, Routing};
+use super::scripts::Replicated;
+use super::scripts::publish::Publish;
+use super::state::RedisStateStore;
+use super::wake;
+use crate::tracing;
+use convoy_core::broker::{
+    Broker, Capabilities, ConsumerPlan, KeyUse, Producer, Publication, PublishError,
+};
+use convoy_core::config::Config;
+use convoy_core::error::{Error, chain};
+use convoy_core::future::BoxFuture;
+use convoy_core::names;
+use convoy_core::process_manager::StateStore;
+
+/// How long a recheck of the published counts waits for each shard.
+const RECHECK_WITHIN: Duration = Duration::from_secs(1);
+
+/// The Redis Streams broker. Cheap to share; connects on first use.
+pub struct RedisBroker {
+    redis: Arc<Connection>,
+    /// The domain's shard counts and lanes, given once by
+    /// [`Broker::configure`] (the defaults until then).
+    routing: Arc<OnceLock<Routing>>,
+    /// Categories whose shard count this process checked against Redis.
+    checked: Arc<Mutex<HashSet<String>>>,
+    /// Key uses this process checked against Redis's record, as
+    /// `(category, use)`, and when: a field use holds for good, an unkeyed
+    /// one for [`UNKEYED_RECHECK`] (a consumer may record a key meanwhile).
+    keys_checked: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    /// What this process's publishes left in each shard's counts, to tell
+    /// when a shard lost them.
+    marks: Arc<PublishMarks>,
+}
+
+/// How long an unkeyed use of a category stays checked.
+const UNKEYED_RECHECK: Duration = Duration::from_secs(10);
+
+impl std::fmt::Debug for RedisBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBroker")
+            .field("url", &self.redis.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBroker {
+    /// A broker for a `redis://` or `rediss://` URL (user, password and
+    /// database in the URL work), or for a Redis Cluster named by one or
+    /// more of its nodes: `redis+cluster://[user:password@]h1:p1,h2:p2/`
+    /// (`rediss+cluster://` for TLS). Nothing is connected yet.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        Self::open(url, None)
+    }
+
+    /// A broker for a `rediss://` URL whose server certificate is signed by
+    /// the CA in `ca_pem` (PEM) rather than one in the system trust store.
+    pub fn from_url_with_ca(url: &str, ca_pem: Vec<u8>) -> Result<Self, Error> {
+        Self::open(url, Some(ca_pem))
+    }
+
+    fn open(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Self, Error> {
+        let client = Client::open(url, ca_pem, "[broker] url ")?;
+        Ok(RedisBroker {
+            redis: Arc::new(Connection::new(client, url)),
+            routing: Arc::default(),
+            checked: Arc::default(),
+            keys_checked: Arc::default(),
+            marks: Arc::default(),
+        })
+    }
+
+    /// How long one command may take before it fails (default 5 s).
+    pub fn response_timeout(self, timeout: Duration) -> Self {
+        RedisBroker {
+            redis: Arc::new(self.redis.with_response_timeout(timeout)),
+            routing: self.routing,
+            checked: Arc::default(),
+            keys_checked: Arc::default(),
+            marks: Arc::default(),
+        }
+    }
+
+    /// The URL with its password hidden.
+    pub fn url(&self) -> String {
+        self.redis.url()
+    }
+
+    /// The connections.
+    pub(crate) fn connection(&self) -> &Arc<Connection> {
+        &self.redis
+    }
+
+    /// The layout routing uses: the one [`Broker::configure`] gave, else
+    /// the defaults (a broker used without a domain).
+    fn routing(&self) -> &Routing {
+        static DEFAULT: std::sync::LazyLock<Routing> = std::sync::LazyLock::new(Routing::default);
+        self.routing.get().unwrap_or(&DEFAULT)
+    }
+
+    /// Checks, once per category and process, that the batch's categories
+    /// have the shard count Redis recorded (recording it if none is).
+    async fn check_shards(&self, conn: &mut Conn, batch: &[Publication]) -> Result<(), Error> {
+        for p in batch {
+            let category = &p.envelope.category;
+            let known = match self.checked.lock() {
+                Ok(g) => g.contains(category),
+                Err(poisoned) => poisoned.into_inner().contains(category),
+            };
+            if known {
+                continue;
+            }
+            layout::check_shards(conn, category, self.routing().shards().shards_of(category))
+                .await?;
+            match self.checked.lock() {
+                Ok(mut g) => g.insert(category.clone()),
+                Err(poisoned) => poisoned.into_inner().insert(category.clone()),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Locks a set, poisoned or not (a set of checked names stays valid).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl RedisBroker {
+    /// Checks how this process uses `category`'s key against Redis's
+    /// record, once per category and use.
+    async fn check_key_use(&self, category: &str, used: KeyUse<'_>) -> Result<(), Error> {
+        let id = (category.to_owned(), format!("{used:?}"));
+        let fresh =
+            |at: &Instant| matches!(used, KeyUse::Field(_)) || at.elapsed() < UNKEYED_RECHECK;
+        if locked(&self.keys_checked).get(&id).is_some_and(fresh) {
+            return Ok(());
+        }
+        let mut conn = self.redis.shared().await?;
+        layout::check_key_field(&mut conn, category, used).await?;
+        locked(&self.keys_checked).insert(id, Instant::now());
+        Ok(())
+    }
+
+    /// The replicas a publish waits for (`[broker] wait_replicas`).
+    fn replicated(&self) -> Option<Replicated> {
+        Replicated::publishing(self.routing().shards())
+    }
+
+    /// Checks every subscribed category's shard count against Redis's
+    /// record (recording it where none is).
+    async fn check_subscribed_shards(&self, plan: &ConsumerPlan) -> Result<(), Error> {
+        // Every category this process knows a key for (it may publish
+        // them without consuming them), then every subscribed one.
+        for (c, field) in plan.key_fields() {
+            self.check_key_use(c, KeyUse::Field(field)).await?;
+        }
+        let mut conn = self.redis.shared().await?;
+        for sub in &plan.subscriptions {
+            for c in &sub.categories {
+                match plan.key_field(c) {
+                    Some(field) => self.check_key_use(c, KeyUse::Field(field)).await?,
+                    None => {
+                        for fields in sub.unkeyed_fields() {
+                            self.check_key_use(c, KeyUse::Unkeyed(fields)).await?;
+                        }
+                    }
+                }
+                let configured = plan.config.broker.shards_of(c);
+                layout::check_shards(&mut conn, c, configured)
+                    .await
+                    .map_err(|e| match e {
+                        Error::Config { message, .. } => Error::Config {
+                            file: plan.config.origin().to_owned(),
+                            message,
+                        },
+                        other => other,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Broker for RedisBroker {
+    fn name(&self) -> &str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::STREAM_PARTITIONING
+    }
+
+    fn state_store(&self) -> Option<Arc<dyn StateStore>> {
+        Some(Arc::new(RedisStateStore::new(self.redis.clone())))
+    }
+
+    fn describe(&self) -> String {
+        format!("redis at {}", self.redis.url())
+    }
+
+    fn configure(&self, config: &Config) -> Result<(), Error> {
+        let wanted = Routing::of(config);
+        let bound = self.routing.get_or_init(|| wanted.clone());
+        if *bound == wanted {
+            return Ok(());
+        }
+        Err(Error::Config {
+            file: config.origin().to_owned(),
+            message: "this RedisBroker already serves a domain with other [broker] shard counts or [server.priority_lanes]; give each domain a broker of its own (RedisBroker::from_url)".to_owned(),
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let mut conn = self.redis.shared().await?;
+            let _: String = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| Error::redis("PING failed", e))?;
+            Ok(())
+        })
+    }
+
+    fn check_category<'a>(
+        &'a self,
+        category: &'a str,
+        key: KeyUse<'a>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.check_key_use(category, key))
+    }
+
+    fn take_over<'a>(&'a self, producer: &'a Producer) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            // An empty batch in every shard a publication can go to: the
+            // script raises the stored epoch (or refuses a replaced one)
+            // and trims nothing (floor 0).
+            let conn = self.redis.shared().await?;
+            let wait = self.replicated();
+            let runs = (0..self.routing().shards().max_shards()).map(|shard| {
+                let mut c = conn.clone();
+                async move {
+                    Publish {
+                        producer,
+                        shard,
+                        floor: 0,
+                        batch: &[],
+                    }
+                    .run(&mut c, wait)
+                    .await
+                }
+            });
+            for r in futures::future::join_all(runs).await {
+                r?;
+            }
+            Ok(())
+        })
+    }
+
+    fn recheck_published(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let due = self.marks.to_recheck();
+            if due.is_empty() {
+                return;
+            }
+            let Ok(mut conn) = self.redis.shared().await else {
+                return;
+            };
+            let cmds = due
+                .iter()
+                .map(|(shard, category)| {
+                    let key = names::published(*shard, category);
+                    let mut cmd = redis::cmd("GET");
+                    cmd.arg(&key);
+                    (key, cmd)
+                })
+                .collect();
+            let read_at = std::time::Instant::now();
+            let replies = query_each_slot(&mut conn, cmds, RECHECK_WITHIN).await;
+            for ((shard, category), answer) in due.iter().zip(replies) {
+                // A shard that does not answer is looked at next time.
+                if let Ok(v) = answer {
+                    self.marks
+                        .rechecked(*shard, category, super::reply::int(&v), read_at);
+                }
+            }
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        producer: &'a Producer,
+        batch: &'a [Publication],
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        Box::pin(async move {
+            if batch.is_empty() {
+                return Ok(());
+            }
+            // Each shard's script writes its records or none. A shard that
+            // fails (its master failing over) holds up no other: the shards
+            // that wrote (and whose wake-ups went out) are reported so only
+            // the failed shard's records are sent again, and those that did
+            // go out before are dropped by its dedup set.
+            let fail = PublishError::nothing;
+            let mut conn = self.redis.shared().await.map_err(fail)?;
+            self.check_shards(&mut conn, batch).await.map_err(fail)?;
+            let by_shard = self.routing().by_shard(batch);
+            let floor = batch[0].seq;
+            let wait = self.replicated();
+            let runs = by_shard.iter().map(|(shard, records)| {
+                let mut c = conn.clone();
+                async move {
+                    Publish {
+                        producer,
+                        shard: *shard,
+                        floor,
+                        batch: records,
+                    }
+                    .run(&mut c, wait)
+                    .await
+                }
+            });
+            let mut failed = None;
+            let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
+            for ((shard, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await)
+            {
+                match r {
+                    Ok(published) => {
+                        self.marks
+                            .published(*shard, &published.counts, records, published.written);
+                        written.extend(records.iter());
+                    }
+                    Err(e) => {
+                        if failed.is_none() {
+                            failed = Some(e);
+                        }
+                    }
+                }
+            }
+            let mut woken = HashSet::new();
+            let keys = written.iter().filter_map(|r| {
+                let key = r.partition?;
+                let at = (r.publication.envelope.category.as_str(), key);
+                woken.insert(at).then_some(at)
+            });
+            // An idle owner waits for its wake-up: without it, a new event
+            // would wait for the owner's next reap check. The wake stream
+            // is one key per category, in one slot: a failure to write it
+            // (its master failing over) does not hold the batch, whose
+            // events are in Redis; its wake-ups are written again in the
+            // background.
+            if let Err(e) = wake::hint(&mut conn, keys, false).await {
+                tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
+                let mut woken = HashSet::new();
+                let owned: Vec<(String, String)> = written
+                    .iter()
+                    .filter_map(|r| {
+                        let key = r.partition?;
+                        let at = (r.publication.envelope.category.as_str(), key);
+                        woken.insert(at).then(|| (at.0.to_owned(), at.1.to_owned()))
+                    })
+                    .collect();
+                tokio::spawn(wake::hint_later(conn.clone(), owned));
+            }
+            match failed {
+                None => Ok(()),
+                Some(error) => Err(PublishError {
+                    published: 0,
+                    also_written: written.iter().map(|r| r.publication.seq).collect(),
+                    error,
+                }),
+            }
+        })
+    }
+
+    fn run(
+        self: Arc<Self>,
+        plan: Arc<ConsumerPlan>,
+        shutdown: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async move {
+            // A category whose shard count differs from the one Redis
+            // recorded would read other streams than its publishers write:
+            // the engine fails to start (Redis being down is waited out).
+            let mut backoff = convoy_core::backoff::Backoff::reconnect();
+            loop {
+                match self.check_subscribed_shards(&plan).await {
+                    Ok(()) => break,
+                    Err(e @ (Error::Config { .. } | Error::KeyFieldMismatch { .. })) => {
+                        return Err(e);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "cannot check the categories' shard counts; retrying");
+                        if !backoff.wait_or_stop(&shutdown).await {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            let mut tasks = tokio::task::JoinSet::new();
+            for index in 0..plan.subscriptions.len() {
+                let sub = &plan.subscriptions[index];
+                if sub.reads_partitions {
+                    let c = Coordinator::new(self.redis.clone(), plan.clone(), index);
+                    tasks.spawn(c.run(shutdown.clone()));
+                }
+                if sub.reads_base {
+                    let p = PlainConsumer::new(self.redis.clone(), plan.clone(), index);
+                    tasks.spawn(p.run(shutdown.clone()));
+                }
+            }
+            while let Some(r) = tasks.join_next().await {
+                if let Err(e) = r {
+                    tracing::error!(error = %chain(&e), "a consumer task failed");
+                }
+            }
+            Ok(())
+        })
+    }
+}

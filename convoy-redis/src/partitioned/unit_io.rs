@@ -1,0 +1,290 @@
+//! The I/O of one unit's worker, behind a narrow trait: each call is one
+//! fenced script (or one command) on the unit, answered by its typed
+//! reply. [`RedisUnit`] runs them on Redis; the worker decides what to do
+//! with the replies, and its phase machine ([`super::phase`]) what comes
+//! next.
+
+use std::sync::Arc;
+
+use super::super::connection::Conn;
+use super::super::scripts::ack::Acked;
+use super::super::scripts::claim::{Claim, Claimed};
+use super::super::scripts::fail::{Fail, Failed};
+use super::super::scripts::head_action::{HeadActed, HeadAction};
+use super::super::scripts::read::{Read, ReadReply, Which};
+use super::super::scripts::reap::{Reap, Reaped};
+use super::super::scripts::release::{Held, Release, Released};
+use super::super::scripts::rest::{Rest, Rested};
+use super::super::unit::{At, Unit};
+use super::Shared;
+use convoy_core::envelope::now_ms;
+use convoy_core::error::Error;
+
+/// Entries read per fenced read from the primary lane.
+pub(super) const PRIMARY_BATCH: usize = 100;
+/// Entries read per fenced read from the backfill lane (small, so primary
+/// traffic is looked at again soon).
+pub(super) const BACKFILL_BATCH: usize = 10;
+
+/// A fenced acknowledgement of one unit's handled entries.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AckOf<'a> {
+    /// The stream the entries were read from.
+    pub(super) at: At,
+    pub(super) ids: &'a [String],
+    /// Clear the head's failure count (it had failures).
+    pub(super) clear_head: bool,
+    /// Record the unit's last activity.
+    pub(super) touch: bool,
+    /// Remove from the stream what every group has consumed.
+    pub(super) trim: bool,
+}
+
+/// The gap a dead-lettered poisoned head leaves, recorded beside the unit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GapOf<'a> {
+    pub(super) entry: &'a str,
+    pub(super) message: &'a str,
+    pub(super) reason: &'a str,
+    pub(super) time_ms: u64,
+    pub(super) dlq_id: &'a str,
+}
+
+/// What a unit's worker asks of Redis, each call fenced on the worker's
+/// lease (token and incarnation) where the script is.
+pub(super) trait UnitIo {
+    /// Moves earlier generations' pending entries of `stream` to this
+    /// generation's consumer.
+    async fn claim(&self, stream: &str) -> Result<Claimed, Error>;
+
+    /// One fenced read of own pending entries or new ones, primary lanes
+    /// first, starting at lane `first_lane`. `held`: the entries handled
+    /// but not yet acknowledged, and where (on a cluster the client sends a
+    /// read again after a dropped connection: the script checks that
+    /// nothing pending is unseen).
+    async fn read(
+        &self,
+        which: Which,
+        first_lane: usize,
+        held: (At, usize),
+    ) -> Result<ReadReply, Error>;
+
+    /// A fenced acknowledgement (batched with other units' by the
+    /// instance's acknowledgement batcher); an error may have run.
+    async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>>;
+
+    /// Records a failure of the head `entry` after the `known` failures
+    /// the worker knew of (repeated after a lost reply, it counts once);
+    /// `halt` halts the unit at once with that reason.
+    async fn fail(
+        &self,
+        entry: &str,
+        error: &str,
+        known: u32,
+        halt: Option<&str>,
+    ) -> Result<Failed, Error>;
+
+    /// Retires the drained unit if it has been idle for `reap_idle`.
+    async fn reap(&self) -> Result<Reaped, Error>;
+
+    /// Deletes this owner's consumer from the drained unit's streams.
+    async fn rest(&self) -> Result<Rested, Error>;
+
+    /// Whether the unit is marked halted in Redis.
+    async fn halted(&self) -> Result<bool, Error>;
+
+    /// Releases the lease held with the worker's token.
+    async fn release(&self) -> Result<Released, Error>;
+
+    /// Moves the poisoned head `entry` to the key's dead letters, only
+    /// while the unit's durable generation is still `generation`.
+    async fn dead_letter_head(&self, entry: &str, generation: u64) -> Result<HeadActed, Error>;
+
+    /// Records the gap a dead-lettered head left beside the unit.
+    async fn record_gap(&self, gap: GapOf<'_>) -> Result<(), Error>;
+}
+
+/// A unit's I/O on Redis: its scripts, on the instance's shared
+/// connection.
+pub(super) struct RedisUnit {
+    pub(super) s: Arc<Shared>,
+    pub(super) unit: Arc<Unit>,
+    pub(super) token: Arc<str>,
+    /// This instance's incarnation when the lease was taken (the fenced
+    /// scripts check that the liveness key still holds it).
+    pub(super) inc: Arc<str>,
+}
+
+impl RedisUnit {
+    /// This worker as the fenced scripts check it.
+    fn caller(&self) -> super::super::scripts::Caller<'_> {
+        super::super::scripts::Caller {
+            unit: &self.unit,
+            token: &self.token,
+            alive: self.s.alive(self.unit.shard),
+            incarnation: &self.inc,
+        }
+    }
+
+    async fn conn(&self) -> Result<Conn, Error> {
+        self.s.redis.shared().await
+    }
+}
+
+impl UnitIo for RedisUnit {
+    async fn claim(&self, stream: &str) -> Result<Claimed, Error> {
+        let mut c = self.conn().await?;
+        Claim {
+            by: self.caller(),
+            stream,
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn read(
+        &self,
+        which: Which,
+        first_lane: usize,
+        held: (At, usize),
+    ) -> Result<ReadReply, Error> {
+        let mut c = self.conn().await?;
+        let held = c.is_cluster().then_some(held);
+        Read {
+            by: self.caller(),
+            which,
+            primary_count: PRIMARY_BATCH,
+            backfill_count: BACKFILL_BATCH,
+            first_lane,
+            held,
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = super::acks::AckRequest {
+            unit: self.unit.clone(),
+            at: ack.at,
+            token: self.token.clone(),
+            inc: self.inc.clone(),
+            ids: ack.ids.to_vec(),
+            clear_head: ack.clear_head,
+            touch: ack.touch,
+            trim: ack.trim,
+            reply,
+        };
+        let stopped = || {
+            Arc::new(Error::TaskFailed {
+                task: "acknowledgement batcher",
+                reason: "it stopped before answering".to_owned(),
+            })
+        };
+        match self.s.acks.send(request) {
+            Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
+            Err(_) => Err(stopped()),
+        }
+    }
+
+    async fn fail(
+        &self,
+        entry: &str,
+        error: &str,
+        known: u32,
+        halt: Option<&str>,
+    ) -> Result<Failed, Error> {
+        let mut c = self.conn().await?;
+        Fail {
+            by: self.caller(),
+            entry,
+            error,
+            max_retries: self.s.settings.retry.max_retries,
+            now_ms: now_ms(),
+            known,
+            halt,
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn reap(&self) -> Result<Reaped, Error> {
+        let mut c = self.conn().await?;
+        Reap {
+            by: self.caller(),
+            idle_ms: self.s.settings.reap_idle.as_millis() as u64,
+            now_ms: now_ms(),
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn rest(&self) -> Result<Rested, Error> {
+        let mut c = self.conn().await?;
+        Rest { by: self.caller() }.run(&mut c).await
+    }
+
+    async fn halted(&self) -> Result<bool, Error> {
+        let mut c = self.conn().await?;
+        let halted: Option<String> = redis::cmd("HGET")
+            .arg(&self.unit.state)
+            .arg("halted")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to read the halt flag", e))?;
+        Ok(halted.is_some())
+    }
+
+    async fn release(&self) -> Result<Released, Error> {
+        let mut c = self.conn().await?;
+        Release {
+            unit: &self.unit,
+            held: Held::Token(&self.token),
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn dead_letter_head(&self, entry: &str, generation: u64) -> Result<HeadActed, Error> {
+        let mut c = self.conn().await?;
+        HeadAction {
+            unit: &self.unit,
+            op: "dead_letter",
+            force: false,
+            operator: "convoy (on_poison = dead_letter)",
+            expect_entry: Some(entry),
+            // Only while the unit is still this owner's: a replaced owner
+            // (stalled past its lease) leaves the head to its successor.
+            expect_generation: Some(generation),
+            now_ms: now_ms(),
+        }
+        .run(&mut c)
+        .await
+    }
+
+    async fn record_gap(&self, gap: GapOf<'_>) -> Result<(), Error> {
+        let mut c = self.conn().await?;
+        redis::pipe()
+            .cmd("HSET")
+            .arg(&*self.unit.state)
+            .arg("gap_entry")
+            .arg(gap.entry)
+            .arg("gap_message")
+            .arg(gap.message)
+            .arg("gap_reason")
+            .arg(gap.reason)
+            .arg("gap_time")
+            .arg(gap.time_ms)
+            .arg("gap_dlq")
+            .arg(gap.dlq_id)
+            .ignore()
+            .cmd("HINCRBY")
+            .arg(&*self.unit.state)
+            .arg("gaps")
+            .arg(1)
+            .ignore()
+            .query_async::<()>(&mut c)
+            .await
+            .map_err(|e| Error::redis("failed to record the gap", e))
+    }
+}

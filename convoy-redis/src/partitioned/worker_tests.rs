@@ -1,0 +1,466 @@
+//! The worker driven without Redis: a scripted [`UnitIo`] answers its
+//! reads (and every other call) and records each call with the time it
+//! came, on tokio's paused clock; the entries read carry no fields (gone
+//! from the stream), so no handler runs: each is reported and
+//! acknowledged.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use futures::future::BoxFuture;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::super::Settings;
+use super::super::membership::Liveness;
+use super::*;
+use crate::connection::{Client, Connection};
+use convoy_core::broker::outage::Outage;
+use convoy_core::broker::{ConsumerPlan, HealthState, Subscription};
+use convoy_core::config::Config;
+use convoy_core::envelope::Envelope;
+use convoy_core::handler::{Context, Dispatch, Dispatched};
+use convoy_core::key::KeyPolicy;
+use convoy_core::metrics::HandlerMetrics;
+use convoy_core::outbox::{MemoryOutbox, OutboxHandle};
+use convoy_core::registry::{BrokerFacts, Registry};
+
+/// One call of the worker's I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Claim,
+    Read(Which),
+    Ack,
+    Fail,
+    Reap,
+    Rest,
+    Halted,
+    Release,
+}
+
+/// A unit's I/O that answers from a script: reads in order (a read past
+/// the script stops the worker and finds nothing), halt checks in order
+/// (then not halted), reaps in order (then kept).
+#[derive(Default)]
+struct Scripted {
+    reads: Mutex<VecDeque<Result<ReadReply, Error>>>,
+    halted: Mutex<VecDeque<bool>>,
+    reaps: Mutex<VecDeque<Reaped>>,
+    calls: Arc<Mutex<Vec<(Call, tokio::time::Instant)>>>,
+    stop: CancellationToken,
+}
+
+impl Scripted {
+    fn record(&self, call: Call) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push((call, tokio::time::Instant::now()));
+            // A worker going round without waiting (its clock paused)
+            // is stopped, and its calls show it.
+            if calls.len() > 500 {
+                self.stop.cancel();
+            }
+        }
+    }
+}
+
+impl UnitIo for Scripted {
+    async fn claim(&self, _stream: &str) -> Result<Claimed, Error> {
+        self.record(Call::Claim);
+        Ok(Claimed::Done {
+            count: 0,
+            gone: Vec::new(),
+        })
+    }
+
+    async fn read(
+        &self,
+        which: Which,
+        _first_lane: usize,
+        _held: (At, usize),
+    ) -> Result<ReadReply, Error> {
+        self.record(Call::Read(which));
+        let next = self.reads.lock().ok().and_then(|mut r| r.pop_front());
+        next.unwrap_or_else(|| {
+            self.stop.cancel();
+            Ok(ReadReply::Empty)
+        })
+    }
+
+    async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {
+        self.record(Call::Ack);
+        Ok(Acked::Acked(ack.ids.len() as u64))
+    }
+
+    async fn fail(
+        &self,
+        _entry: &str,
+        _error: &str,
+        _known: u32,
+        _halt: Option<&str>,
+    ) -> Result<Failed, Error> {
+        self.record(Call::Fail);
+        Ok(Failed::Recorded {
+            failures: 1,
+            halted: true,
+        })
+    }
+
+    async fn reap(&self) -> Result<Reaped, Error> {
+        self.record(Call::Reap);
+        let next = self.reaps.lock().ok().and_then(|mut r| r.pop_front());
+        Ok(next.unwrap_or(Reaped::Kept))
+    }
+
+    async fn rest(&self) -> Result<Rested, Error> {
+        self.record(Call::Rest);
+        Ok(Rested::Rested(1))
+    }
+
+    async fn halted(&self) -> Result<bool, Error> {
+        self.record(Call::Halted);
+        let next = self.halted.lock().ok().and_then(|mut h| h.pop_front());
+        Ok(next.unwrap_or(false))
+    }
+
+    async fn release(&self) -> Result<Released, Error> {
+        self.record(Call::Release);
+        Ok(Released::Released)
+    }
+
+    async fn dead_letter_head(&self, _entry: &str, _generation: u64) -> Result<HeadActed, Error> {
+        unreachable!("no handler runs, none is dead-lettered")
+    }
+
+    async fn record_gap(&self, _gap: GapOf<'_>) -> Result<(), Error> {
+        unreachable!("no handler runs, no gap is recorded")
+    }
+}
+
+/// A handler that is never called (the entries carry no fields).
+struct NoHandler;
+
+impl Dispatch for NoHandler {
+    fn dispatch<'a>(
+        &'a self,
+        _envelope: &'a Envelope,
+        _ctx: &'a Context,
+    ) -> BoxFuture<'a, Result<Dispatched, HandlerError>> {
+        unreachable!("entries without fields run no handler")
+    }
+}
+
+/// What one test's worker shares, with `reap_idle` and this instance's
+/// lease deadline well ahead.
+fn shared(reap_idle: Duration) -> Arc<Shared> {
+    let config = Config::default();
+    let none = BrokerFacts {
+        name: "test",
+        stream_partitioning: true,
+        serial_delivery: false,
+    };
+    let registry = Registry::build([], [], [], none).expect("an empty registry");
+    let sub = Subscription {
+        handler: Arc::new(NoHandler),
+        name: "g",
+        category: "c",
+        categories: vec!["c"],
+        scope: "c",
+        key_field: Some("k"),
+        reads_partitions: true,
+        reads_base: false,
+        unkeyed: Vec::new(),
+        dead_letter_poison: false,
+        process_manager: false,
+        metrics: HandlerMetrics::new("g"),
+    };
+    let health = Arc::new(HealthState::default());
+    let plan = Arc::new(ConsumerPlan::new(
+        vec![sub],
+        Arc::new(registry),
+        config.clone(),
+        "e0".to_owned(),
+        Arc::new(KeyPolicy::default()),
+        OutboxHandle::new(Arc::new(MemoryOutbox::new())),
+        health.clone(),
+    ));
+    let mut settings = Settings::of(&config, &plan.subscriptions[0]);
+    settings.reap_idle = reap_idle;
+    // Never connected: the scripted I/O answers everything.
+    let url = "redis://127.0.0.1:1/";
+    let client = redis::Client::open(url).expect("a URL");
+    let (exits, _) = mpsc::unbounded_channel();
+    let (acks, _) = mpsc::unbounded_channel();
+    let liveness = Liveness::new(Arc::from(vec!["alive".to_owned()]), 3_600_000);
+    liveness.new_incarnation([0]);
+    liveness.set_deadline(0, Some(mono_ms()));
+    let outage = Outage::new("g", &settings.retry, health);
+    Arc::new(Shared {
+        redis: Arc::new(Connection::new(Client::Single(client), url)),
+        plan,
+        settings,
+        index: 0,
+        owner: "e0".to_owned(),
+        permits: Semaphore::new(1),
+        exits,
+        shards: 1,
+        liveness,
+        acks,
+        outage,
+    })
+}
+
+/// `n` entries gone from the stream (no fields), of the primary lane.
+fn entries(n: usize) -> Result<ReadReply, Error> {
+    let batch = (0..n)
+        .map(|i| Entry {
+            id: format!("{i}-0"),
+            fields: None,
+        })
+        .collect();
+    Ok(ReadReply::Entries(
+        At {
+            lane: 0,
+            backfill: false,
+        },
+        batch,
+    ))
+}
+
+fn empty() -> Result<ReadReply, Error> {
+    Ok(ReadReply::Empty)
+}
+
+fn failed() -> Result<ReadReply, Error> {
+    Err(Error::redis(
+        "the read's reply was lost",
+        redis::RedisError::from(std::io::Error::other("connection reset")),
+    ))
+}
+
+/// A worker of one single-stream unit on the scripted I/O; returns its
+/// exit and the calls, each with the time since the worker started.
+async fn drive(
+    reap_idle: Duration,
+    halted: bool,
+    reads: Vec<Result<ReadReply, Error>>,
+    halts: Vec<bool>,
+    reaps: Vec<Reaped>,
+) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
+    drive_woken(reap_idle, halted, reads, halts, reaps, None).await
+}
+
+/// [`drive`], the unit woken (a publish) `wake_at` after the start.
+async fn drive_woken(
+    reap_idle: Duration,
+    halted: bool,
+    reads: Vec<Result<ReadReply, Error>>,
+    halts: Vec<bool>,
+    reaps: Vec<Reaped>,
+    wake_at: Option<Duration>,
+) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
+    let s = shared(reap_idle);
+    let unit = Arc::new(s.unit("k1"));
+    assert_eq!(unit.lanes.len(), 1, "one lane, no backfill");
+    let stop = CancellationToken::new();
+    let io = Scripted {
+        reads: Mutex::new(reads.into()),
+        halted: Mutex::new(halts.into()),
+        reaps: Mutex::new(reaps.into()),
+        stop: stop.clone(),
+        ..Scripted::default()
+    };
+    let calls = io.calls.clone();
+    let fence = Fence {
+        owner: "e0".to_owned(),
+        generation: 7,
+    };
+    let mut w = Worker::new(s, io, unit, fence, halted, None, stop);
+    let start = tokio::time::Instant::now();
+    if let Some(at) = wake_at {
+        let wake = w.wake.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            wake.notify_one();
+        });
+    }
+    let exit = match w.reclaim().await {
+        Ok(()) => w.consume().await,
+        Err(exit) => exit,
+    };
+    let calls = calls
+        .lock()
+        .map(|c| c.iter().map(|(call, at)| (*call, *at - start)).collect())
+        .unwrap_or_default();
+    (exit, calls, w)
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const PENDING: Call = Call::Read(Which::Pending);
+const NEW: Call = Call::Read(Which::New);
+
+/// The reads among `calls`.
+fn reads(calls: &[(Call, Duration)]) -> Vec<(Call, Duration)> {
+    calls
+        .iter()
+        .copied()
+        .filter(|(c, _)| matches!(c, Call::Read(_)))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_batch_waits_for_a_wake_up_without_another_read() {
+    let (exit, calls, _) = drive(
+        HOUR,
+        false,
+        vec![empty(), entries(3)],
+        Vec::new(),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(exit, Exit::Release);
+    let zero = Duration::ZERO;
+    // Drained: the next read comes only with the wait's timer (the rest
+    // time; no wake-up here), not at once.
+    assert_eq!(
+        reads(&calls),
+        vec![(PENDING, zero), (NEW, zero), (NEW, REST_AFTER)]
+    );
+    // A full batch reads on at once.
+    let (_, calls, _) = drive(
+        HOUR,
+        false,
+        vec![empty(), entries(PRIMARY_BATCH)],
+        Vec::new(),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(
+        reads(&calls),
+        vec![(PENDING, zero), (NEW, zero), (NEW, zero)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_unit_reads_at_once_when_woken() {
+    let woken = Duration::from_secs(2);
+    let (_, calls, _) = drive_woken(
+        HOUR,
+        false,
+        vec![empty(), entries(3)],
+        Vec::new(),
+        Vec::new(),
+        Some(woken),
+    )
+    .await;
+    let zero = Duration::ZERO;
+    assert_eq!(
+        reads(&calls),
+        vec![(PENDING, zero), (NEW, zero), (NEW, woken)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_read_the_pending_entries_are_read_before_anything_new() {
+    let (_, calls, _) = drive(
+        HOUR,
+        false,
+        vec![empty(), failed(), entries(2), empty()],
+        Vec::new(),
+        Vec::new(),
+    )
+    .await;
+    let kinds: Vec<Call> = reads(&calls).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(kinds, vec![PENDING, NEW, PENDING, PENDING, NEW]);
+    // After a back-off.
+    let r = reads(&calls);
+    assert!(r[2].1 > r[1].1, "{r:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_halted_unit_waits_rechecks_and_once_unhalted_reads_its_pending_entries() {
+    let (_, calls, w) = drive(HOUR, true, Vec::new(), vec![true, false], Vec::new()).await;
+    let heartbeat = w.s.settings.heartbeat;
+    assert_eq!(
+        calls,
+        vec![
+            (Call::Claim, Duration::ZERO),
+            (Call::Halted, heartbeat),
+            (Call::Halted, heartbeat * 2),
+            (PENDING, heartbeat * 2),
+        ]
+    );
+    assert!(!w.halted.load(Ordering::SeqCst));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rested_unit_waits_without_a_read_until_the_reap_time() {
+    let (exit, calls, _) = drive(
+        Duration::from_secs(25),
+        false,
+        vec![empty(), empty(), empty(), empty()],
+        Vec::new(),
+        vec![Reaped::Retired],
+    )
+    .await;
+    assert_eq!(exit, Exit::Retired);
+    let s = Duration::from_secs;
+    assert_eq!(
+        calls,
+        vec![
+            (Call::Claim, s(0)),
+            (PENDING, s(0)),
+            (NEW, s(0)),
+            // The rest time: a read, then the rest.
+            (NEW, s(10)),
+            (Call::Rest, s(10)),
+            // Rested: no read until the reap time, then the reap.
+            (NEW, s(25)),
+            (Call::Reap, s(25)),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_unit_whose_reap_keeps_it_reads_again_and_waits_the_reap_time_anew() {
+    let (_, calls, _) = drive(
+        Duration::from_secs(5),
+        false,
+        vec![empty(), empty(), empty(), empty()],
+        Vec::new(),
+        vec![Reaped::Kept, Reaped::Retired],
+    )
+    .await;
+    let s = Duration::from_secs;
+    assert_eq!(
+        calls,
+        vec![
+            (Call::Claim, s(0)),
+            (PENDING, s(0)),
+            (NEW, s(0)),
+            (NEW, s(5)),
+            (Call::Reap, s(5)),
+            (NEW, s(5)),
+            // Kept: its idle time starts over.
+            (NEW, s(10)),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_gone_from_the_stream_are_acknowledged_one_by_one() {
+    let (exit, calls, _) = drive(
+        HOUR,
+        false,
+        vec![entries(2), empty()],
+        Vec::new(),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(exit, Exit::Release);
+    let acks = calls.iter().filter(|(c, _)| *c == Call::Ack).count();
+    assert_eq!(acks, 2, "one ack per entry (max_unacked = 1): {calls:?}");
+    assert!(
+        !calls
+            .iter()
+            .any(|(c, _)| matches!(c, Call::Fail | Call::Release))
+    );
+}

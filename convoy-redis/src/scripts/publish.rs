@@ -1,0 +1,118 @@
+//! `publish.lua`: the records of a batch in one shard, in order, in one
+//! atomic script (each record's stream entry, index entry and count
+//! together).
+
+use redis::aio::ConnectionLike;
+
+use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
+use crate::reply::{int, text};
+use crate::routing::Routed;
+use convoy_core::broker::Producer;
+use convoy_core::error::Error;
+use convoy_core::names;
+
+/// How long a single publisher's published set and epoch are kept after
+/// its last publish (7 days). An elected publisher's (epoch above 0) are
+/// kept for good: one key pair per shard and outbox table, and a
+/// predecessor must be refused however late it wakes.
+const PRODUCER_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// What a shard's publish did.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// Records written (the others were published before).
+    pub(crate) written: u64,
+    /// Per category count the batch added to: its key
+    /// (`{s}convoy:published:{category}`), its value after, what the batch
+    /// added.
+    pub(crate) counts: Vec<(String, i64, i64)>,
+}
+
+/// Publishes the records of a batch that are in `shard`, for `producer`.
+#[derive(Debug)]
+pub(crate) struct Publish<'a> {
+    /// Who publishes: its published set drops re-sent records, its epoch
+    /// refuses a replaced publisher.
+    pub(crate) producer: &'a Producer,
+    /// The shard every record's stream is in.
+    pub(crate) shard: u32,
+    /// The whole batch's first seq: the producer's oldest pending record
+    /// (every seq below it is settled).
+    pub(crate) floor: u64,
+    /// The shard's routed records, in the batch's order.
+    pub(crate) batch: &'a [Routed<'a>],
+}
+
+impl Publish<'_> {
+    /// Returns how many records were written (the others were published
+    /// before) and the shard's counts after. With `wait`, the batch counts as published only once that
+    /// many replicas have it (see [`call_replicated`]); if the call is sent
+    /// again on a new connection, the script writes again (its expiry at
+    /// least), so the `WAIT` still covers the batch.
+    pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        wait: Option<Replicated>,
+    ) -> Result<Published, Error> {
+        let inv = self.invocation();
+        let reply = call_replicated(
+            "publish",
+            &inv,
+            conn,
+            "failed to publish outbox records",
+            wait,
+        )
+        .await?;
+        match reply.status {
+            Status::Done => {
+                let counts = reply
+                    .values()
+                    .get(1..)
+                    .unwrap_or_default()
+                    .chunks_exact(3)
+                    .filter_map(|c| Some((text(&c[0])?, int(&c[1])?, int(&c[2])?)))
+                    .collect();
+                Ok(Published {
+                    written: reply.int(0).max(0) as u64,
+                    counts,
+                })
+            }
+            Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
+                producer: self.producer.name.clone(),
+                epoch: self.producer.epoch,
+                newer: reply.int(0).max(0) as u64,
+            }),
+            _ => Err(reply.unexpected()),
+        }
+    }
+
+    /// The script's invocation: every key and value of the shard's records.
+    fn invocation(&self) -> redis::ScriptInvocation<'static> {
+        let mut inv = SCRIPTS.publish.prepare_invoke();
+        let shard = self.shard;
+        inv.key(names::producer_sent(shard, &self.producer.name))
+            .key(names::producer_epoch(shard, &self.producer.name))
+            .arg(if self.producer.epoch > 0 {
+                0
+            } else {
+                PRODUCER_TTL_MS
+            })
+            .arg(self.floor)
+            .arg(self.producer.epoch);
+        for r in self.batch {
+            let p = r.publication;
+            let category = &p.envelope.category;
+            inv.key(&r.stream)
+                .key(names::partition_index(shard, category))
+                .key(names::published(shard, category));
+            let fields = p.envelope.to_fields();
+            inv.arg(p.seq)
+                .arg(r.partition.unwrap_or(""))
+                .arg(fields.len() * 2);
+            for (k, v) in fields {
+                inv.arg(k).arg(v);
+            }
+        }
+        inv
+    }
+}

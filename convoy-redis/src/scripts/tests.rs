@@ -1,0 +1,701 @@
+//! The fence, script by script, against a real `redis-server`: once
+//! another owner takes a unit at a newer generation, or the owner's
+//! liveness lapsed, every operation of the old token is refused. And
+//! `script_sha` names every script of `lua/` by the hash the engine sends.
+
+use crate::connection::Conn;
+use crate::script_sha;
+use redis::Value;
+
+use super::ack::{Ack, AckItem, Acked};
+use super::acquire::{self, Acquire, Acquired};
+use super::claim::{Claim, Claimed};
+use super::fail::{Fail, Failed};
+use super::read::{Read, ReadReply, Which};
+use super::reap::{Reap, Reaped};
+use super::release::{Held, Release, Released};
+use super::rest::{Rest, Rested};
+use super::{Caller, Refusal};
+use crate::unit::{At, Unit};
+use convoy_testkit::RedisServer;
+
+const LEASE: &str = "{0}convoy:lease:g:cat:k";
+const STREAM: &str = "{0}cat:k";
+const ALIVE_A: &str = "{0}convoy:alive:g:a";
+const ALIVE_B: &str = "{0}convoy:alive:g:b";
+
+/// The unit `k` of group `g` in category `cat` (of one shard), lanes off.
+fn unit() -> Unit {
+    Unit::new("g", "cat", "k", ["cat"], "backfill", false, 1)
+}
+
+const PRIMARY: At = At {
+    lane: 0,
+    backfill: false,
+};
+
+async fn cmd(c: &mut Conn, args: &[&str]) -> Value {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(c).await.expect("command")
+}
+
+/// Takes the unit for `owner` in incarnation `inc`: its token, or `None`
+/// when the unit is held or the owner is not alive.
+async fn acquire(c: &mut Conn, owner: &str, inc: &str) -> Option<String> {
+    let units = [unit()];
+    let holders = acquire::holders(c, &units.iter().collect::<Vec<_>>(), owner)
+        .await
+        .expect("holders");
+    let alive = format!("{{0}}convoy:alive:g:{owner}");
+    let acquired = Acquire {
+        group: "g",
+        owner,
+        incarnation: inc,
+        alive: &alive,
+        max: 1,
+        units: &units,
+        holders: &holders,
+        wait: None,
+    }
+    .run(c)
+    .await
+    .expect("acquire");
+    match acquired {
+        Acquired::Units(mut taken) => taken.pop().flatten().map(|t| t.token),
+        Acquired::NotAlive => None,
+    }
+}
+
+fn generation(token: &str) -> u64 {
+    token
+        .rsplit(':')
+        .next()
+        .and_then(|g| g.parse().ok())
+        .expect("a generation")
+}
+
+/// `token` of owner `alive` in incarnation `inc`, on `u`.
+fn by<'a>(u: &'a Unit, token: &'a str, alive: &'a str, inc: &'a str) -> Caller<'a> {
+    Caller {
+        unit: u,
+        token,
+        alive,
+        incarnation: inc,
+    }
+}
+
+async fn read(c: &mut Conn, token: &str, alive: &str, inc: &str) -> ReadReply {
+    read_holding(c, token, alive, inc, None, 10).await
+}
+
+/// A read of new entries by a caller that holds `held` pending entries
+/// (checked when `Some`).
+async fn read_holding(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    held: Option<usize>,
+    count: usize,
+) -> ReadReply {
+    let primary = crate::unit::At {
+        lane: 0,
+        backfill: false,
+    };
+    Read {
+        by: by(&unit(), token, alive, inc),
+        which: Which::New,
+        primary_count: count,
+        backfill_count: count,
+        first_lane: 0,
+        held: held.map(|n| (primary, n)),
+    }
+    .run(c)
+    .await
+    .expect("read")
+}
+
+/// A read sent twice (the cluster client sends it again after a dropped
+/// connection, its first reply lost): the second one reads nothing new,
+/// since the first one's entry is pending unseen, and says so; a caller
+/// that holds that entry (it saw it) reads on.
+#[tokio::test]
+async fn a_read_sent_twice_does_not_pass_over_what_the_first_delivered() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["XADD", STREAM, "1-1", "f", "v"]).await;
+    cmd(&mut c, &["XADD", STREAM, "1-2", "f", "v"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // The first read delivers 1-1; its reply is lost.
+    match read_holding(&mut c, &token, ALIVE_A, "a1", Some(0), 1).await {
+        ReadReply::Entries(_, e) => assert_eq!(e[0].id, "1-1"),
+        other => panic!("{other:?}"),
+    }
+    // Sent again: 1-1 is pending and unseen, so 1-2 is not read.
+    assert!(matches!(
+        read_holding(&mut c, &token, ALIVE_A, "a1", Some(0), 1).await,
+        ReadReply::Unseen
+    ));
+    // Without the check, 1-2 would have been read past 1-1.
+    // A caller that holds 1-1 (handled, not acknowledged) reads on.
+    match read_holding(&mut c, &token, ALIVE_A, "a1", Some(1), 1).await {
+        ReadReply::Entries(_, e) => assert_eq!(e[0].id, "1-2"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn refusal(r: &ReadReply) -> Option<Refusal> {
+    match r {
+        ReadReply::Refused(why) => Some(*why),
+        _ => None,
+    }
+}
+
+async fn ack(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    ids: &[String],
+    trim_only: bool,
+) -> Vec<Acked> {
+    let u = unit();
+    let items = [AckItem {
+        unit: &u,
+        at: PRIMARY,
+        token,
+        incarnation: inc,
+        alive,
+        ids,
+        clear_head: !trim_only,
+        touch: !trim_only,
+        trim: true,
+    }];
+    Ack {
+        group: "g",
+        now_ms: 1,
+        items: &items,
+    }
+    .run(c, None)
+    .await
+    .expect("ack")
+}
+
+async fn release(c: &mut Conn, token: &str) -> Released {
+    Release {
+        unit: &unit(),
+        held: Held::Token(token),
+    }
+    .run(c)
+    .await
+    .expect("release")
+}
+
+#[tokio::test]
+async fn a_stale_token_is_refused_everywhere() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    assert!(old.starts_with("a:"), "{old}");
+    assert_eq!(
+        acquire(&mut c, "b", "b1").await,
+        None,
+        "held by a live owner"
+    );
+    // a's liveness lapses: its token is refused even before anyone else
+    // takes the unit.
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    assert_eq!(
+        refusal(&read(&mut c, &old, ALIVE_A, "a1").await),
+        Some(Refusal::NotAlive)
+    );
+    // A lapsed instance takes nothing until it registers again.
+    assert_eq!(acquire(&mut c, "a", "a1").await, None);
+    // b takes over at a newer generation; a comes back to life (a new
+    // incarnation), still stale.
+    let new = acquire(&mut c, "b", "b1").await.expect("b takes the unit");
+    assert!(generation(&new) > generation(&old), "{old} then {new}");
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+
+    assert_eq!(
+        refusal(&read(&mut c, &old, ALIVE_A, "a2").await),
+        Some(Refusal::FencedOut),
+        "stale read refused"
+    );
+    let acked = ack(&mut c, &old, ALIVE_A, "a2", &["0-1".to_owned()], false).await;
+    assert_eq!(
+        acked,
+        vec![Acked::Refused(Refusal::FencedOut)],
+        "stale ack refused"
+    );
+    let u = unit();
+    let failed = Fail {
+        by: by(&u, &old, ALIVE_A, "a2"),
+        entry: "0-1",
+        error: "err",
+        max_retries: 3,
+        now_ms: 1,
+        known: 0,
+        halt: None,
+    }
+    .run(&mut c)
+    .await
+    .expect("fail");
+    assert_eq!(failed, Failed::Refused(Refusal::FencedOut));
+    let claimed = Claim {
+        by: by(&u, &old, ALIVE_A, "a2"),
+        stream: STREAM,
+    }
+    .run(&mut c)
+    .await
+    .expect("claim");
+    assert_eq!(claimed, Claimed::Refused(Refusal::FencedOut));
+    let reaped = Reap {
+        by: by(&u, &old, ALIVE_A, "a2"),
+        idle_ms: 0,
+        now_ms: u64::MAX / 2,
+    }
+    .run(&mut c)
+    .await
+    .expect("reap");
+    assert_eq!(reaped, Reaped::Refused(Refusal::FencedOut));
+    assert_eq!(
+        release(&mut c, &old).await,
+        Released::NotHeld,
+        "a stale release leaves the new lease alone"
+    );
+    assert_eq!(
+        acquire(&mut c, "a", "a2").await,
+        None,
+        "b is alive and holds it"
+    );
+
+    // The current token works: it reads the entry, under its own name.
+    match read(&mut c, &new, ALIVE_B, "b1").await {
+        ReadReply::Entries(at, entries) => {
+            assert_eq!(at, PRIMARY);
+            assert_eq!(entries.len(), 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    // b's token in an earlier incarnation of b is refused as not alive.
+    assert_eq!(
+        refusal(&read(&mut c, &new, ALIVE_B, "b0").await),
+        Some(Refusal::NotAlive)
+    );
+    // The generation counter survives a release and keeps growing.
+    assert_eq!(release(&mut c, &new).await, Released::Released);
+    let woken: i64 = redis::cmd("XLEN")
+        .arg("cat:__wake__")
+        .query_async(&mut c)
+        .await
+        .expect("xlen");
+    assert_eq!(
+        woken, 1,
+        "a release wakes the other instances; a refused one does not"
+    );
+    let third = acquire(&mut c, "a", "a2").await.expect("free again");
+    assert!(generation(&third) > generation(&new), "{new} then {third}");
+    // The lease is gone (an operator's --force): refused as such.
+    cmd(&mut c, &["DEL", LEASE]).await;
+    assert_eq!(
+        refusal(&read(&mut c, &third, ALIVE_A, "a2").await),
+        Some(Refusal::LeaseGone)
+    );
+}
+
+#[tokio::test]
+async fn a_lease_of_an_earlier_incarnation_is_free() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // a lapses and registers again: its liveness key exists, in a new
+    // incarnation, and the lease it took before is dead for b.
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+    let new = acquire(&mut c, "b", "b1")
+        .await
+        .expect("b takes the dead lease");
+    assert!(generation(&new) > generation(&old));
+}
+
+/// With `wait_acks`, taking leases waits for the replicas: on a server
+/// without one, the take is not confirmed (`NotReplicated`), and taking
+/// again works once it is.
+#[tokio::test]
+async fn taking_leases_with_wait_is_confirmed_only_by_the_replicas() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let units = [unit()];
+    let holders = [None];
+    let taking = |wait| Acquire {
+        group: "g",
+        owner: "a",
+        incarnation: "a1",
+        alive: ALIVE_A,
+        max: 1,
+        units: &units,
+        holders: &holders,
+        wait,
+    };
+    let waited = taking(Some(super::Replicated {
+        replicas: 1,
+        timeout_ms: 20,
+    }))
+    .run(&mut c)
+    .await;
+    assert!(
+        matches!(
+            waited,
+            Err(convoy_core::error::Error::NotReplicated {
+                wanted: 1,
+                acked: 0
+            })
+        ),
+        "{waited:?}"
+    );
+    // It ran on the master: the same owner takes it over at a newer
+    // generation (what the coordinator does after the refusal).
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(LEASE)
+        .query_async(&mut c)
+        .await
+        .expect("GET");
+    let first = lease.expect("the lease was written");
+    let Acquired::Units(taken) = taking(None).run(&mut c).await.expect("acquire") else {
+        panic!("a is alive");
+    };
+    let token = taken[0].as_ref().expect("taken").token.clone();
+    assert!(
+        generation(&token) > generation(&first),
+        "{first} then {token}"
+    );
+}
+
+/// Owner `c` tries to take the unit, having seen `holders`.
+async fn c_takes(c: &mut Conn, holders: &[Option<String>]) -> Acquired {
+    Acquire {
+        group: "g",
+        owner: "c",
+        incarnation: "c1",
+        alive: "{0}convoy:alive:g:c",
+        max: 1,
+        units: &[unit()],
+        holders,
+        wait: None,
+    }
+    .run(c)
+    .await
+    .expect("acquire")
+}
+
+#[tokio::test]
+async fn a_lease_that_changed_hands_since_it_was_read_counts_as_held() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    cmd(&mut c, &["SET", "{0}convoy:alive:g:c", "c1"]).await;
+    // c saw the unit free (so it passes no holder's liveness key), but a
+    // took it meanwhile: held.
+    let units = [unit()];
+    let seen_free = acquire::holders(&mut c, &units.iter().collect::<Vec<_>>(), "c")
+        .await
+        .expect("holders");
+    assert_eq!(seen_free, vec![None]);
+    acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    assert_eq!(
+        c_takes(&mut c, &seen_free).await,
+        Acquired::Units(vec![None])
+    );
+    // a's liveness lapses, b saw a holding it: b takes it over. c, which
+    // still thinks a holds it, finds another holder: held.
+    let seen_a = acquire::holders(&mut c, &units.iter().collect::<Vec<_>>(), "c")
+        .await
+        .expect("holders");
+    assert_eq!(seen_a, vec![Some("a".to_owned())]);
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    acquire(&mut c, "b", "b1")
+        .await
+        .expect("b takes the dead lease");
+    assert_eq!(c_takes(&mut c, &seen_a).await, Acquired::Units(vec![None]));
+}
+
+#[tokio::test]
+async fn generations_never_repeat_when_the_unit_state_is_lost() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let first = acquire(&mut c, "a", "a1").await.expect("taken");
+    cmd(&mut c, &["DEL", LEASE]).await;
+    let second = acquire(&mut c, "a", "a1").await.expect("taken");
+    assert!(generation(&second) > generation(&first));
+    // Everything convoy knew is gone (FLUSHALL, or a restart without
+    // persistence): the next generation is still newer.
+    cmd(&mut c, &["FLUSHALL"]).await;
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let third = acquire(&mut c, "a", "a1").await.expect("taken");
+    assert!(
+        generation(&third) > generation(&second),
+        "{second} then {third}: a fence token handed out twice"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SADD", "{0}convoy:groups:cat", "g"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("taken");
+    let u = unit();
+    let fail = |known: u32| Fail {
+        by: by(&u, &token, ALIVE_A, "a1"),
+        entry: "1-1",
+        error: "boom",
+        max_retries: 3,
+        now_ms: 1,
+        known,
+        halt: None,
+    };
+    let recorded = |failures| Failed::Recorded {
+        failures,
+        halted: false,
+    };
+    let r = fail(0).run(&mut c).await.expect("fail");
+    assert_eq!(r, recorded(1));
+    let r = fail(0).run(&mut c).await.expect("fail again");
+    assert_eq!(
+        r,
+        recorded(1),
+        "the same failure, sent again after a lost reply"
+    );
+    let r = fail(1).run(&mut c).await.expect("next failure");
+    assert_eq!(r, recorded(2));
+
+    // Three entries; all three read (delivered, pending), only the last
+    // handled and acknowledged (the reply of the read of the first two
+    // was lost, say): the trim must keep the first two.
+    for id in ["1-1", "1-2", "1-3"] {
+        cmd(&mut c, &["XADD", STREAM, id, "f", "v"]).await;
+    }
+    match read(&mut c, &token, ALIVE_A, "a1").await {
+        ReadReply::Entries(_, entries) => assert_eq!(entries.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    let acked = ack(&mut c, &token, ALIVE_A, "a1", &["1-3".to_owned()], true).await;
+    assert_eq!(acked, vec![Acked::Acked(1)]);
+    let len: i64 = redis::cmd("XLEN")
+        .arg(STREAM)
+        .query_async(&mut c)
+        .await
+        .expect("xlen");
+    // Only a prefix can be trimmed: the pending 1-1 keeps everything.
+    assert_eq!(len, 3, "the unhandled pending entries survive the trim");
+}
+
+/// A publication of `seq` for key `key` of category `cat`.
+fn publication(seq: u64, key: &str) -> convoy_core::broker::Publication {
+    let envelope = convoy_core::envelope::Envelope {
+        id: format!("m{seq}"),
+        type_name: "T".into(),
+        category: "cat".into(),
+        partition_key: Some(key.into()),
+        time_ms: 0,
+        priority: convoy_core::envelope::Priority::Normal,
+        correlation_id: None,
+        payload: format!("{{\"seq\":{seq}}}"),
+        origin: None,
+    };
+    convoy_core::broker::Publication { seq, envelope }
+}
+
+async fn publish(
+    c: &mut Conn,
+    epoch: u64,
+    batch: &[convoy_core::broker::Publication],
+) -> Result<u64, convoy_core::error::Error> {
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch,
+    };
+    // Every record in shard 0, whatever its key's shard would be.
+    let batch: Vec<crate::routing::Routed<'_>> = batch
+        .iter()
+        .map(|p| {
+            let key = p.envelope.partition_key.as_deref();
+            crate::routing::Routed {
+                publication: p,
+                stream: format!("{{0}}cat:{}", key.unwrap_or_default()),
+                partition: key,
+            }
+        })
+        .collect();
+    super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor: batch.first().map_or(0, |r| r.publication.seq),
+        batch: &batch,
+    }
+    .run(c, None)
+    .await
+    .map(|p| p.written)
+}
+
+async fn xlen(c: &mut Conn, stream: &str) -> i64 {
+    match cmd(c, &["XLEN", stream]).await {
+        Value::Int(n) => n,
+        other => panic!("XLEN: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_publisher() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(
+        server
+            .client()
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect"),
+    );
+    // Row 5 of key a commits first; row 3 of key b (inserted earlier,
+    // committed later) comes next: not above a high-water mark of 5, but
+    // new, so it is written.
+    assert_eq!(
+        publish(&mut c, 1, &[publication(5, "a")]).await.expect("5"),
+        1
+    );
+    assert_eq!(
+        publish(&mut c, 1, &[publication(3, "b")]).await.expect("3"),
+        1
+    );
+    // A re-send (a lost reply, or a crash before the rows were marked
+    // published) is dropped by the rows' own ids, whatever else it holds.
+    let resent = [
+        publication(3, "b"),
+        publication(5, "a"),
+        publication(6, "a"),
+    ];
+    assert_eq!(publish(&mut c, 1, &resent).await.expect("re-send"), 1);
+    assert_eq!(xlen(&mut c, "{0}cat:a").await, 2);
+    assert_eq!(xlen(&mut c, "{0}cat:b").await, 1);
+    // A newer publisher (epoch 2) took over; the replaced one is refused
+    // and writes nothing, even a new row.
+    assert_eq!(
+        publish(&mut c, 2, &[publication(7, "a")]).await.expect("7"),
+        1
+    );
+    let err = publish(&mut c, 1, &[publication(8, "a")])
+        .await
+        .expect_err("replaced");
+    assert!(
+        matches!(
+            err,
+            convoy_core::error::Error::PublisherReplaced {
+                epoch: 1,
+                newer: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(xlen(&mut c, "{0}cat:a").await, 3);
+    // Seqs below a batch's first were settled: the set forgets them, so
+    // it holds about one batch.
+    let members = cmd(&mut c, &["ZCARD", "{0}convoy:producer:pg/x:sent"]).await;
+    assert_eq!(members, Value::Int(1), "only row 7 is kept");
+}
+
+/// The consumers of group `g` on the unit's stream.
+async fn consumers(c: &mut Conn) -> usize {
+    match cmd(c, &["XINFO", "CONSUMERS", STREAM, "g"]).await {
+        Value::Array(items) => items.len(),
+        other => panic!("XINFO CONSUMERS: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_drained_unit_rests_without_its_consumer_and_keeps_one_with_pending_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    let ReadReply::Entries(_, entries) = read(&mut c, &token, ALIVE_A, "a1").await else {
+        panic!("an entry to read");
+    };
+    let u = unit();
+    let rest = |c: &mut Conn, token: String| {
+        let mut c = c.clone();
+        let u = u.clone();
+        async move {
+            Rest {
+                by: by(&u, &token, ALIVE_A, "a1"),
+            }
+            .run(&mut c)
+            .await
+            .expect("rest")
+        }
+    };
+    // Delivered, not acknowledged: the consumer holds it, and stays.
+    assert_eq!(rest(&mut c, token.clone()).await, Rested::Rested(0));
+    assert_eq!(consumers(&mut c).await, 1);
+    let ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+    ack(&mut c, &token, ALIVE_A, "a1", &ids, false).await;
+    // Drained: the consumer goes; the group and its position stay.
+    assert_eq!(rest(&mut c, token.clone()).await, Rested::Rested(1));
+    assert_eq!(consumers(&mut c).await, 0);
+    // The next read creates it again and sees only what is new.
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "w"]).await;
+    match read(&mut c, &token, ALIVE_A, "a1").await {
+        ReadReply::Entries(_, e) => assert_eq!(e.len(), 1, "only the new entry"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(consumers(&mut c).await, 1);
+    // A stale owner is refused.
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+    assert_eq!(
+        rest(&mut c, token).await,
+        Rested::Refused(Refusal::NotAlive)
+    );
+}
+
+#[test]
+fn every_lua_file_has_its_script_sha() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua");
+    for entry in std::fs::read_dir(dir).expect("the lua directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_none_or(|ext| ext != "lua") {
+            continue;
+        }
+        let stem = path
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .expect("a name");
+        if stem == "fence" {
+            // The prelude of the fenced scripts, not a script.
+            continue;
+        }
+        let code = std::fs::read_to_string(&path).expect("a readable script");
+        let sha = script_sha(stem).unwrap_or_else(|| panic!("{stem}.lua has no script_sha"));
+        let fenced = format!("{}\n{code}", include_str!("../lua/fence.lua"));
+        assert!(
+            sha == redis::Script::new(&code).get_hash()
+                || sha == redis::Script::new(&fenced).get_hash(),
+            "{stem}.lua: script_sha is not the hash of the script the engine sends"
+        );
+    }
+    assert_eq!(script_sha("nope"), None);
+    assert_eq!(script_sha("read.lua"), None);
+}
