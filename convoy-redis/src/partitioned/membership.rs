@@ -11,9 +11,8 @@ use redis::Value;
 
 use super::super::connection::Conn;
 use super::super::layout;
-use super::super::loss;
 use super::super::reply::text;
-use super::heartbeat;
+use super::heartbeat::{self, Counts};
 use super::registration::{Declaration, Records};
 use super::{Shared, mono_ms};
 use crate::tracing;
@@ -460,59 +459,6 @@ impl Membership {
                 "the category has more live partitions than partition_warning_threshold; per-key streams are meant for a bounded set of keys"
             );
             self.warned = true;
-        }
-    }
-}
-
-/// What one heartbeat read of a category's shard.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Counts {
-    /// Live partitions in the shard's index.
-    pub(super) partitions: u64,
-    /// Partitioned events ever published to the shard.
-    pub(super) published: i64,
-    /// Of those, the ones this handler finished.
-    pub(super) acked: i64,
-}
-
-impl Counts {
-    /// The published and finished counts only grow: seeing one go back
-    /// means the shard's master lost writes it had acknowledged (a failover
-    /// to a replica, or a restart, without them). Reported as an ERROR
-    /// naming the shard and the range, and counted in
-    /// `convoy_replication_lost_total`. A first reading (all zero before)
-    /// compares with nothing.
-    fn check_lost(&self, now: &Counts, group: &'static str, category: &str, shard: u32) {
-        if *self == Counts::default() {
-            return;
-        }
-        if now.published < self.published {
-            let lost = (self.published - now.published) as u64;
-            loss::reported(
-                category,
-                shard,
-                "published",
-                lost,
-                group,
-                &format!(
-                    "Redis lost published events: shard {shard} of {category} counted {} publishes and now counts {}, so the last {lost} events published there are gone from Redis (its master failed over to a replica, or restarted, without them): those not handled before will never be; the publisher's own ERROR names their outbox seqs; set [broker] wait_replicas = 1 to wait for a replica on every publish",
-                    self.published, now.published
-                ),
-            );
-        }
-        if now.acked < self.acked {
-            let lost = (self.acked - now.acked) as u64;
-            loss::reported(
-                category,
-                shard,
-                "acked",
-                lost,
-                group,
-                &format!(
-                    "Redis lost acknowledgements: shard {shard} of {category} counted {} events finished by {group} and now counts {}, so up to {lost} events may run again, after later events of their key (its master failed over to a replica, or restarted, without them); make external effects exactly-once by the event's origin (AppliedEvents), or set [broker] wait_acks = true with wait_replicas = 1",
-                    self.acked, now.acked
-                ),
-            );
         }
     }
 }
