@@ -78,6 +78,8 @@
 mod faults;
 #[path = "support/schedule_dir.rs"]
 mod schedule_dir;
+#[path = "support/schedule_run.rs"]
+mod schedule_run;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -90,10 +92,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use convoy_runtime::postgres::{Applied, AppliedEvents, PgOutbox};
 use convoy_runtime::redis::RedisBroker;
-use convoy_runtime::testing::{ChildEngine, PgServer, RedisServer, current_test_command};
+use convoy_runtime::testing::{
+    ChildEngine, PgServer, RedisServer, TestingError, current_test_command,
+};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::Rng;
 use schedule_dir::{log_dir, write_file};
+use schedule_run::{
+    ScheduleOutcome, bounded_seeds, env_u64, keep_dir, long_seeds, report_tail, write_schedule,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -1173,6 +1180,69 @@ enum Srv {
     Frozen,
 }
 
+/// A server a schedule takes away and brings back.
+trait Faulty {
+    fn outage(&mut self, outage: Outage) -> Result<(), TestingError>;
+    fn back(&mut self, was: Srv) -> Result<(), TestingError>;
+}
+
+macro_rules! faulty {
+    ($($server:ty),*) => {$(
+        impl Faulty for $server {
+            fn outage(&mut self, outage: Outage) -> Result<(), TestingError> {
+                match outage {
+                    Outage::Stop => self.stop(),
+                    Outage::Kill => self.kill(),
+                    Outage::Freeze => self.freeze(),
+                }
+            }
+
+            fn back(&mut self, was: Srv) -> Result<(), TestingError> {
+                if was == Srv::Frozen {
+                    self.thaw()
+                } else {
+                    self.restart()
+                }
+            }
+        }
+    )*};
+}
+
+faulty!(PgServer, RedisServer);
+
+/// Takes `server` (`what`, in `state`) away by `outage` if it is up;
+/// whether it did.
+fn take_down(server: &mut impl Faulty, state: &mut Srv, outage: Outage, what: &str) -> bool {
+    if *state != Srv::Up {
+        return false;
+    }
+    server
+        .outage(outage)
+        .unwrap_or_else(|e| panic!("{what} fault: {e:?}"));
+    *state = if outage == Outage::Freeze {
+        Srv::Frozen
+    } else {
+        Srv::Down
+    };
+    true
+}
+
+/// Brings `server` (`what`, in `state`) back if it is away; how it was.
+fn bring_back(server: &mut impl Faulty, state: &mut Srv, what: &str) -> Option<Srv> {
+    let was = *state;
+    match was {
+        Srv::Up => return None,
+        Srv::Down => server
+            .back(was)
+            .unwrap_or_else(|e| panic!("restart {what}: {e:?}")),
+        Srv::Frozen => server
+            .back(was)
+            .unwrap_or_else(|e| panic!("thaw {what}: {e:?}")),
+    }
+    *state = Srv::Up;
+    Some(was)
+}
+
 /// One engine or writer slot: the process currently playing it.
 struct Slot {
     instance: String,
@@ -1548,89 +1618,55 @@ impl Harness {
     }
 
     fn pg_down(&mut self, outage: Outage) {
-        if self.pg_state != Srv::Up {
-            return;
+        if take_down(&mut self.pg, &mut self.pg_state, outage, "postgres") {
+            self.note(format!(
+                "postgres {}",
+                match outage {
+                    Outage::Stop => "fast shutdown",
+                    Outage::Kill => "crashed (SIGKILL to every backend)",
+                    Outage::Freeze => "frozen",
+                }
+            ));
         }
-        let r = match outage {
-            Outage::Stop => self.pg.stop(),
-            Outage::Kill => self.pg.kill(),
-            Outage::Freeze => self.pg.freeze(),
-        };
-        r.expect("postgres fault");
-        self.pg_state = if outage == Outage::Freeze {
-            Srv::Frozen
-        } else {
-            Srv::Down
-        };
-        self.note(format!(
-            "postgres {}",
-            match outage {
-                Outage::Stop => "fast shutdown",
-                Outage::Kill => "crashed (SIGKILL to every backend)",
-                Outage::Freeze => "frozen",
-            }
-        ));
     }
 
     fn pg_up(&mut self) {
-        match self.pg_state {
-            Srv::Up => return,
-            Srv::Down => self.pg.restart().expect("restart postgres"),
-            Srv::Frozen => self.pg.thaw().expect("thaw postgres"),
+        if let Some(was) = bring_back(&mut self.pg, &mut self.pg_state, "postgres") {
+            self.note(format!(
+                "postgres {}",
+                if was == Srv::Frozen {
+                    "thawed"
+                } else {
+                    "restarted"
+                }
+            ));
         }
-        let was = self.pg_state;
-        self.pg_state = Srv::Up;
-        self.note(format!(
-            "postgres {}",
-            if was == Srv::Frozen {
-                "thawed"
-            } else {
-                "restarted"
-            }
-        ));
     }
 
     fn redis_down(&mut self, outage: Outage) {
-        if self.redis_state != Srv::Up {
-            return;
+        if take_down(&mut self.redis, &mut self.redis_state, outage, "redis") {
+            self.note(format!(
+                "redis {}",
+                match outage {
+                    Outage::Stop => "stopped",
+                    Outage::Kill => "killed (kill -9)",
+                    Outage::Freeze => "frozen",
+                }
+            ));
         }
-        let r = match outage {
-            Outage::Stop => self.redis.stop(),
-            Outage::Kill => self.redis.kill(),
-            Outage::Freeze => self.redis.freeze(),
-        };
-        r.expect("redis fault");
-        self.redis_state = if outage == Outage::Freeze {
-            Srv::Frozen
-        } else {
-            Srv::Down
-        };
-        self.note(format!(
-            "redis {}",
-            match outage {
-                Outage::Stop => "stopped",
-                Outage::Kill => "killed (kill -9)",
-                Outage::Freeze => "frozen",
-            }
-        ));
     }
 
     fn redis_up(&mut self) {
-        match self.redis_state {
-            Srv::Up => return,
-            Srv::Down => self.redis.restart().expect("restart redis"),
-            Srv::Frozen => self.redis.thaw().expect("thaw redis"),
+        if let Some(was) = bring_back(&mut self.redis, &mut self.redis_state, "redis") {
+            self.note(format!(
+                "redis {}",
+                if was == Srv::Frozen {
+                    "thawed"
+                } else {
+                    "restarted from its append-only file"
+                }
+            ));
         }
-        let was = self.redis_state;
-        self.redis_state = Srv::Up;
-        self.note(format!(
-            "redis {}",
-            if was == Srv::Frozen {
-                "thawed"
-            } else {
-                "restarted from its append-only file"
-            }
-        ));
     }
 
     /// Notes children that exited, and starts them again: a writer that
@@ -1791,7 +1827,23 @@ struct Outcome {
     dir: Option<PathBuf>,
 }
 
-impl Outcome {
+impl ScheduleOutcome for Outcome {
+    fn seed(&self) -> u64 {
+        self.settings.seed
+    }
+
+    fn violations(&self) -> &[String] {
+        &self.verdict.violations
+    }
+
+    fn fault_kinds(&self) -> Vec<&'static str> {
+        self.settings
+            .faults
+            .iter()
+            .map(|p| p.fault.kind())
+            .collect()
+    }
+
     fn summary(&self) -> String {
         let v = &self.verdict;
         format!(
@@ -1823,31 +1875,18 @@ impl Outcome {
     }
 
     fn report(&self) -> String {
-        let mut s = format!(
+        let head = format!(
             "FAILED schedule seed {}\n  faults: {}\n",
             self.settings.seed,
             self.settings.fault_list()
         );
-        for v in self.verdict.violations.iter().take(20) {
-            s.push_str(&format!("  {v}\n"));
-        }
-        if self.verdict.violations.len() > 20 {
-            s.push_str(&format!(
-                "  … {} more (violations.txt)\n",
-                self.verdict.violations.len() - 20
-            ));
-        }
-        if let Some(dir) = &self.dir {
-            s.push_str(&format!(
-                "  logs and timeline (with the faults' times): {}\n",
-                dir.display()
-            ));
-        }
-        s.push_str(&format!(
-            "  replay: {}\n",
-            replay_command(self.settings.seed)
-        ));
-        s
+        head + &report_tail(
+            &self.verdict.violations,
+            "violations.txt",
+            self.dir.as_deref(),
+            "logs and timeline (with the faults' times)",
+            &replay_command(self.settings.seed),
+        )
     }
 }
 
@@ -1862,14 +1901,11 @@ async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
     let settings = Settings::new(seed);
     let dir = log_dir("convoy-pg-faults", seed);
-    write_file(
+    write_schedule(
         &dir,
-        "schedule.txt",
-        &format!(
-            "{settings:#?}\nfaults: {}\nreplay: {}\n",
-            settings.fault_list(),
-            replay_command(seed)
-        ),
+        &settings,
+        &settings.fault_list(),
+        &replay_command(seed),
     );
     let timeline = timeline(&settings.faults);
     let rt = tokio::runtime::Handle::current();
@@ -1944,12 +1980,7 @@ async fn run_schedule(seed: u64) -> Outcome {
     .await
     .expect("teardown");
     let keep = failed || std::env::var("CONVOY_PG_FAULT_KEEP").is_ok();
-    let dir = if keep {
-        Some(dir)
-    } else {
-        let _ = fs::remove_dir_all(&dir);
-        None
-    };
+    let dir = keep_dir(dir, keep);
     Outcome {
         settings,
         transactions: snap.transactions,
@@ -1968,34 +1999,16 @@ async fn run_schedule(seed: u64) -> Outcome {
 /// with every failed schedule's report.
 async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
     let started = Instant::now();
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    for seed in seeds {
-        let o = run_schedule(seed).await;
-        println!("[{what}] {}", o.summary());
-        if !o.verdict.violations.is_empty() {
-            println!("{}", o.report());
-        }
-        outcomes.push(o);
-    }
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for o in &outcomes {
-        for p in &o.settings.faults {
-            *kinds.entry(p.fault.kind()).or_default() += 1;
-        }
-    }
-    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let outcomes = schedule_run::run_seeds(what, seeds, run_schedule).await;
     let sum = |f: fn(&Outcome) -> usize| outcomes.iter().map(f).sum::<usize>();
-    let failed: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| !o.verdict.violations.is_empty())
-        .collect();
+    let failed = schedule_run::failed(&outcomes);
     println!(
         "[{what}] {} schedules in {:.0} s; {} committed transactions, {} events; faults: {}; +{} writer self-kills; {} duplicates, {} gaps, {} reorders, {} leaks, {} pending left, {} re-runs recognised by claim, {} stream duplicates; {} violations in {} schedule(s){}",
         outcomes.len(),
         started.elapsed().as_secs_f64(),
         outcomes.iter().map(|o| o.transactions).sum::<u64>(),
         sum(|o| o.verdict.events),
-        kinds.join(", "),
+        schedule_run::fault_kinds(&outcomes),
         sum(|o| o.self_kills),
         sum(|o| o.verdict.duplicates),
         sum(|o| o.verdict.gaps),
@@ -2006,49 +2019,30 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         sum(|o| o.verdict.stream_duplicates),
         sum(|o| o.verdict.violations.len()),
         failed.len(),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ": seeds {:?}",
-                failed.iter().map(|o| o.settings.seed).collect::<Vec<_>>()
-            )
-        }
+        schedule_run::failed_seeds(&failed)
     );
-    if !failed.is_empty() {
-        let lines: Vec<String> = failed
-            .iter()
-            .map(|o| {
-                format!(
-                    "  seed {}: {}\n    logs: {}\n    replay: {}",
-                    o.settings.seed,
-                    o.verdict.violations.first().map_or("", String::as_str),
-                    o.dir
-                        .as_ref()
-                        .map_or("-".into(), |d| d.display().to_string()),
-                    replay_command(o.settings.seed)
-                )
-            })
-            .collect();
-        panic!(
-            "{} of {} outbox fault schedules failed (full reports above):\n{}",
-            failed.len(),
-            outcomes.len(),
-            lines.join("\n")
-        );
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    schedule_run::panic_if_failed("outbox fault schedules", &outcomes, |o| {
+        format!(
+            "  seed {}: {}\n    logs: {}\n    replay: {}",
+            o.settings.seed,
+            o.verdict.violations.first().map_or("", String::as_str),
+            o.dir
+                .as_ref()
+                .map_or("-".into(), |d| d.display().to_string()),
+            replay_command(o.settings.seed)
+        )
+    });
 }
 
 /// The bounded run of the normal test suite: 6 short schedules from seed
 /// 1 (`CONVOY_PG_FAULT_BASE` shifts them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
-    let base = env_u64("CONVOY_PG_FAULT_BASE").unwrap_or(1);
-    run_all("bounded", base..base + BOUNDED_SCHEDULES).await;
+    run_all(
+        "bounded",
+        bounded_seeds("CONVOY_PG_FAULT", BOUNDED_SCHEDULES),
+    )
+    .await;
 }
 
 /// One schedule again: `CONVOY_PG_FAULT_SEED=n`. Does nothing without it.
@@ -2066,15 +2060,8 @@ async fn replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: run with --ignored long_run"]
 async fn long_run() {
-    let n = env_u64("CONVOY_PG_FAULT_SCHEDULES").unwrap_or(50);
-    let base = env_u64("CONVOY_PG_FAULT_BASE").unwrap_or_else(|| {
-        SHORT_SEEDS
-            + SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() % 1_000_000 * 1000)
-    });
-    println!("[long] {n} schedules from seed {base} (CONVOY_PG_FAULT_BASE={base})");
-    run_all("long", base..base + n).await;
+    let seeds = long_seeds("CONVOY_PG_FAULT", 50, SHORT_SEEDS, "schedules");
+    run_all("long", seeds).await;
 }
 
 // ---------------------------------------------------------------------
