@@ -100,8 +100,8 @@ use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Observed, Rng, Verdict};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
-    Attempts, Notes, Spread, drain, drain_note, event_id, handler_group, key_evidence, outbox_left,
-    publish_spread, record_clock, windows,
+    Attempts, Notes, Workload, drain, drain_note, event_id, handler_group, key_evidence,
+    outbox_left, publish_spread, record_clock, windows,
 };
 use schedule_run::{
     ScheduleOutcome, bounded_seeds, env_u64, keep_dir, long_seeds, report_tail, write_schedule,
@@ -385,27 +385,15 @@ struct Settings {
     seed: u64,
     max_unacked: usize,
     wait_replicas: u32,
-    keys: usize,
-    per_key: u64,
-    reap_idle_ms: u64,
-    fail_percent: u64,
-    work_ms: (u64, u64),
-    /// Percent of units of work that raise a burst of events at once.
-    burst_percent: u64,
+    load: Workload,
     faults: Vec<Planned>,
 }
 
 impl Settings {
     fn new(seed: u64) -> Self {
         let root = Rng::new(seed);
-        let mut r = root.fork(1);
-        let keys = r.range(8, 16) as usize;
-        let per_key = r.range(15, 30);
-        let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
-        let fail_percent = *r.pick(&[0, 2, 5]);
-        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
-        let burst_percent = *r.pick(&[0, 5, 15]);
-        let mut shards: Vec<u32> = (0..keys).map(|k| names::shard(&key_name(k))).collect();
+        let load = Workload::draw(&mut root.fork(1), (15, 30));
+        let mut shards: Vec<u32> = load.key_names().iter().map(|k| names::shard(k)).collect();
         shards.sort_unstable();
         shards.dedup();
         let cut = std::env::var("CONVOY_CLUSTER_FAULT_CUT").is_ok_and(|v| v == "1");
@@ -421,12 +409,7 @@ impl Settings {
             // must be reported (checked instead of completeness there).
             wait_replicas: env_u64("CONVOY_CLUSTER_FAULT_WAIT_REPLICAS")
                 .map_or(if seed % 3 == 2 { 0 } else { 1 }, |n| n as u32),
-            keys,
-            per_key,
-            reap_idle_ms,
-            fail_percent,
-            work_ms,
-            burst_percent,
+            load,
             faults,
         }
     }
@@ -445,10 +428,6 @@ impl Settings {
     }
 }
 
-fn key_name(k: usize) -> String {
-    format!("k{k:02}")
-}
-
 fn replay_command(seed: u64) -> String {
     format!(
         "CONVOY_CLUSTER_FAULT_SEED={seed} cargo test -p convoy-tests --test cluster_fault_schedules -- replay --nocapture"
@@ -460,7 +439,7 @@ fn config(url: &str, s: &Settings) -> Config {
         url,
         LEASE_TTL_MS,
         HEARTBEAT_S,
-        s.reap_idle_ms,
+        s.load.reap_idle_ms,
         s.max_unacked,
     );
     c.broker.wait_replicas = s.wait_replicas;
@@ -513,14 +492,13 @@ async fn child_engine() {
     let name = format!("{instance}/p{proc}");
     let record =
         record::Record::new(&record_url, &ns, &format!("p{proc}")).expect("record server client");
-    let handler = FaultRecording(Attempts {
+    let handler = FaultRecording(Attempts::new(
         record,
-        instance: name.clone(),
+        name.clone(),
         seed,
-        fail_percent: settings.fail_percent,
-        work_ms: settings.work_ms,
-        dependency: false,
-    });
+        &settings.load,
+        false,
+    ));
     let domain = Domain::builder()
         .config(config(&url, &settings))
         .broker(broker(&url))
@@ -1205,16 +1183,11 @@ impl ScheduleOutcome for Outcome {
 
     fn report(&self) -> String {
         let head = format!(
-            "FAILED cluster schedule seed {} (max_unacked {}, wait_replicas {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+            "FAILED cluster schedule seed {} (max_unacked {}, wait_replicas {}, {})\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
             self.settings.wait_replicas,
-            self.settings.keys,
-            self.settings.per_key,
-            self.settings.burst_percent,
-            self.settings.work_ms,
-            self.settings.reap_idle_ms,
-            self.settings.fail_percent,
+            self.settings.load.describe(),
             self.settings.fault_list()
         );
         head + &report_tail(
@@ -1337,9 +1310,8 @@ async fn run_schedule(seed: u64) -> Outcome {
         topology.run(&topo_timeline);
         topology
     });
-    let keys: Vec<String> = (0..settings.keys).map(key_name).collect();
-    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
-    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let keys = settings.load.key_names();
+    let spread = settings.load.spread(settings.seed, &keys, PHASE);
     let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut engines = engine_task.await.expect("engine fault thread");
     let mut topology = topo_task.await.expect("topology thread");
@@ -1643,7 +1615,7 @@ async fn long_run() {
 
 #[test]
 fn a_loss_is_a_note_only_when_its_shard_reported_as_much() {
-    let key = key_name(0);
+    let key = "k00".to_owned();
     let shard = names::shard(&key);
     let committed: BTreeMap<String, Vec<String>> =
         BTreeMap::from([(key.clone(), (0..3).map(|n| event_id(&key, n)).collect())]);

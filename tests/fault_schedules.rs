@@ -78,7 +78,7 @@ use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Action, Observed, PlanParams, Planned, Rng, Verdict};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
-    Attempts, Notes, Spread, drain, drain_note, handler_group, key_evidence, outbox_left,
+    Attempts, Notes, Workload, drain, drain_note, handler_group, key_evidence, outbox_left,
     publish_spread, record_clock, windows,
 };
 use schedule_run::{
@@ -134,13 +134,7 @@ impl FaultRecording {
 struct Settings {
     seed: u64,
     max_unacked: usize,
-    keys: usize,
-    per_key: u64,
-    reap_idle_ms: u64,
-    fail_percent: u64,
-    work_ms: (u64, u64),
-    /// Percent of units of work that raise a burst of events at once.
-    burst_percent: u64,
+    load: Workload,
     faults: Vec<Planned>,
     /// The handlers' dependency down (transient failures of every key):
     /// from, for how long; drawn from its own fork, so the other faults of
@@ -151,13 +145,7 @@ struct Settings {
 impl Settings {
     fn new(seed: u64, proxy: bool) -> Self {
         let root = Rng::new(seed);
-        let mut r = root.fork(1);
-        let keys = r.range(8, 16) as usize;
-        let per_key = r.range(20, 50);
-        let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
-        let fail_percent = *r.pick(&[0, 2, 5]);
-        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
-        let burst_percent = *r.pick(&[0, 5, 15]);
+        let load = Workload::draw(&mut root.fork(1), (20, 50));
         let faults = faults::plan(
             &mut root.fork(2),
             &PlanParams {
@@ -176,12 +164,7 @@ impl Settings {
             dependency_outage,
             seed,
             max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
-            keys,
-            per_key,
-            reap_idle_ms,
-            fail_percent,
-            work_ms,
-            burst_percent,
+            load,
             faults,
         }
     }
@@ -218,7 +201,7 @@ fn config(url: &str, s: &Settings) -> Config {
         url,
         LEASE_TTL_MS,
         HEARTBEAT_S,
-        s.reap_idle_ms,
+        s.load.reap_idle_ms,
         s.max_unacked,
     )
 }
@@ -252,14 +235,8 @@ async fn child_engine() {
         &format!("p{proc}"),
     )
     .expect("record server client");
-    let handler = FaultRecording(Attempts {
-        record,
-        instance: format!("{instance}/p{proc}"),
-        seed,
-        fail_percent: settings.fail_percent,
-        work_ms: settings.work_ms,
-        dependency: true,
-    });
+    let name = format!("{instance}/p{proc}");
+    let handler = FaultRecording(Attempts::new(record, name, seed, &settings.load, true));
     let domain = Domain::builder()
         .config(config(&url, &settings))
         .broker(broker(&url))
@@ -553,15 +530,10 @@ impl ScheduleOutcome for Outcome {
 
     fn report(&self) -> String {
         let head = format!(
-            "FAILED schedule seed {} (max_unacked {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+            "FAILED schedule seed {} (max_unacked {}, {})\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
-            self.settings.keys,
-            self.settings.per_key,
-            self.settings.burst_percent,
-            self.settings.work_ms,
-            self.settings.reap_idle_ms,
-            self.settings.fail_percent,
+            self.settings.load.describe(),
             self.settings.fault_list()
         );
         head + &report_tail(
@@ -630,9 +602,8 @@ async fn run_schedule(seed: u64) -> Outcome {
         harness.heal();
         harness
     });
-    let keys: Vec<String> = (0..settings.keys).map(|k| format!("k{k:02}")).collect();
-    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
-    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let keys = settings.load.key_names();
+    let spread = settings.load.spread(settings.seed, &keys, PHASE);
     let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut harness = faults_task.await.expect("fault thread");
 

@@ -17,6 +17,57 @@ use serde::de::DeserializeOwned;
 use crate::faults::Rng;
 use crate::record::Record;
 
+/// What a schedule publishes and how its handler works; drawn from the
+/// seed.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub keys: usize,
+    pub per_key: u64,
+    pub reap_idle_ms: u64,
+    pub fail_percent: u64,
+    /// The handler's work, ms, from .. to.
+    pub work_ms: (u64, u64),
+    /// Percent of units of work that raise a burst of events at once.
+    pub burst_percent: u64,
+}
+
+impl Workload {
+    /// Drawn from `r`, with from `per_key.0` to `per_key.1` events a key.
+    pub fn draw(r: &mut Rng, per_key: (u64, u64)) -> Self {
+        Workload {
+            keys: r.range(8, 16) as usize,
+            per_key: r.range(per_key.0, per_key.1),
+            reap_idle_ms: *r.pick(&[300, 1000, 3_600_000]),
+            fail_percent: *r.pick(&[0, 2, 5]),
+            work_ms: *r.pick(&[(1, 8), (1, 8), (5, 30)]),
+            burst_percent: *r.pick(&[0, 5, 15]),
+        }
+    }
+
+    /// The keys: `k00`, `k01`, …
+    pub fn key_names(&self) -> Vec<String> {
+        (0..self.keys).map(|k| format!("k{k:02}")).collect()
+    }
+
+    /// How a schedule of `seed` spreads the events of `keys` over `phase`.
+    pub fn spread<'a>(&self, seed: u64, keys: &'a [String], phase: Duration) -> Spread<'a> {
+        Spread::new(seed, keys, self.per_key, self.burst_percent, phase)
+    }
+
+    /// For a report.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail",
+            self.keys,
+            self.per_key,
+            self.burst_percent,
+            self.work_ms,
+            self.reap_idle_ms,
+            self.fail_percent
+        )
+    }
+}
+
 /// What a schedule's handler does with an attempt: records enter and exit
 /// of every event in the record server, labelled
 /// `{instance}/p{process}@{generation}`, and works a few ms in between.
@@ -36,6 +87,25 @@ pub struct Attempts {
 }
 
 impl Attempts {
+    /// The work of `load` in a schedule of `seed`, recorded in `record`
+    /// as `instance` (`{instance}/p{process}`).
+    pub fn new(
+        record: Record,
+        instance: String,
+        seed: u64,
+        load: &Workload,
+        dependency: bool,
+    ) -> Self {
+        Attempts {
+            record,
+            instance,
+            seed,
+            fail_percent: load.fail_percent,
+            work_ms: load.work_ms,
+            dependency,
+        }
+    }
+
     /// One attempt at the `seq`-th event of `key`.
     pub async fn handle(&self, key: &str, seq: u64, ctx: &Context) -> Result<(), HandlerError> {
         // The window starts when the engine dispatched the attempt (read
