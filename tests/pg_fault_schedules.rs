@@ -1210,37 +1210,79 @@ macro_rules! faulty {
 
 faulty!(PgServer, RedisServer);
 
-/// Takes `server` (`what`, in `state`) away by `outage` if it is up;
-/// whether it did.
-fn take_down(server: &mut impl Faulty, state: &mut Srv, outage: Outage, what: &str) -> bool {
-    if *state != Srv::Up {
-        return false;
-    }
-    server
-        .outage(outage)
-        .unwrap_or_else(|e| panic!("{what} fault: {e:?}"));
-    *state = if outage == Outage::Freeze {
-        Srv::Frozen
-    } else {
-        Srv::Down
-    };
-    true
+/// A server of the schedule, whether it is up, and how its faults read in
+/// the timeline.
+struct Faulted<S> {
+    server: S,
+    state: Srv,
+    /// `postgres`, `redis`.
+    name: &'static str,
+    /// What a stop, a kill and a freeze do to it.
+    gone: [&'static str; 3],
+    /// What starting it again after a stop or a kill does.
+    restarted: &'static str,
 }
 
-/// Brings `server` (`what`, in `state`) back if it is away; how it was.
-fn bring_back(server: &mut impl Faulty, state: &mut Srv, what: &str) -> Option<Srv> {
-    let was = *state;
-    match was {
-        Srv::Up => return None,
-        Srv::Down => server
-            .back(was)
-            .unwrap_or_else(|e| panic!("restart {what}: {e:?}")),
-        Srv::Frozen => server
-            .back(was)
-            .unwrap_or_else(|e| panic!("thaw {what}: {e:?}")),
+impl<S: Faulty> Faulted<S> {
+    fn new(
+        server: S,
+        name: &'static str,
+        gone: [&'static str; 3],
+        restarted: &'static str,
+    ) -> Self {
+        Faulted {
+            server,
+            state: Srv::Up,
+            name,
+            gone,
+            restarted,
+        }
     }
-    *state = Srv::Up;
-    Some(was)
+
+    /// Takes the server away by `outage` if it is up; the timeline's line.
+    fn down(&mut self, outage: Outage) -> Option<String> {
+        if self.state != Srv::Up {
+            return None;
+        }
+        let name = self.name;
+        self.server
+            .outage(outage)
+            .unwrap_or_else(|e| panic!("{name} fault: {e:?}"));
+        self.state = if outage == Outage::Freeze {
+            Srv::Frozen
+        } else {
+            Srv::Down
+        };
+        let gone = match outage {
+            Outage::Stop => self.gone[0],
+            Outage::Kill => self.gone[1],
+            Outage::Freeze => self.gone[2],
+        };
+        Some(format!("{name} {gone}"))
+    }
+
+    /// Brings the server back if it is away; the timeline's line.
+    fn up(&mut self) -> Option<String> {
+        let (was, name) = (self.state, self.name);
+        match was {
+            Srv::Up => return None,
+            Srv::Down => self
+                .server
+                .back(was)
+                .unwrap_or_else(|e| panic!("restart {name}: {e:?}")),
+            Srv::Frozen => self
+                .server
+                .back(was)
+                .unwrap_or_else(|e| panic!("thaw {name}: {e:?}")),
+        }
+        self.state = Srv::Up;
+        let back = if was == Srv::Frozen {
+            "thawed"
+        } else {
+            self.restarted
+        };
+        Some(format!("{name} {back}"))
+    }
 }
 
 /// One engine or writer slot: the process currently playing it.
@@ -1264,10 +1306,8 @@ struct Harness {
     settings: Settings,
     dir: PathBuf,
     rt: tokio::runtime::Handle,
-    pg: PgServer,
-    pg_state: Srv,
-    redis: RedisServer,
-    redis_state: Srv,
+    pg: Faulted<PgServer>,
+    redis: Faulted<RedisServer>,
     db_url: String,
     redis_url: String,
     engines: Vec<Slot>,
@@ -1308,10 +1348,22 @@ impl Harness {
             settings,
             dir,
             rt,
-            pg,
-            pg_state: Srv::Up,
-            redis,
-            redis_state: Srv::Up,
+            pg: Faulted::new(
+                pg,
+                "postgres",
+                [
+                    "fast shutdown",
+                    "crashed (SIGKILL to every backend)",
+                    "frozen",
+                ],
+                "restarted",
+            ),
+            redis: Faulted::new(
+                redis,
+                "redis",
+                ["stopped", "killed (kill -9)", "frozen"],
+                "restarted from its append-only file",
+            ),
             db_url,
             redis_url,
             engines: Vec::new(),
@@ -1467,7 +1519,7 @@ impl Harness {
         let running: Vec<usize> = (0..self.engines.len())
             .filter(|i| self.engines[*i].child.is_some() && !self.stopped_engines.contains(i))
             .collect();
-        if self.pg_state == Srv::Up
+        if self.pg.state == Srv::Up
             && let Some(app) = self.rt.block_on(leader_application(&self.db_url))
             && let Some(&slot) = running.iter().find(|i| {
                 let s = &self.engines[**i];
@@ -1508,7 +1560,7 @@ impl Harness {
 
     /// Notes who leads now (when PostgreSQL answers).
     fn note_leader(&mut self) {
-        if self.pg_state == Srv::Up {
+        if self.pg.state == Srv::Up {
             let app = self.rt.block_on(leader_application(&self.db_url));
             self.note(format!(
                 "  relay leader now: {}",
@@ -1618,54 +1670,26 @@ impl Harness {
     }
 
     fn pg_down(&mut self, outage: Outage) {
-        if take_down(&mut self.pg, &mut self.pg_state, outage, "postgres") {
-            self.note(format!(
-                "postgres {}",
-                match outage {
-                    Outage::Stop => "fast shutdown",
-                    Outage::Kill => "crashed (SIGKILL to every backend)",
-                    Outage::Freeze => "frozen",
-                }
-            ));
+        if let Some(line) = self.pg.down(outage) {
+            self.note(line);
         }
     }
 
     fn pg_up(&mut self) {
-        if let Some(was) = bring_back(&mut self.pg, &mut self.pg_state, "postgres") {
-            self.note(format!(
-                "postgres {}",
-                if was == Srv::Frozen {
-                    "thawed"
-                } else {
-                    "restarted"
-                }
-            ));
+        if let Some(line) = self.pg.up() {
+            self.note(line);
         }
     }
 
     fn redis_down(&mut self, outage: Outage) {
-        if take_down(&mut self.redis, &mut self.redis_state, outage, "redis") {
-            self.note(format!(
-                "redis {}",
-                match outage {
-                    Outage::Stop => "stopped",
-                    Outage::Kill => "killed (kill -9)",
-                    Outage::Freeze => "frozen",
-                }
-            ));
+        if let Some(line) = self.redis.down(outage) {
+            self.note(line);
         }
     }
 
     fn redis_up(&mut self) {
-        if let Some(was) = bring_back(&mut self.redis, &mut self.redis_state, "redis") {
-            self.note(format!(
-                "redis {}",
-                if was == Srv::Frozen {
-                    "thawed"
-                } else {
-                    "restarted from its append-only file"
-                }
-            ));
+        if let Some(line) = self.redis.up() {
+            self.note(line);
         }
     }
 
@@ -1963,8 +1987,8 @@ async fn run_schedule(seed: u64) -> Outcome {
     let failed = !verdict.violations.is_empty();
     if failed {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
-        write_file(&dir, "postgres-log-tail.txt", &harness.pg.log_tail());
-        write_file(&dir, "redis-log-tail.txt", &harness.redis.log_tail());
+        write_file(&dir, "postgres-log-tail.txt", &harness.pg.server.log_tail());
+        write_file(&dir, "redis-log-tail.txt", &harness.redis.server.log_tail());
     }
     let (self_kills, leader_found, leader_guessed) = (
         harness.self_kills,
