@@ -71,20 +71,8 @@
 //! published may be missing, but acknowledgements and lease state can be
 //! (issue 19's deep re-runs, which check (2) reports).
 
-#[path = "support/engine_slots.rs"]
-mod engine_slots;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/names.rs"]
-mod names;
-#[path = "support/record.rs"]
-mod record;
-#[path = "support/schedule_dir.rs"]
-mod schedule_dir;
-#[path = "support/schedule_io.rs"]
-mod schedule_io;
-#[path = "support/schedule_run.rs"]
-mod schedule_run;
+#[path = "support/redis_schedule.rs"]
+mod schedule;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -98,6 +86,7 @@ use convoy_runtime::testing::{CapturedLog, Recorder, RedisCluster, RedisServer, 
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Observed, Rng, Verdict};
+use schedule::{engine_slots, faults, names, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
     Attempts, Notes, Workload, drain, drain_note, event_id, handler_group, key_evidence,

@@ -52,20 +52,8 @@
 //! `convoy_runtime=info`); `CONVOY_FAULT_KEEP=1` keeps the log directory of
 //! passing schedules too.
 
-#[path = "support/engine_slots.rs"]
-mod engine_slots;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/names.rs"]
-mod names;
-#[path = "support/record.rs"]
-mod record;
-#[path = "support/schedule_dir.rs"]
-mod schedule_dir;
-#[path = "support/schedule_io.rs"]
-mod schedule_io;
-#[path = "support/schedule_run.rs"]
-mod schedule_run;
+#[path = "support/redis_schedule.rs"]
+mod schedule;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -76,6 +64,7 @@ use convoy_runtime::testing::{FaultProxy, Match, Recorder, RedisServer, Window, 
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Action, Observed, PlanParams, Planned, Rng, Verdict};
+use schedule::{engine_slots, faults, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
     Attempts, Notes, Workload, drain, drain_note, handler_group, key_evidence, outbox_left,

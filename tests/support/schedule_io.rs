@@ -14,8 +14,8 @@ use convoy_runtime::testing::{Recorder, RedisServer, Window};
 use convoy_runtime::{Config, Context, Domain, Event, HandlerError};
 use serde::de::DeserializeOwned;
 
-use crate::faults::Rng;
-use crate::record::Record;
+use super::faults::Rng;
+use super::record::Record;
 
 /// What a schedule publishes and how its handler works; drawn from the
 /// seed.
@@ -441,9 +441,9 @@ where
     for key in keys {
         out.push_str(&header(key));
         if let Some(mut c) = conn.clone() {
-            let stream = crate::names::stream(category, key);
-            let unit = crate::names::unit(group, category, key);
-            let lease = crate::names::lease(group, category, key);
+            let stream = super::names::stream(category, key);
+            let unit = super::names::unit(group, category, key);
+            let lease = super::names::lease(group, category, key);
             let cmds: Vec<Vec<&str>> = vec![
                 vec!["GET", &lease],
                 vec!["HGETALL", &unit],

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::schedule_dir::write_file;
+use super::schedule_dir::write_file;
 
 /// What every schedule's outcome tells the run.
 pub trait ScheduleOutcome {
