@@ -878,6 +878,14 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     assert!(r.stderr.contains("head "), "the head is shown: {r:?}");
     assert!(r.stdout.contains("cleared the halt"), "{r:?}");
     assert!(r.stdout.contains("runs entry"), "{r:?}");
+    let retry_all = &[
+        "retry",
+        "ledger",
+        "--all-halted",
+        "--handler",
+        "Recorder",
+        "--yes",
+    ];
     let in_order = |key: &str| (0..6).map(|n| format!("{key}#{n}")).collect::<Vec<_>>();
     wait_until(WAIT, "c1 resumes with its #2", || async {
         s.seen("c1") == in_order("c1")
@@ -885,17 +893,7 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     .await;
     assert!(s.halted_on("c1").await.is_none());
 
-    let r = s
-        .convoy(&[
-            "retry",
-            "ledger",
-            "--all-halted",
-            "--handler",
-            "Recorder",
-            "--yes",
-        ])
-        .await
-        .ok();
+    let r = s.convoy(retry_all).await.ok();
     assert!(r.stdout.contains("retried 2 halted partitions"), "{r:?}");
     wait_until(WAIT, "c2 and c3 resume in order", || async {
         s.seen("c2") == in_order("c2") && s.seen("c3") == in_order("c3")
@@ -904,17 +902,7 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     for key in keys {
         assert_eq!(s.seen(key), in_order(key), "{key}: each once, in order");
     }
-    let r = s
-        .convoy(&[
-            "retry",
-            "ledger",
-            "--all-halted",
-            "--handler",
-            "Recorder",
-            "--yes",
-        ])
-        .await
-        .ok();
+    let r = s.convoy(retry_all).await.ok();
     assert!(
         r.stdout.contains("no partition of ledger is halted"),
         "{r:?}"
