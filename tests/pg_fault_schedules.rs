@@ -2113,6 +2113,25 @@ fn effects_of(key: &str, ns: &[u64], first_id: i64) -> Vec<Effect> {
         .collect()
 }
 
+/// The effects of `a` with these `n`s (ids from 1), then of `b` (ids
+/// from `b_id`).
+fn effects_ab(a: &[u64], b: &[u64], b_id: i64) -> Vec<Effect> {
+    let mut effects = effects_of("a", a, 1);
+    effects.extend(effects_of("b", b, b_id));
+    effects
+}
+
+/// Asserts the verdict's duplicates, gaps, reorders and leaks.
+#[track_caller]
+fn assert_counts(v: &Verdict, want: (usize, usize, usize, usize)) {
+    assert_eq!(
+        (v.duplicates, v.gaps, v.reorders, v.leaks),
+        want,
+        "{:?}",
+        v.violations
+    );
+}
+
 /// A snapshot of keys `a` (4 events) and `b` (3) with the given effects.
 fn snap_with(effects: Vec<Effect>) -> Snapshot {
     let mut committed = committed_rows("a", 4);
@@ -2140,42 +2159,21 @@ fn check_passes_every_effect_once_in_order_across_interleaved_keys() {
 
 #[test]
 fn check_flags_a_duplicate() {
-    let mut effects = effects_of("a", &[1, 2, 3, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (1, 0, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 3, 3, 4], &[1, 2, 3], 10)));
+    assert_counts(&v, (1, 0, 0, 0));
     assert!(v.violations[0].starts_with("duplicate: key a: n 3"));
 }
 
 #[test]
 fn check_flags_a_late_duplicate_as_a_duplicate_not_a_reorder() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4, 2], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (1, 0, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 3, 4, 2], &[1, 2, 3], 10)));
+    assert_counts(&v, (1, 0, 0, 0));
 }
 
 #[test]
 fn check_flags_a_gap() {
-    let mut effects = effects_of("a", &[1, 2, 4], 1);
-    effects.extend(effects_of("b", &[1, 2], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 2, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 4], &[1, 2], 10)));
+    assert_counts(&v, (0, 2, 0, 0));
     assert!(
         v.violations
             .iter()
@@ -2196,12 +2194,7 @@ fn check_flags_a_reorder_by_serial_id_not_by_input_order() {
     effects[2].id = 2;
     effects.extend(effects_of("b", &[1, 2, 3], 30));
     let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 0, 1, 0),
-        "{:?}",
-        v.violations
-    );
+    assert_counts(&v, (0, 0, 1, 0));
     assert!(v.violations[0].starts_with("reorder: key a: n 2"));
 }
 
@@ -2230,20 +2223,13 @@ fn check_flags_a_leaked_uuid_of_a_rolled_back_transaction() {
         entry: "200-0".into(),
     });
     let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 0, 0, 2),
-        "{:?}",
-        v.violations
-    );
+    assert_counts(&v, (0, 0, 0, 2));
     assert!(v.violations.iter().all(|m| m.starts_with("leak:")));
 }
 
 #[test]
 fn check_passes_a_redelivery_and_flags_a_second_stream_entry_that_claim_hid() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let mut snap = snap_with(effects);
+    let mut snap = snap_with(effects_ab(&[1, 2, 3, 4], &[1, 2, 3], 10));
     // A redelivery of a#2: the same entry ran again, claim said applied.
     let mut again = snap.effects[1].clone();
     again.id = 1;
@@ -2275,9 +2261,7 @@ fn check_passes_a_redelivery_and_flags_a_second_stream_entry_that_claim_hid() {
 
 #[test]
 fn check_flags_pending_and_abandoned_rows_and_a_counter_without_its_rows() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let mut snap = snap_with(effects);
+    let mut snap = snap_with(effects_ab(&[1, 2, 3, 4], &[1, 2, 3], 10));
     snap.pending = 2;
     snap.abandoned = 1;
     snap.counters.insert("b".into(), 4);
