@@ -1642,10 +1642,22 @@ impl Harness {
                 self.note(format!("SIGSTOP writer {name}"));
             }
             Action::WriterCont(w) => self.cont_writer(w),
-            Action::PgDown(outage) => self.pg_down(outage),
-            Action::PgUp => self.pg_up(),
-            Action::RedisDown(outage) => self.redis_down(outage),
-            Action::RedisUp => self.redis_up(),
+            Action::PgDown(outage) => {
+                let line = self.pg.down(outage);
+                self.note_if(line);
+            }
+            Action::PgUp => {
+                let line = self.pg.up();
+                self.note_if(line);
+            }
+            Action::RedisDown(outage) => {
+                let line = self.redis.down(outage);
+                self.note_if(line);
+            }
+            Action::RedisUp => {
+                let line = self.redis.up();
+                self.note_if(line);
+            }
         }
     }
 
@@ -1669,26 +1681,9 @@ impl Harness {
         }
     }
 
-    fn pg_down(&mut self, outage: Outage) {
-        if let Some(line) = self.pg.down(outage) {
-            self.note(line);
-        }
-    }
-
-    fn pg_up(&mut self) {
-        if let Some(line) = self.pg.up() {
-            self.note(line);
-        }
-    }
-
-    fn redis_down(&mut self, outage: Outage) {
-        if let Some(line) = self.redis.down(outage) {
-            self.note(line);
-        }
-    }
-
-    fn redis_up(&mut self) {
-        if let Some(line) = self.redis.up() {
+    /// Notes what a server's fault or healing did, if anything.
+    fn note_if(&mut self, line: Option<String>) {
+        if let Some(line) = line {
             self.note(line);
         }
     }
@@ -1766,8 +1761,10 @@ impl Harness {
         for slot in stopped {
             self.cont_engine(slot);
         }
-        self.pg_up();
-        self.redis_up();
+        let line = self.pg.up();
+        self.note_if(line);
+        let line = self.redis.up();
+        self.note_if(line);
         for slot in 0..self.engines.len() {
             if self.engines[slot].child.is_none() {
                 let instance = self.engines[slot].instance.clone();
