@@ -77,7 +77,6 @@ mod schedule;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -89,12 +88,10 @@ use faults::{Observed, Rng, Verdict};
 use schedule::{engine_slots, faults, names, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
-    Attempts, Notes, Workload, drain, drain_note, event_id, handler_group, key_evidence,
-    outbox_left, publish_spread, record_clock, windows,
+    Attempts, Notes, Workload, drain, drain_note, event_id, evidence_tail, failure_line,
+    handler_group, key_evidence, outbox_left, publish_spread, record_clock, windows,
 };
-use schedule_run::{
-    ScheduleOutcome, bounded_seeds, env_u64, keep_dir, long_seeds, report_tail, write_schedule,
-};
+use schedule_run::{Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, write_schedule};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -1129,27 +1126,14 @@ struct Outcome {
     settings: Settings,
     verdict: Verdict,
     events: usize,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
     /// The Redis client's lines in the engines' logs: written, left out.
     client_lines: (usize, u64),
 }
 
 impl ScheduleOutcome for Outcome {
-    fn seed(&self) -> u64 {
-        self.settings.seed
-    }
-
-    fn violations(&self) -> &[String] {
-        &self.verdict.violations
-    }
-
-    fn fault_kinds(&self) -> Vec<&'static str> {
-        self.settings
-            .faults
-            .iter()
-            .map(|p| p.fault.kind())
-            .collect()
+    fn ran(&self) -> &Ran {
+        &self.ran
     }
 
     fn summary(&self) -> String {
@@ -1162,10 +1146,10 @@ impl ScheduleOutcome for Outcome {
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
-            self.verdict.violations.len(),
+            self.ran.violations.len(),
             self.client_lines.0,
             self.client_lines.1,
-            self.elapsed.as_secs_f64(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
@@ -1179,13 +1163,7 @@ impl ScheduleOutcome for Outcome {
             self.settings.load.describe(),
             self.settings.fault_list()
         );
-        head + &report_tail(
-            &self.verdict.violations,
-            "see the log directory",
-            self.dir.as_deref(),
-            "logs and evidence",
-            &replay_command(self.settings.seed),
-        )
+        head + &evidence_tail(&self.ran, &replay_command(self.settings.seed))
     }
 }
 
@@ -1436,7 +1414,6 @@ async fn run_schedule(seed: u64) -> Outcome {
     });
     write_file(&dir, "timeline.txt", &notes.text());
     let client_lines = client_log_lines(&dir);
-    let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_CLUSTER_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
     }
@@ -1448,12 +1425,21 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("teardown");
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(
+        seed,
+        kinds,
+        violations,
+        started,
+        dir,
+        "CONVOY_CLUSTER_FAULT_KEEP",
+    );
     Outcome {
         settings,
         verdict,
         events,
-        elapsed: started.elapsed(),
-        dir: keep_dir(dir, keep),
+        ran,
         client_lines,
     }
 }
@@ -1504,19 +1490,13 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         outcomes.iter().map(|o| o.client_lines.1).sum::<u64>(),
         outcomes
             .iter()
-            .map(|o| o.verdict.violations.len())
+            .map(|o| o.ran.violations.len())
             .sum::<usize>(),
         failed.len(),
         schedule_run::failed_seeds(&failed)
     );
     schedule_run::panic_if_failed("cluster fault schedules", &outcomes, |o| {
-        format!(
-            "  seed {} (max_unacked {}): {}\n    replay: {}",
-            o.settings.seed,
-            o.settings.max_unacked,
-            o.verdict.violations.first().map_or("", String::as_str),
-            replay_command(o.settings.seed)
-        )
+        failure_line(&o.ran, o.settings.max_unacked, &replay_command(o.ran.seed))
     });
 }
 

@@ -67,12 +67,10 @@ use faults::{Action, Observed, PlanParams, Planned, Rng, Verdict};
 use schedule::{engine_slots, faults, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
-    Attempts, Notes, Workload, drain, drain_note, handler_group, key_evidence, outbox_left,
-    publish_spread, record_clock, windows,
+    Attempts, Notes, Workload, drain, drain_note, evidence_tail, failure_line, handler_group,
+    key_evidence, outbox_left, publish_spread, record_clock, windows,
 };
-use schedule_run::{
-    ScheduleOutcome, bounded_seeds, env_u64, keep_dir, long_seeds, report_tail, write_schedule,
-};
+use schedule_run::{Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, write_schedule};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -474,8 +472,7 @@ struct Outcome {
     settings: Settings,
     verdict: Verdict,
     events: usize,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
     /// Proxy replies delayed or dropped.
     fired: usize,
     /// Each reply rule and how often it fired.
@@ -483,20 +480,8 @@ struct Outcome {
 }
 
 impl ScheduleOutcome for Outcome {
-    fn seed(&self) -> u64 {
-        self.settings.seed
-    }
-
-    fn violations(&self) -> &[String] {
-        &self.verdict.violations
-    }
-
-    fn fault_kinds(&self) -> Vec<&'static str> {
-        self.settings
-            .faults
-            .iter()
-            .map(|p| p.fault.kind())
-            .collect()
+    fn ran(&self) -> &Ran {
+        &self.ran
     }
 
     fn summary(&self) -> String {
@@ -511,8 +496,8 @@ impl ScheduleOutcome for Outcome {
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
-            self.verdict.violations.len(),
-            self.elapsed.as_secs_f64(),
+            self.ran.violations.len(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
@@ -525,13 +510,7 @@ impl ScheduleOutcome for Outcome {
             self.settings.load.describe(),
             self.settings.fault_list()
         );
-        head + &report_tail(
-            &self.verdict.violations,
-            "see the log directory",
-            self.dir.as_deref(),
-            "logs and evidence",
-            &replay_command(self.settings.seed),
-        )
+        head + &evidence_tail(&self.ran, &replay_command(self.settings.seed))
     }
 }
 
@@ -622,7 +601,6 @@ async fn run_schedule(seed: u64) -> Outcome {
     let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
     let rules = harness.rules.clone();
 
-    let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
         let evidence = evidence(&harness, &publisher, &verdict.keys, &windows).await;
@@ -638,12 +616,14 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("teardown");
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(seed, kinds, violations, started, dir, "CONVOY_FAULT_KEEP");
     Outcome {
         settings,
         verdict,
         events,
-        elapsed: started.elapsed(),
-        dir: keep_dir(dir, keep),
+        ran,
         fired,
         rules,
     }
@@ -717,19 +697,13 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         outcomes.iter().map(|o| o.verdict.reruns).sum::<usize>(),
         outcomes
             .iter()
-            .map(|o| o.verdict.violations.len())
+            .map(|o| o.ran.violations.len())
             .sum::<usize>(),
         failed.len(),
         schedule_run::failed_seeds(&failed)
     );
     schedule_run::panic_if_failed("fault schedules", &outcomes, |o| {
-        format!(
-            "  seed {} (max_unacked {}): {}\n    replay: {}",
-            o.settings.seed,
-            o.settings.max_unacked,
-            o.verdict.violations.first().map_or("", String::as_str),
-            replay_command(o.settings.seed)
-        )
+        failure_line(&o.ran, o.settings.max_unacked, &replay_command(o.ran.seed))
     });
 }
 

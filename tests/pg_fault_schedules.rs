@@ -99,7 +99,7 @@ use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, ev
 use faults::Rng;
 use schedule_dir::{log_dir, write_file};
 use schedule_run::{
-    ScheduleOutcome, bounded_seeds, env_u64, keep_dir, long_seeds, report_tail, write_schedule,
+    Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, report_tail, write_schedule,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
@@ -1844,25 +1844,12 @@ struct Outcome {
     leader_found: usize,
     leader_guessed: usize,
     drain: Duration,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
 }
 
 impl ScheduleOutcome for Outcome {
-    fn seed(&self) -> u64 {
-        self.settings.seed
-    }
-
-    fn violations(&self) -> &[String] {
-        &self.verdict.violations
-    }
-
-    fn fault_kinds(&self) -> Vec<&'static str> {
-        self.settings
-            .faults
-            .iter()
-            .map(|p| p.fault.kind())
-            .collect()
+    fn ran(&self) -> &Ran {
+        &self.ran
     }
 
     fn summary(&self) -> String {
@@ -1888,9 +1875,9 @@ impl ScheduleOutcome for Outcome {
             self.pending,
             v.reruns,
             v.stream_duplicates,
-            v.violations.len(),
+            self.ran.violations.len(),
             self.drain.as_secs_f64(),
-            self.elapsed.as_secs_f64(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
@@ -1902,9 +1889,8 @@ impl ScheduleOutcome for Outcome {
             self.settings.fault_list()
         );
         head + &report_tail(
-            &self.verdict.violations,
+            &self.ran,
             "violations.txt",
-            self.dir.as_deref(),
             "logs and timeline (with the faults' times)",
             &replay_command(self.settings.seed),
         )
@@ -2000,8 +1986,16 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("teardown");
-    let keep = failed || std::env::var("CONVOY_PG_FAULT_KEEP").is_ok();
-    let dir = keep_dir(dir, keep);
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(
+        seed,
+        kinds,
+        violations,
+        started,
+        dir,
+        "CONVOY_PG_FAULT_KEEP",
+    );
     Outcome {
         settings,
         transactions: snap.transactions,
@@ -2011,8 +2005,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         leader_found,
         leader_guessed,
         drain,
-        elapsed: started.elapsed(),
-        dir,
+        ran,
     }
 }
 
@@ -2038,16 +2031,17 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         outcomes.iter().map(|o| o.pending).sum::<u64>(),
         sum(|o| o.verdict.reruns),
         sum(|o| o.verdict.stream_duplicates),
-        sum(|o| o.verdict.violations.len()),
+        sum(|o| o.ran.violations.len()),
         failed.len(),
         schedule_run::failed_seeds(&failed)
     );
     schedule_run::panic_if_failed("outbox fault schedules", &outcomes, |o| {
         format!(
             "  seed {}: {}\n    logs: {}\n    replay: {}",
-            o.settings.seed,
-            o.verdict.violations.first().map_or("", String::as_str),
-            o.dir
+            o.ran.seed,
+            o.ran.violations.first().map_or("", String::as_str),
+            o.ran
+                .dir
                 .as_ref()
                 .map_or("-".into(), |d| d.display().to_string()),
             replay_command(o.settings.seed)

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::faults::Rng;
 use super::record::Record;
+use super::schedule_run::{Ran, report_tail};
 
 /// What a schedule publishes and how its handler works; drawn from the
 /// seed.
@@ -478,4 +479,19 @@ where
         }
     }
     out
+}
+
+/// The end of a failed Redis schedule's report (its log directory holds
+/// the evidence).
+pub fn evidence_tail(ran: &Ran, replay: &str) -> String {
+    report_tail(ran, "see the log directory", "logs and evidence", replay)
+}
+
+/// A failed Redis schedule's line in the final panic.
+pub fn failure_line(ran: &Ran, max_unacked: usize, replay: &str) -> String {
+    format!(
+        "  seed {} (max_unacked {max_unacked}): {}\n    replay: {replay}",
+        ran.seed,
+        ran.violations.first().map_or("", String::as_str),
+    )
 }

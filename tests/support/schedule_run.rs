@@ -9,23 +9,53 @@ use std::fmt::Debug;
 use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::schedule_dir::write_file;
 
+/// What every schedule did alike.
+pub struct Ran {
+    pub seed: u64,
+    /// The kind of each of its faults.
+    pub fault_kinds: Vec<&'static str>,
+    pub violations: Vec<String>,
+    pub elapsed: Duration,
+    /// Its log directory, if kept.
+    pub dir: Option<PathBuf>,
+}
+
+impl Ran {
+    /// A schedule of `seed` started at `started` ends: its log directory
+    /// `dir` is kept if it failed or `keep_var` is set, removed otherwise.
+    pub fn new(
+        seed: u64,
+        fault_kinds: Vec<&'static str>,
+        violations: Vec<String>,
+        started: Instant,
+        dir: PathBuf,
+        keep_var: &str,
+    ) -> Self {
+        let keep = !violations.is_empty() || std::env::var(keep_var).is_ok();
+        Ran {
+            seed,
+            fault_kinds,
+            violations,
+            elapsed: started.elapsed(),
+            dir: keep_dir(dir, keep),
+        }
+    }
+}
+
 /// What every schedule's outcome tells the run.
 pub trait ScheduleOutcome {
-    fn seed(&self) -> u64;
-    fn violations(&self) -> &[String];
+    fn ran(&self) -> &Ran;
     /// The schedule's line.
     fn summary(&self) -> String;
     /// A failed schedule's full report.
     fn report(&self) -> String;
-    /// The kind of each of its faults.
-    fn fault_kinds(&self) -> Vec<&'static str>;
 
     fn failed(&self) -> bool {
-        !self.violations().is_empty()
+        !self.ran().violations.is_empty()
     }
 }
 
@@ -80,8 +110,8 @@ where
 /// `kind n, kind n, …`: how often each kind of fault ran, by kind.
 pub fn fault_kinds<O: ScheduleOutcome>(outcomes: &[O]) -> String {
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for kind in outcomes.iter().flat_map(O::fault_kinds) {
-        *kinds.entry(kind).or_default() += 1;
+    for kind in outcomes.iter().flat_map(|o| &o.ran().fault_kinds) {
+        *kinds.entry(*kind).or_default() += 1;
     }
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     kinds.join(", ")
@@ -99,7 +129,7 @@ pub fn failed_seeds<O: ScheduleOutcome>(failed: &[&O]) -> String {
     } else {
         format!(
             ": seeds {:?}",
-            failed.iter().map(|o| o.seed()).collect::<Vec<_>>()
+            failed.iter().map(|o| o.ran().seed).collect::<Vec<_>>()
         )
     }
 }
@@ -125,24 +155,18 @@ pub fn panic_if_failed<O: ScheduleOutcome>(
 /// The end of a failed schedule's report: the first 20 violations (and
 /// `where_more` to find the others), the directory with `dir_holds`, and
 /// the replay command.
-pub fn report_tail(
-    violations: &[String],
-    where_more: &str,
-    dir: Option<&Path>,
-    dir_holds: &str,
-    replay: &str,
-) -> String {
+pub fn report_tail(ran: &Ran, where_more: &str, dir_holds: &str, replay: &str) -> String {
     let mut s = String::new();
-    for v in violations.iter().take(20) {
+    for v in ran.violations.iter().take(20) {
         s.push_str(&format!("  {v}\n"));
     }
-    if violations.len() > 20 {
+    if ran.violations.len() > 20 {
         s.push_str(&format!(
             "  … {} more ({where_more})\n",
-            violations.len() - 20
+            ran.violations.len() - 20
         ));
     }
-    if let Some(dir) = dir {
+    if let Some(dir) = &ran.dir {
         s.push_str(&format!("  {dir_holds}: {}\n", dir.display()));
     }
     s.push_str(&format!("  replay: {replay}\n"));
