@@ -854,6 +854,29 @@ async fn transaction(
     Ok(bumped.join(" "))
 }
 
+/// An effect of an event, and a re-run of one: the same row in two
+/// tables.
+const EFFECT: &str =
+    "INSERT INTO effects (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)";
+const RERUN: &str =
+    "INSERT INTO reruns (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)";
+
+/// `sql` (an [`EFFECT`] or a [`RERUN`]) of `e`, its stream `entry`, by
+/// `instance`.
+fn row<'q>(
+    sql: &'static str,
+    e: &'q Bumped,
+    entry: &'q str,
+    instance: String,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(&e.account)
+        .bind(e.n as i64)
+        .bind(&e.uuid)
+        .bind(entry)
+        .bind(instance)
+}
+
 /// A `sequential_by` handler whose effect is an `effects` row, written
 /// exactly once with [`AppliedEvents`] in the handler's own transaction.
 struct Effects {
@@ -880,16 +903,8 @@ impl Effects {
                 // check can tell a redelivery (the same entry) from a
                 // second stream entry of the event.
                 let _ = tx.rollback().await;
-                sqlx::query(
-                    "INSERT INTO reruns (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(&e.account)
-                .bind(e.n as i64)
-                .bind(&e.uuid)
-                .bind(&entry)
-                .bind(&self.label)
-                .execute(&self.pool)
-                .await?;
+                let instance = self.label.clone();
+                row(RERUN, &e, &entry, instance).execute(&self.pool).await?;
                 return Ok(());
             }
             Err(err) => {
@@ -898,16 +913,8 @@ impl Effects {
             }
         }
         let generation = ctx.fence().map_or(0, |f| f.generation);
-        sqlx::query(
-            "INSERT INTO effects (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&e.account)
-        .bind(e.n as i64)
-        .bind(&e.uuid)
-        .bind(&entry)
-        .bind(format!("{}@{generation}", self.label))
-        .execute(&mut *tx)
-        .await?;
+        let instance = format!("{}@{generation}", self.label);
+        row(EFFECT, &e, &entry, instance).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
