@@ -1649,22 +1649,10 @@ impl Harness {
                 self.note(format!("SIGSTOP writer {name}"));
             }
             Action::WriterCont(w) => self.cont_writer(w),
-            Action::PgDown(outage) => {
-                let line = self.pg.down(outage);
-                self.note_if(line);
-            }
-            Action::PgUp => {
-                let line = self.pg.up();
-                self.note_if(line);
-            }
-            Action::RedisDown(outage) => {
-                let line = self.redis.down(outage);
-                self.note_if(line);
-            }
-            Action::RedisUp => {
-                let line = self.redis.up();
-                self.note_if(line);
-            }
+            Action::PgDown(outage) => self.server(|h| h.pg.down(outage)),
+            Action::PgUp => self.server(|h| h.pg.up()),
+            Action::RedisDown(outage) => self.server(|h| h.redis.down(outage)),
+            Action::RedisUp => self.server(|h| h.redis.up()),
         }
     }
 
@@ -1688,9 +1676,9 @@ impl Harness {
         }
     }
 
-    /// Notes what a server's fault or healing did, if anything.
-    fn note_if(&mut self, line: Option<String>) {
-        if let Some(line) = line {
+    /// Runs a server's fault or healing, noting what it did, if anything.
+    fn server(&mut self, act: impl FnOnce(&mut Self) -> Option<String>) {
+        if let Some(line) = act(self) {
             self.note(line);
         }
     }
@@ -1768,10 +1756,8 @@ impl Harness {
         for slot in stopped {
             self.cont_engine(slot);
         }
-        let line = self.pg.up();
-        self.note_if(line);
-        let line = self.redis.up();
-        self.note_if(line);
+        self.server(|h| h.pg.up());
+        self.server(|h| h.redis.up());
         for slot in 0..self.engines.len() {
             if self.engines[slot].child.is_none() {
                 let instance = self.engines[slot].instance.clone();
