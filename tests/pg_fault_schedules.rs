@@ -1657,22 +1657,26 @@ impl Harness {
     }
 
     fn cont_engine(&mut self, slot: usize) {
-        if self.stopped_engines.remove(&slot) {
-            if let Some(child) = self.engines[slot].child.as_mut() {
-                let _ = child.cont();
-            }
-            let name = self.engines[slot].name();
-            self.note(format!("SIGCONT engine {name}"));
-        }
+        self.cont(false, slot);
     }
 
     fn cont_writer(&mut self, w: usize) {
-        if self.stopped_writers.remove(&w) {
-            if let Some(child) = self.writers[w].child.as_mut() {
+        self.cont(true, w);
+    }
+
+    /// `SIGCONT` of writer (or engine) `i`, if it is stopped.
+    fn cont(&mut self, writer: bool, i: usize) {
+        let (slots, stopped, what) = if writer {
+            (&mut self.writers, &mut self.stopped_writers, "writer")
+        } else {
+            (&mut self.engines, &mut self.stopped_engines, "engine")
+        };
+        if stopped.remove(&i) {
+            if let Some(child) = slots[i].child.as_mut() {
                 let _ = child.cont();
             }
-            let name = self.writers[w].name();
-            self.note(format!("SIGCONT writer {name}"));
+            let name = slots[i].name();
+            self.note(format!("SIGCONT {what} {name}"));
         }
     }
 
