@@ -71,6 +71,8 @@
 //! published may be missing, but acknowledgements and lease state can be
 //! (issue 19's deep re-runs, which check (2) reports).
 
+#[path = "support/faults.rs"]
+mod faults;
 #[path = "support/redis_schedule.rs"]
 mod schedule;
 
@@ -85,7 +87,7 @@ use convoy_runtime::testing::{CapturedLog, Recorder, RedisCluster, RedisServer, 
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Observed, Rng, Verdict};
-use schedule::{engine_slots, faults, names, record, schedule_dir, schedule_io, schedule_run};
+use schedule::{engine_slots, names, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
     Attempts, Notes, Workload, drain, drain_note, event_id, evidence_tail, failure_line,

@@ -52,6 +52,8 @@
 //! `convoy_runtime=info`); `CONVOY_FAULT_KEEP=1` keeps the log directory of
 //! passing schedules too.
 
+#[path = "support/faults.rs"]
+mod faults;
 #[path = "support/redis_schedule.rs"]
 mod schedule;
 
@@ -64,7 +66,7 @@ use convoy_runtime::testing::{FaultProxy, Match, Recorder, RedisServer, Window, 
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use engine_slots::{ChildEnv, EngineSlots, run_timeline};
 use faults::{Action, Observed, PlanParams, Planned, Rng, Verdict};
-use schedule::{engine_slots, faults, record, schedule_dir, schedule_io, schedule_run};
+use schedule::{engine_slots, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
 use schedule_io::{
     Attempts, Notes, Workload, drain, drain_note, evidence_tail, failure_line, handler_group,

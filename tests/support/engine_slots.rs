@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use convoy_runtime::testing::{ChildEngine, current_test_command};
 
-use super::faults::StallRecord;
 use super::schedule_io::{Notes, record_time};
+use crate::faults::StallRecord;
 
 /// One engine slot: the process currently playing it.
 pub struct Slot {

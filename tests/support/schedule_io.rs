@@ -14,9 +14,9 @@ use convoy_runtime::testing::{Recorder, RedisServer, Window};
 use convoy_runtime::{Config, Context, Domain, Event, HandlerError};
 use serde::de::DeserializeOwned;
 
-use super::faults::Rng;
 use super::record::Record;
 use super::schedule_run::{Ran, report_tail};
+use crate::faults::Rng;
 
 /// What a schedule publishes and how its handler works; drawn from the
 /// seed.
