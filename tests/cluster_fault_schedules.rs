@@ -73,31 +73,27 @@
 
 #[path = "support/faults.rs"]
 mod faults;
-#[path = "support/names.rs"]
-mod names;
-#[path = "support/record.rs"]
-mod record;
-#[path = "support/schedule_dir.rs"]
-mod schedule_dir;
-#[path = "support/schedule_io.rs"]
-mod schedule_io;
+#[path = "support/redis_schedule.rs"]
+mod schedule;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::{self, File};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, RwLock};
+use std::fs;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use convoy_runtime::redis::{RedisBroker, keys};
-use convoy_runtime::testing::{
-    CapturedLog, ChildEngine, Recorder, RedisCluster, RedisServer, Window, current_test_command,
-};
+use convoy_runtime::testing::{CapturedLog, Recorder, RedisCluster, RedisServer, Window};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
-use faults::{Observed, Rng, StallRecord, Verdict};
+use engine_slots::{ChildEnv, EngineSlots, run_timeline};
+use faults::{Observed, Rng, Verdict};
+use schedule::{engine_slots, names, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
-use schedule_io::{Spread, completed, event_id, publish_spread, windows};
+use schedule_io::{
+    Attempts, Notes, Workload, drain, drain_note, event_id, evidence_tail, failure_line,
+    handler_group, key_evidence, outbox_left, publish_spread, record_clock, windows,
+};
+use schedule_run::{Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, write_schedule};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -138,47 +134,16 @@ struct Booked {
     seq: u64,
 }
 
-/// Records enter and exit of every event in the record server, labelled
-/// `{instance}/p{process}@{generation}`; works a few ms in between. Fails
-/// the first attempt of a few events (before entering) to exercise retries.
-struct FaultRecording {
-    record: record::Record,
-    /// `{instance}/p{process}`.
-    instance: String,
-    seed: u64,
-    fail_percent: u64,
-    /// The handler's work, ms, from .. to.
-    work_ms: (u64, u64),
-}
+/// Records enter and exit of every event in the record server (see
+/// [`Attempts`]).
+struct FaultRecording(Attempts);
 
 #[event_handler(part_of = Account, sequential_by = "client_id")]
 impl FaultRecording {
     #[handle]
     async fn booked(&self, e: Booked, ctx: &Context) -> Result<(), HandlerError> {
-        // The window starts when the engine dispatched the attempt (see
-        // fault_schedules.rs).
-        let invoked = ctx.dispatched_at();
-        let id = event_id(&e.client_id, e.seq);
-        let mut rng = Rng::new(self.seed ^ hash(&id));
-        if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
-            return Err(HandlerError::msg(format!("transient failure of {id}")));
-        }
-        let generation = ctx.fence().map_or(0, |f| f.generation);
-        let label = format!("{}@{generation}", self.instance);
-        let entered = self
-            .record
-            .enter(&e.client_id, &id, &label, invoked)
-            .await
-            .map_err(HandlerError::msg)?;
-        tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;
-        self.record.exit(entered).await.map_err(HandlerError::msg)
+        self.0.handle(&e.client_id, e.seq, ctx).await
     }
-}
-
-fn hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 /// One fault of a cluster schedule.
@@ -408,27 +373,15 @@ struct Settings {
     seed: u64,
     max_unacked: usize,
     wait_replicas: u32,
-    keys: usize,
-    per_key: u64,
-    reap_idle_ms: u64,
-    fail_percent: u64,
-    work_ms: (u64, u64),
-    /// Percent of units of work that raise a burst of events at once.
-    burst_percent: u64,
+    load: Workload,
     faults: Vec<Planned>,
 }
 
 impl Settings {
     fn new(seed: u64) -> Self {
         let root = Rng::new(seed);
-        let mut r = root.fork(1);
-        let keys = r.range(8, 16) as usize;
-        let per_key = r.range(15, 30);
-        let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
-        let fail_percent = *r.pick(&[0, 2, 5]);
-        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
-        let burst_percent = *r.pick(&[0, 5, 15]);
-        let mut shards: Vec<u32> = (0..keys).map(|k| names::shard(&key_name(k))).collect();
+        let load = Workload::draw(&mut root.fork(1), (15, 30));
+        let mut shards: Vec<u32> = load.key_names().iter().map(|k| names::shard(k)).collect();
         shards.sort_unstable();
         shards.dedup();
         let cut = std::env::var("CONVOY_CLUSTER_FAULT_CUT").is_ok_and(|v| v == "1");
@@ -444,12 +397,7 @@ impl Settings {
             // must be reported (checked instead of completeness there).
             wait_replicas: env_u64("CONVOY_CLUSTER_FAULT_WAIT_REPLICAS")
                 .map_or(if seed % 3 == 2 { 0 } else { 1 }, |n| n as u32),
-            keys,
-            per_key,
-            reap_idle_ms,
-            fail_percent,
-            work_ms,
-            burst_percent,
+            load,
             faults,
         }
     }
@@ -468,10 +416,6 @@ impl Settings {
     }
 }
 
-fn key_name(k: usize) -> String {
-    format!("k{k:02}")
-}
-
 fn replay_command(seed: u64) -> String {
     format!(
         "CONVOY_CLUSTER_FAULT_SEED={seed} cargo test -p convoy-tests --test cluster_fault_schedules -- replay --nocapture"
@@ -479,19 +423,15 @@ fn replay_command(seed: u64) -> String {
 }
 
 fn config(url: &str, s: &Settings) -> Config {
-    let mut c = Config::default();
-    c.broker.url = url.to_owned();
+    let mut c = schedule_io::config(
+        url,
+        LEASE_TTL_MS,
+        HEARTBEAT_S,
+        s.load.reap_idle_ms,
+        s.max_unacked,
+    );
     c.broker.wait_replicas = s.wait_replicas;
     c.broker.wait_timeout_ms = 1000;
-    let p = &mut c.server.partitioning;
-    p.lease_ttl_ms = LEASE_TTL_MS;
-    p.heartbeat_interval_seconds = Some(HEARTBEAT_S);
-    p.poll_interval_seconds = 0.05;
-    p.reap_idle_ms = s.reap_idle_ms;
-    p.max_unacked = s.max_unacked;
-    c.server.retry.max_retries = 50;
-    c.server.retry.initial_backoff_ms = 10;
-    c.server.retry.max_backoff_ms = 100;
     c
 }
 
@@ -540,13 +480,13 @@ async fn child_engine() {
     let name = format!("{instance}/p{proc}");
     let record =
         record::Record::new(&record_url, &ns, &format!("p{proc}")).expect("record server client");
-    let handler = FaultRecording {
+    let handler = FaultRecording(Attempts::new(
         record,
-        instance: name.clone(),
+        name.clone(),
         seed,
-        fail_percent: settings.fail_percent,
-        work_ms: settings.work_ms,
-    };
+        &settings.load,
+        false,
+    ));
     let domain = Domain::builder()
         .config(config(&url, &settings))
         .broker(broker(&url))
@@ -590,63 +530,6 @@ async fn child_engine() {
     }
 }
 
-/// The timeline of a schedule, on the record server's clock (both fault
-/// threads write to it).
-#[derive(Clone)]
-struct Notes {
-    lines: Arc<Mutex<Vec<(u64, String)>>>,
-    start_us: u64,
-}
-
-impl Notes {
-    fn push(&self, clock: &mut redis::Connection, what: String) {
-        let t = record_time(clock);
-        self.lines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((t, what));
-    }
-
-    fn text(&self) -> String {
-        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        lines.sort_by_key(|(t, _)| *t);
-        let secs = self.start_us / 1_000_000;
-        let mut out = vec![format!(
-            "t=0 is {} µs of the record clock (unix) = {:02}:{:02}:{:02}.{:06} UTC, as in the engine logs",
-            self.start_us,
-            secs / 3600 % 24,
-            secs / 60 % 60,
-            secs % 60,
-            self.start_us % 1_000_000
-        )];
-        for (t, what) in lines {
-            let rel = t.saturating_sub(self.start_us);
-            out.push(format!("{:>7.3}s {what}", rel as f64 / 1e6));
-        }
-        out.join("\n")
-    }
-}
-
-/// µs of the record server's clock (the clock of the windows).
-fn record_time(clock: &mut redis::Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME")
-        .query(clock)
-        .expect("TIME on the record server");
-    s * 1_000_000 + us
-}
-
-fn record_clock(record: &RedisServer) -> redis::Connection {
-    let clock = record
-        .client()
-        .expect("record client")
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .expect("record connection");
-    clock
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .expect("record connection timeout");
-    clock
-}
-
 type Shared = Arc<RwLock<RedisCluster>>;
 
 fn read(c: &Shared) -> std::sync::RwLockReadGuard<'_, RedisCluster> {
@@ -660,13 +543,6 @@ fn write(c: &Shared) -> std::sync::RwLockWriteGuard<'_, RedisCluster> {
 /// The slot of a shard's keys.
 fn shard_slot(shard: u32) -> u16 {
     RedisCluster::key_slot(keys::tag(shard).as_bytes())
-}
-
-/// One engine slot: the process currently playing it.
-struct Slot {
-    instance: String,
-    proc: usize,
-    child: Option<ChildEngine>,
 }
 
 /// What the engine-fault thread does.
@@ -778,124 +654,36 @@ fn timelines(plan: &[Planned]) -> (Timeline<EngineAction>, Timeline<TopoAction>)
 /// The engines and their faults; owned by the engine-fault thread while
 /// the schedule runs.
 struct Engines {
-    settings: Settings,
+    procs: EngineSlots,
     cluster: Shared,
-    cluster_url: String,
     record_url: String,
-    ns: String,
-    dir: PathBuf,
-    slots: Vec<Slot>,
-    next_proc: usize,
-    next_id: usize,
-    clock: redis::Connection,
-    notes: Notes,
-    stalls: Vec<StallRecord>,
-    /// Slot -> (process, stopped at).
-    stopped: HashMap<usize, (usize, u64)>,
-    kills: HashMap<usize, u64>,
-    /// Engines that exited without being killed.
-    crashed: Vec<String>,
     /// The `CLIENT KILL`s in progress.
     client_kills: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Engines {
     fn note(&mut self, what: String) {
-        self.notes.push(&mut self.clock, what);
-    }
-
-    fn spawn(&mut self, instance: &str) -> Slot {
-        let proc = self.next_proc;
-        self.next_proc += 1;
-        let log = self.dir.join(format!("{instance}-p{proc}.log"));
-        let out = File::create(&log).expect("engine log file");
-        let err = out.try_clone().expect("engine log file");
-        let mut cmd: Command = current_test_command("child_engine").expect("test binary");
-        cmd.env("CONVOY_CLUSTER_FAULT_CHILD", &self.cluster_url)
-            .env("CONVOY_CLUSTER_FAULT_RECORD", &self.record_url)
-            .env("CONVOY_CLUSTER_FAULT_NS", &self.ns)
-            .env(
-                "CONVOY_CLUSTER_FAULT_SCHEDULE",
-                self.settings.seed.to_string(),
-            )
-            .env("CONVOY_CLUSTER_FAULT_INSTANCE", instance)
-            .env("CONVOY_CLUSTER_FAULT_PROC", proc.to_string())
-            .env(
-                "CONVOY_CLUSTER_FAULT_WAIT_REPLICAS",
-                self.settings.wait_replicas.to_string(),
-            )
-            .env(
-                "RUST_LOG",
-                std::env::var("CONVOY_CLUSTER_FAULT_LOG")
-                    .unwrap_or_else(|_| "warn,convoy_runtime=info".into()),
-            )
-            .env_remove("CONVOY_CLUSTER_FAULT_SEED")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = ChildEngine::spawn(&mut cmd).expect("spawn an engine");
-        self.note(format!("started {instance}/p{proc} (pid {})", child.pid()));
-        Slot {
-            instance: instance.to_owned(),
-            proc,
-            child: Some(child),
-        }
-    }
-
-    fn name(&self, slot: usize) -> String {
-        let s = &self.slots[slot];
-        format!("{}/p{}", s.instance, s.proc)
+        self.procs.note(what);
     }
 
     fn run(&mut self, timeline: &[(Duration, EngineAction)]) {
-        let start = Instant::now();
-        for (at, action) in timeline {
-            if let Some(wait) = (start + *at).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            self.watch_children();
+        run_timeline(timeline, |action| {
+            self.procs.watch_children();
             self.apply(action);
-        }
+        });
     }
 
     fn apply(&mut self, action: &EngineAction) {
         match action {
-            EngineAction::Kill(slot) => {
-                let name = self.name(*slot);
-                let proc = self.slots[*slot].proc;
-                if let Some(mut child) = self.slots[*slot].child.take() {
-                    let _ = child.kill9();
-                }
-                let at = record_time(&mut self.clock);
-                self.kills.insert(proc, at);
-                self.note(format!("kill -9 {name}"));
-            }
-            EngineAction::Respawn { slot, same_id } => {
-                let instance = if *same_id {
-                    self.slots[*slot].instance.clone()
-                } else {
-                    self.next_id += 1;
-                    format!("e{}", self.next_id - 1)
-                };
-                self.slots[*slot] = self.spawn(&instance);
-            }
-            EngineAction::Stop(slot) => {
-                let proc = self.slots[*slot].proc;
-                let from = record_time(&mut self.clock);
-                if let Some(child) = self.slots[*slot].child.as_mut()
-                    && child.stop().is_ok()
-                {
-                    self.stopped.insert(*slot, (proc, from));
-                }
-                let name = self.name(*slot);
-                self.note(format!("SIGSTOP {name}"));
-            }
-            EngineAction::Cont(slot) => self.cont(*slot),
+            EngineAction::Kill(slot) => self.procs.kill(*slot),
+            EngineAction::Respawn { slot, same_id } => self.procs.respawn(*slot, *same_id),
+            EngineAction::Stop(slot) => self.procs.stop(*slot),
+            EngineAction::Cont(slot) => self.procs.cont(*slot),
             EngineAction::ClientKill => {
                 // On a thread of its own: a topology change may hold the
                 // cluster for seconds, and the engine faults go on.
                 let cluster = self.cluster.clone();
-                let notes = self.notes.clone();
+                let notes = self.procs.notes.clone();
                 let record_url = self.record_url.clone();
                 self.client_kills.push(std::thread::spawn(move || {
                     let killed = read(&cluster).kill_clients();
@@ -918,60 +706,13 @@ impl Engines {
         }
     }
 
-    fn cont(&mut self, slot: usize) {
-        if let Some(child) = self.slots[slot].child.as_mut() {
-            let _ = child.cont();
-        }
-        if let Some((proc, from_us)) = self.stopped.remove(&slot) {
-            let to_us = record_time(&mut self.clock);
-            self.stalls.push(StallRecord {
-                proc,
-                from_us,
-                to_us,
-            });
-        }
-        let name = self.name(slot);
-        self.note(format!("SIGCONT {name}"));
-    }
-
-    /// Notes engines that exited although nobody killed them.
-    fn watch_children(&mut self) {
-        let mut gone = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if let Some(child) = s.child.as_mut()
-                && let Ok(Some(status)) = child.try_status()
-            {
-                gone.push((
-                    i,
-                    format!("{}/p{} exited by itself ({status})", s.instance, s.proc),
-                ));
-                s.child = None;
-            }
-        }
-        for (slot, what) in gone {
-            self.note(what.clone());
-            self.crashed.push(what);
-            let instance = self.slots[slot].instance.clone();
-            self.slots[slot] = self.spawn(&instance);
-        }
-    }
-
     /// Resumes stopped engines and makes sure three run.
     fn heal(&mut self) {
         for kill in self.client_kills.drain(..) {
             let _ = kill.join();
         }
-        let stopped: Vec<usize> = self.stopped.keys().copied().collect();
-        for slot in stopped {
-            self.cont(slot);
-        }
-        for slot in 0..self.slots.len() {
-            if self.slots[slot].child.is_none() {
-                let instance = self.slots[slot].instance.clone();
-                self.slots[slot] = self.spawn(&instance);
-            }
-        }
-        self.watch_children();
+        self.procs.cont_all();
+        self.procs.fill();
         self.note("engines healed".into());
     }
 }
@@ -1387,13 +1128,16 @@ struct Outcome {
     settings: Settings,
     verdict: Verdict,
     events: usize,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
     /// The Redis client's lines in the engines' logs: written, left out.
     client_lines: (usize, u64),
 }
 
-impl Outcome {
+impl ScheduleOutcome for Outcome {
+    fn ran(&self) -> &Ran {
+        &self.ran
+    }
+
     fn summary(&self) -> String {
         format!(
             "seed {} max_unacked {} wait_replicas {}: {} faults, {} events, {} handled, {} re-runs, {} violations, redis-client log lines {} written / {} left out, {:.1} s\n    faults: {}",
@@ -1404,45 +1148,24 @@ impl Outcome {
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
-            self.verdict.violations.len(),
+            self.ran.violations.len(),
             self.client_lines.0,
             self.client_lines.1,
-            self.elapsed.as_secs_f64(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
 
     fn report(&self) -> String {
-        let mut s = format!(
-            "FAILED cluster schedule seed {} (max_unacked {}, wait_replicas {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+        let head = format!(
+            "FAILED cluster schedule seed {} (max_unacked {}, wait_replicas {}, {})\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
             self.settings.wait_replicas,
-            self.settings.keys,
-            self.settings.per_key,
-            self.settings.burst_percent,
-            self.settings.work_ms,
-            self.settings.reap_idle_ms,
-            self.settings.fail_percent,
+            self.settings.load.describe(),
             self.settings.fault_list()
         );
-        for v in self.verdict.violations.iter().take(20) {
-            s.push_str(&format!("  {v}\n"));
-        }
-        if self.verdict.violations.len() > 20 {
-            s.push_str(&format!(
-                "  … {} more (see the log directory)\n",
-                self.verdict.violations.len() - 20
-            ));
-        }
-        if let Some(dir) = &self.dir {
-            s.push_str(&format!("  logs and evidence: {}\n", dir.display()));
-        }
-        s.push_str(&format!(
-            "  replay: {}\n",
-            replay_command(self.settings.seed)
-        ));
-        s
+        head + &evidence_tail(&self.ran, &replay_command(self.settings.seed))
     }
 }
 
@@ -1484,14 +1207,11 @@ async fn run_schedule(seed: u64) -> Outcome {
     let settings = Settings::new(seed);
     let log_from = publisher_log().text().len();
     let dir = log_dir("convoy-cluster-faults", seed);
-    write_file(
+    write_schedule(
         &dir,
-        "schedule.txt",
-        &format!(
-            "{settings:#?}\nfaults: {}\nreplay: {}\n",
-            settings.fault_list(),
-            replay_command(seed)
-        ),
+        &settings,
+        &settings.fault_list(),
+        &replay_command(seed),
     );
     let (cluster, record) = tokio::task::spawn_blocking(|| {
         let record = RedisServer::start().expect("record redis-server (never faulted)");
@@ -1509,27 +1229,18 @@ async fn run_schedule(seed: u64) -> Outcome {
     let cluster: Shared = Arc::new(RwLock::new(cluster));
     let ns = format!("cluster-faults-{seed}");
     let mut clock = record_clock(&record);
-    let notes = Notes {
-        lines: Arc::default(),
-        start_us: record_time(&mut clock),
-    };
-    let mut engines = Engines {
-        settings: settings.clone(),
-        cluster: cluster.clone(),
-        cluster_url: cluster_url.clone(),
+    let notes = Notes::start(&mut clock);
+    let env = ChildEnv {
+        prefix: "CONVOY_CLUSTER_FAULT",
+        url: cluster_url.clone(),
         record_url: record_url.clone(),
         ns: ns.clone(),
-        dir: dir.clone(),
-        slots: Vec::new(),
-        next_proc: 0,
-        next_id: ENGINES,
-        clock,
-        notes: notes.clone(),
-        stalls: Vec::new(),
-        stopped: HashMap::new(),
-        kills: HashMap::new(),
-        crashed: Vec::new(),
-        client_kills: Vec::new(),
+        seed,
+        extra: vec![(
+            "CONVOY_CLUSTER_FAULT_WAIT_REPLICAS".into(),
+            settings.wait_replicas.to_string(),
+        )],
+        log: "warn,convoy_runtime=info",
     };
     let mut topology = Topology {
         cluster: cluster.clone(),
@@ -1538,15 +1249,15 @@ async fn run_schedule(seed: u64) -> Outcome {
         down: BTreeMap::new(),
         errors: Vec::new(),
     };
-    let mut engines = tokio::task::spawn_blocking(move || {
-        for slot in 0..ENGINES {
-            let s = engines.spawn(&format!("e{slot}"));
-            engines.slots.push(s);
-        }
-        engines
-    })
-    .await
-    .expect("start the engines");
+    let (d2, n2) = (dir.clone(), notes.clone());
+    let mut engines = Engines {
+        procs: tokio::task::spawn_blocking(move || EngineSlots::start(env, d2, ENGINES, clock, n2))
+            .await
+            .expect("start the engines"),
+        cluster: cluster.clone(),
+        record_url: record_url.clone(),
+        client_kills: Vec::new(),
+    };
     let recorder = Recorder::new(&record_url, ns.clone()).expect("recorder");
 
     // The publisher: its own domain and engine (the outbox processor runs
@@ -1568,9 +1279,8 @@ async fn run_schedule(seed: u64) -> Outcome {
         topology.run(&topo_timeline);
         topology
     });
-    let keys: Vec<String> = (0..settings.keys).map(key_name).collect();
-    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
-    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let keys = settings.load.key_names();
+    let spread = settings.load.spread(settings.seed, &keys, PHASE);
     let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut engines = engine_task.await.expect("engine fault thread");
     let mut topology = topo_task.await.expect("topology thread");
@@ -1582,52 +1292,26 @@ async fn run_schedule(seed: u64) -> Outcome {
     .await
     .expect("heal");
 
-    // Drain: until the outbox is empty and every committed event completed,
-    // at most DRAIN, or until nothing completed for STUCK.
     let events: usize = committed.values().map(Vec::len).sum();
-    let drain_start = Instant::now();
-    let mut last = (0usize, Instant::now());
-    let mut drained = false;
-    while drain_start.elapsed() < DRAIN && last.1.elapsed() < STUCK {
-        let pending = publisher.outbox().pending(1).await.map_or(1, |p| p.len());
-        let done = completed(&committed, &windows(&recorder, &committed).await);
-        if pending == 0 && done == events {
-            drained = true;
-            break;
-        }
-        if done > last.0 {
-            last = (done, Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    // Late re-runs (a stalled owner's, a redelivery) still show up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    engines.note(format!(
-        "drain {} after {:.1} s",
-        if drained { "complete" } else { "gave up" },
-        drain_start.elapsed().as_secs_f64()
-    ));
+    let (drained, drain_start) = drain(&publisher, &recorder, &committed, DRAIN, STUCK).await;
+    engines.note(drain_note(drained, drain_start));
 
     let windows = windows(&recorder, &committed).await;
     let mut verdict = faults::check(&Observed {
         committed: &committed,
         windows: &windows,
-        stalls: &engines.stalls,
-        kills: &engines.kills,
+        stalls: &engines.procs.stalls,
+        kills: &engines.procs.kills,
         max_unacked: settings.max_unacked,
         incidents: settings.incidents(),
     });
-    let pending = publisher
-        .outbox()
-        .pending(10_000)
-        .await
-        .map_or(0, |p| p.len());
+    let pending = outbox_left(&publisher).await;
     if pending > 0 {
         verdict.violations.push(format!(
             "(1) the publisher's outbox still holds {pending} pending record(s) after the drain (committed Ok, never published)"
         ));
     }
-    for c in &engines.crashed {
+    for c in &engines.procs.crashed {
         verdict.violations.push(format!("(engine) {c}"));
     }
     for e in &topology.errors {
@@ -1635,12 +1319,7 @@ async fn run_schedule(seed: u64) -> Outcome {
     }
 
     // Liveness: every engine and the publisher connected again.
-    let live: Vec<String> = engines
-        .slots
-        .iter()
-        .filter(|s| s.child.is_some())
-        .map(|s| format!("{}/p{}", s.instance, s.proc))
-        .collect();
+    let live = engines.procs.live();
     let record_client = redis::Client::open(record_url.as_str()).expect("record client");
     let since = now_us();
     let reconnect_start = Instant::now();
@@ -1694,8 +1373,8 @@ async fn run_schedule(seed: u64) -> Outcome {
     // Every engine exits on SIGTERM in time.
     let mut engines = tokio::task::spawn_blocking(move || {
         let mut slow = Vec::new();
-        for s in &mut engines.slots {
-            let name = format!("{}/p{}", s.instance, s.proc);
+        for s in &mut engines.procs.slots {
+            let name = s.name();
             if let Some(child) = s.child.as_mut() {
                 let pid = nix::unistd::Pid::from_raw(child.pid() as i32);
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
@@ -1708,7 +1387,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         }
         for name in slow {
             engines.note(format!("{name} did not exit within {EXIT:?} of SIGTERM"));
-            engines.crashed.push(format!(
+            engines.procs.crashed.push(format!(
                 "(liveness) {name} did not exit within {} s of SIGTERM (shutdown wedged)",
                 EXIT.as_secs()
             ));
@@ -1717,7 +1396,7 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("engine shutdown");
-    for c in engines.crashed.drain(..) {
+    for c in engines.procs.crashed.drain(..) {
         if c.starts_with("(liveness)") {
             verdict.violations.push(c);
         }
@@ -1737,7 +1416,6 @@ async fn run_schedule(seed: u64) -> Outcome {
     });
     write_file(&dir, "timeline.txt", &notes.text());
     let client_lines = client_log_lines(&dir);
-    let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_CLUSTER_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
     }
@@ -1749,18 +1427,21 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("teardown");
-    let dir = if keep {
-        Some(dir)
-    } else {
-        let _ = fs::remove_dir_all(&dir);
-        None
-    };
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(
+        seed,
+        kinds,
+        violations,
+        started,
+        dir,
+        "CONVOY_CLUSTER_FAULT_KEEP",
+    );
     Outcome {
         settings,
         verdict,
         events,
-        elapsed: started.elapsed(),
-        dir,
+        ran,
         client_lines,
     }
 }
@@ -1774,12 +1455,7 @@ async fn evidence(
     windows: &BTreeMap<String, Vec<Window>>,
     notes: &Notes,
 ) -> String {
-    let group = domain
-        .registry()
-        .handlers()
-        .iter()
-        .find(|d| d.name.ends_with("::FaultRecording"))
-        .map_or("?", |d| d.name);
+    let group = handler_group(domain);
     let mut out = format!("handler group {group}\n");
     let conn = match redis::cluster::ClusterClientBuilder::new(node_urls.to_vec())
         .response_timeout(Duration::from_secs(2))
@@ -1788,49 +1464,14 @@ async fn evidence(
         Ok(client) => client.get_async_connection().await.ok(),
         Err(_) => None,
     };
-    for key in keys {
-        out.push_str(&format!(
+    let header = |key: &str| {
+        format!(
             "\n== key {key} (shard {}, slot {})\n",
             names::shard(key),
             shard_slot(names::shard(key))
-        ));
-        if let Some(mut c) = conn.clone() {
-            let stream = names::stream(CATEGORY, key);
-            let unit = names::unit(group, CATEGORY, key);
-            let lease = names::lease(group, CATEGORY, key);
-            let cmds: Vec<Vec<&str>> = vec![
-                vec!["GET", &lease],
-                vec!["HGETALL", &unit],
-                vec!["XLEN", &stream],
-                vec!["XPENDING", &stream, group],
-                vec!["XPENDING", &stream, group, "-", "+", "10"],
-                vec!["XINFO", "GROUPS", &stream],
-                vec!["XRANGE", &stream, "-", "+", "COUNT", "5"],
-            ];
-            for args in cmds {
-                let mut cmd = redis::cmd(args[0]);
-                for a in &args[1..] {
-                    cmd.arg(*a);
-                }
-                let v: Result<redis::Value, _> = cmd.query_async(&mut c).await;
-                out.push_str(&format!("{}\n  -> {v:?}\n", args.join(" ")));
-            }
-        }
-        for w in windows.get(key).map(Vec::as_slice).unwrap_or_default() {
-            let at = |us: u64| format!("{:.6}s", us.saturating_sub(notes.start_us) as f64 / 1e6);
-            out.push_str(&format!(
-                "  window {} {} [{} .. {}]\n",
-                w.instance,
-                w.event,
-                at(w.start_us),
-                if w.end_us == u64::MAX {
-                    "never exited".to_owned()
-                } else {
-                    at(w.end_us)
-                }
-            ));
-        }
-    }
+        )
+    };
+    out.push_str(&key_evidence(conn, group, CATEGORY, keys, windows, notes.start_us, header).await);
     out
 }
 
@@ -1838,73 +1479,27 @@ async fn evidence(
 /// with every failed schedule's report.
 async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
     let started = Instant::now();
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    for seed in seeds {
-        let o = run_schedule(seed).await;
-        println!("[{what}] {}", o.summary());
-        if !o.verdict.violations.is_empty() {
-            println!("{}", o.report());
-        }
-        outcomes.push(o);
-    }
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for o in &outcomes {
-        for p in &o.settings.faults {
-            *kinds.entry(p.fault.kind()).or_default() += 1;
-        }
-    }
-    let failed: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| !o.verdict.violations.is_empty())
-        .collect();
-    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let outcomes = schedule_run::run_seeds(what, seeds, run_schedule).await;
+    let failed = schedule_run::failed(&outcomes);
     println!(
         "[{what}] {} cluster schedules in {:.0} s; faults: {}; {} events, {} re-runs; redis-client log lines {} written, {} left out; {} violations in {} schedule(s){}",
         outcomes.len(),
         started.elapsed().as_secs_f64(),
-        kinds.join(", "),
+        schedule_run::fault_kinds(&outcomes),
         outcomes.iter().map(|o| o.events).sum::<usize>(),
         outcomes.iter().map(|o| o.verdict.reruns).sum::<usize>(),
         outcomes.iter().map(|o| o.client_lines.0).sum::<usize>(),
         outcomes.iter().map(|o| o.client_lines.1).sum::<u64>(),
         outcomes
             .iter()
-            .map(|o| o.verdict.violations.len())
+            .map(|o| o.ran.violations.len())
             .sum::<usize>(),
         failed.len(),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ": seeds {:?}",
-                failed.iter().map(|o| o.settings.seed).collect::<Vec<_>>()
-            )
-        }
+        schedule_run::failed_seeds(&failed)
     );
-    if !failed.is_empty() {
-        let lines: Vec<String> = failed
-            .iter()
-            .map(|o| {
-                format!(
-                    "  seed {} (max_unacked {}): {}\n    replay: {}",
-                    o.settings.seed,
-                    o.settings.max_unacked,
-                    o.verdict.violations.first().map_or("", String::as_str),
-                    replay_command(o.settings.seed)
-                )
-            })
-            .collect();
-        panic!(
-            "{} of {} cluster fault schedules failed (full reports above):\n{}",
-            failed.len(),
-            outcomes.len(),
-            lines.join("\n")
-        );
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    schedule_run::panic_if_failed("cluster fault schedules", &outcomes, |o| {
+        failure_line(&o.ran, o.settings.max_unacked, &replay_command(o.ran.seed))
+    });
 }
 
 #[test]
@@ -1966,9 +1561,8 @@ fn a_seed_plans_the_same_faults_within_the_phase_one_topology_change_at_a_time()
 /// `CONVOY_CLUSTER_FAULT_BOUNDED` sets the count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
-    let base = env_u64("CONVOY_CLUSTER_FAULT_BASE").unwrap_or(1);
     let n = env_u64("CONVOY_CLUSTER_FAULT_BOUNDED").unwrap_or(BOUNDED_SCHEDULES);
-    run_all("bounded", base..base + n).await;
+    run_all("bounded", bounded_seeds("CONVOY_CLUSTER_FAULT", n)).await;
 }
 
 /// One schedule again: `CONVOY_CLUSTER_FAULT_SEED=n`. Does nothing without
@@ -1986,19 +1580,13 @@ async fn replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: run with --ignored long_run"]
 async fn long_run() {
-    let n = env_u64("CONVOY_CLUSTER_FAULT_SCHEDULES").unwrap_or(50);
-    let base = env_u64("CONVOY_CLUSTER_FAULT_BASE").unwrap_or_else(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() % 1_000_000 * 1000)
-    });
-    println!("[long] {n} cluster schedules from seed {base} (CONVOY_CLUSTER_FAULT_BASE={base})");
-    run_all("long", base..base + n).await;
+    let seeds = long_seeds("CONVOY_CLUSTER_FAULT", 50, 0, "cluster schedules");
+    run_all("long", seeds).await;
 }
 
 #[test]
 fn a_loss_is_a_note_only_when_its_shard_reported_as_much() {
-    let key = key_name(0);
+    let key = "k00".to_owned();
     let shard = names::shard(&key);
     let committed: BTreeMap<String, Vec<String>> =
         BTreeMap::from([(key.clone(), (0..3).map(|n| event_id(&key, n)).collect())]);

@@ -54,29 +54,25 @@
 
 #[path = "support/faults.rs"]
 mod faults;
-#[path = "support/names.rs"]
-mod names;
-#[path = "support/record.rs"]
-mod record;
-#[path = "support/schedule_dir.rs"]
-mod schedule_dir;
-#[path = "support/schedule_io.rs"]
-mod schedule_io;
+#[path = "support/redis_schedule.rs"]
+mod schedule;
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use convoy_runtime::redis::RedisBroker;
-use convoy_runtime::testing::{
-    ChildEngine, FaultProxy, Match, Recorder, RedisServer, Window, current_test_command, script_sha,
-};
+use convoy_runtime::testing::{FaultProxy, Match, Recorder, RedisServer, Window, script_sha};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
-use faults::{Action, Observed, PlanParams, Planned, Rng, StallRecord, Verdict};
+use engine_slots::{ChildEnv, EngineSlots, run_timeline};
+use faults::{Action, Observed, PlanParams, Planned, Rng, Verdict};
+use schedule::{engine_slots, record, schedule_dir, schedule_io, schedule_run};
 use schedule_dir::{log_dir, write_file};
-use schedule_io::{Spread, completed, event_id, publish_spread, windows};
+use schedule_io::{
+    Attempts, Notes, Workload, drain, drain_note, evidence_tail, failure_line, handler_group,
+    key_evidence, outbox_left, publish_spread, record_clock, windows,
+};
+use schedule_run::{Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, write_schedule};
 use serde::{Deserialize, Serialize};
 
 /// Engine processes per schedule.
@@ -109,56 +105,17 @@ struct Booked {
     seq: u64,
 }
 
-/// Records enter and exit of every event in the record server, labelled
-/// `{instance}/p{process}@{generation}`; works a few ms in between. Fails
-/// the first attempt of a few events (before entering) to exercise retries.
-struct FaultRecording {
-    record: record::Record,
-    /// `{instance}/p{process}`.
-    instance: String,
-    seed: u64,
-    fail_percent: u64,
-    /// The handler's work, ms, from .. to.
-    work_ms: (u64, u64),
-}
+/// Records enter and exit of every event in the record server (see
+/// [`Attempts`]); every key fails transiently while the schedule's
+/// dependency is down.
+struct FaultRecording(Attempts);
 
 #[event_handler(part_of = Account, sequential_by = "client_id")]
 impl FaultRecording {
     #[handle]
     async fn booked(&self, e: Booked, ctx: &Context) -> Result<(), HandlerError> {
-        // The window starts when the engine dispatched the attempt (read
-        // before its last lease check), not at this line: a process stopped
-        // between the two runs this line only after it is resumed, and that
-        // is the event it already had in flight, not a new one.
-        let invoked = ctx.dispatched_at();
-        let id = event_id(&e.client_id, e.seq);
-        let mut rng = Rng::new(self.seed ^ hash(&id));
-        if self.record.dependency_down().await {
-            // The schedule's dependency outage: every key fails
-            // transiently, none may halt, the handler pauses and resumes.
-            return Err(HandlerError::transient(std::io::Error::other(format!(
-                "dependency down while handling {id}"
-            ))));
-        }
-        if ctx.attempt() == 1 && rng.chance(self.fail_percent) {
-            return Err(HandlerError::msg(format!("transient failure of {id}")));
-        }
-        let generation = ctx.fence().map_or(0, |f| f.generation);
-        let label = format!("{}@{generation}", self.instance);
-        let entered = self
-            .record
-            .enter(&e.client_id, &id, &label, invoked)
-            .await
-            .map_err(HandlerError::msg)?;
-        tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;
-        self.record.exit(entered).await.map_err(HandlerError::msg)
+        self.0.handle(&e.client_id, e.seq, ctx).await
     }
-}
-
-fn hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 /// What one schedule runs with; all of it follows from the seed.
@@ -166,13 +123,7 @@ fn hash(s: &str) -> u64 {
 struct Settings {
     seed: u64,
     max_unacked: usize,
-    keys: usize,
-    per_key: u64,
-    reap_idle_ms: u64,
-    fail_percent: u64,
-    work_ms: (u64, u64),
-    /// Percent of units of work that raise a burst of events at once.
-    burst_percent: u64,
+    load: Workload,
     faults: Vec<Planned>,
     /// The handlers' dependency down (transient failures of every key):
     /// from, for how long; drawn from its own fork, so the other faults of
@@ -183,13 +134,7 @@ struct Settings {
 impl Settings {
     fn new(seed: u64, proxy: bool) -> Self {
         let root = Rng::new(seed);
-        let mut r = root.fork(1);
-        let keys = r.range(8, 16) as usize;
-        let per_key = r.range(20, 50);
-        let reap_idle_ms = *r.pick(&[300, 1000, 3_600_000]);
-        let fail_percent = *r.pick(&[0, 2, 5]);
-        let work_ms = *r.pick(&[(1, 8), (1, 8), (5, 30)]);
-        let burst_percent = *r.pick(&[0, 5, 15]);
+        let load = Workload::draw(&mut root.fork(1), (20, 50));
         let faults = faults::plan(
             &mut root.fork(2),
             &PlanParams {
@@ -208,12 +153,7 @@ impl Settings {
             dependency_outage,
             seed,
             max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
-            keys,
-            per_key,
-            reap_idle_ms,
-            fail_percent,
-            work_ms,
-            burst_percent,
+            load,
             faults,
         }
     }
@@ -246,18 +186,13 @@ fn replay_command(seed: u64) -> String {
 }
 
 fn config(url: &str, s: &Settings) -> Config {
-    let mut c = Config::default();
-    c.broker.url = url.to_owned();
-    let p = &mut c.server.partitioning;
-    p.lease_ttl_ms = LEASE_TTL_MS;
-    p.heartbeat_interval_seconds = Some(HEARTBEAT_S);
-    p.poll_interval_seconds = 0.05;
-    p.reap_idle_ms = s.reap_idle_ms;
-    p.max_unacked = s.max_unacked;
-    c.server.retry.max_retries = 50;
-    c.server.retry.initial_backoff_ms = 10;
-    c.server.retry.max_backoff_ms = 100;
-    c
+    schedule_io::config(
+        url,
+        LEASE_TTL_MS,
+        HEARTBEAT_S,
+        s.load.reap_idle_ms,
+        s.max_unacked,
+    )
 }
 
 fn broker(url: &str) -> RedisBroker {
@@ -289,13 +224,8 @@ async fn child_engine() {
         &format!("p{proc}"),
     )
     .expect("record server client");
-    let handler = FaultRecording {
-        record,
-        instance: format!("{instance}/p{proc}"),
-        seed,
-        fail_percent: settings.fail_percent,
-        work_ms: settings.work_ms,
-    };
+    let name = format!("{instance}/p{proc}");
+    let handler = FaultRecording(Attempts::new(record, name, seed, &settings.load, true));
     let domain = Domain::builder()
         .config(config(&url, &settings))
         .broker(broker(&url))
@@ -316,39 +246,17 @@ async fn child_engine() {
         .expect("engine");
 }
 
-/// One engine slot: the process currently playing it.
-struct Slot {
-    instance: String,
-    proc: usize,
-    child: Option<ChildEngine>,
-}
-
 /// The system under test and its fault injection; owned by the fault
 /// thread while the schedule runs.
 struct Harness {
-    settings: Settings,
     sut: RedisServer,
     proxy: Option<FaultProxy>,
     /// What engines and the publisher connect to.
     engine_url: String,
-    record_url: String,
     ns: String,
-    dir: PathBuf,
-    slots: Vec<Slot>,
-    next_proc: usize,
-    next_id: usize,
-    clock: redis::Connection,
-    start_us: u64,
-    stalls: Vec<StallRecord>,
-    /// Slot -> (process, stopped at).
-    stopped: HashMap<usize, (usize, u64)>,
-    kills: HashMap<usize, u64>,
+    engines: EngineSlots,
     redis_down: bool,
     frozen: bool,
-    /// Timeline lines, with record-clock times.
-    log: Vec<String>,
-    /// Engines that exited without being killed.
-    crashed: Vec<String>,
     /// The reply rule in force (one at a time) and `fired()` when it was
     /// added.
     rule: Option<(String, usize)>,
@@ -362,14 +270,7 @@ impl Harness {
             .append_only(true)
             .start()
             .expect("system-under-test redis-server");
-        let clock = record
-            .client()
-            .expect("record client")
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .expect("record connection");
-        clock
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("record connection timeout");
+        let mut clock = record_clock(record);
         let proxy = if PROXY {
             let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], sut.port()));
             Some(FaultProxy::start(upstream).expect("fault proxy"))
@@ -377,126 +278,50 @@ impl Harness {
             None
         };
         let engine_url = proxy.as_ref().map_or_else(|| sut.url(), FaultProxy::url);
-        let mut h = Harness {
+        let ns = format!("faults-{}", settings.seed);
+        let notes = Notes::start(&mut clock);
+        let env = ChildEnv {
+            prefix: "CONVOY_FAULT",
+            url: engine_url.clone(),
+            record_url: record.url(),
+            ns: ns.clone(),
+            seed: settings.seed,
+            extra: vec![(
+                "CONVOY_FAULT_PROXY".into(),
+                if PROXY { "1" } else { "0" }.into(),
+            )],
+            log: "convoy_runtime=info",
+        };
+        Harness {
             proxy,
-            ns: format!("faults-{}", settings.seed),
-            settings,
+            ns,
             sut,
             engine_url,
-            record_url: record.url(),
-            dir,
-            slots: Vec::new(),
-            next_proc: 0,
-            next_id: ENGINES,
-            clock,
-            start_us: 0,
-            stalls: Vec::new(),
-            stopped: HashMap::new(),
-            kills: HashMap::new(),
+            engines: EngineSlots::start(env, dir, ENGINES, clock, notes),
             redis_down: false,
             frozen: false,
-            log: Vec::new(),
-            crashed: Vec::new(),
             rule: None,
             rules: Vec::new(),
-        };
-        h.start_us = h.now_us();
-        for slot in 0..ENGINES {
-            let child = h.spawn(&format!("e{slot}"));
-            h.slots.push(child);
         }
-        h
-    }
-
-    /// µs of the record server's clock (the clock of the windows).
-    fn now_us(&mut self) -> u64 {
-        let (s, us): (u64, u64) = redis::cmd("TIME")
-            .query(&mut self.clock)
-            .expect("TIME on the record server");
-        s * 1_000_000 + us
     }
 
     fn note(&mut self, what: String) {
-        let t = self.now_us().saturating_sub(self.start_us);
-        self.log
-            .push(format!("{:>7.3}s {what}", t as f64 / 1_000_000.0));
-    }
-
-    fn spawn(&mut self, instance: &str) -> Slot {
-        let proc = self.next_proc;
-        self.next_proc += 1;
-        let log = self.dir.join(format!("{instance}-p{proc}.log"));
-        let out = File::create(&log).expect("engine log file");
-        let err = out.try_clone().expect("engine log file");
-        let mut cmd: Command = current_test_command("child_engine").expect("test binary");
-        cmd.env("CONVOY_FAULT_CHILD", &self.engine_url)
-            .env("CONVOY_FAULT_RECORD", &self.record_url)
-            .env("CONVOY_FAULT_NS", &self.ns)
-            .env("CONVOY_FAULT_SCHEDULE", self.settings.seed.to_string())
-            .env("CONVOY_FAULT_PROXY", if PROXY { "1" } else { "0" })
-            .env("CONVOY_FAULT_INSTANCE", instance)
-            .env("CONVOY_FAULT_PROC", proc.to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("CONVOY_FAULT_LOG").unwrap_or_else(|_| "convoy_runtime=info".into()),
-            )
-            .env_remove("CONVOY_FAULT_SEED")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = ChildEngine::spawn(&mut cmd).expect("spawn an engine");
-        self.note(format!("started {instance}/p{proc} (pid {})", child.pid()));
-        Slot {
-            instance: instance.to_owned(),
-            proc,
-            child: Some(child),
-        }
+        self.engines.note(what);
     }
 
     fn run(&mut self, timeline: &[(Duration, Action)]) {
-        let start = Instant::now();
-        for (at, action) in timeline {
-            if let Some(wait) = (start + *at).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            self.watch_children();
+        run_timeline(timeline, |action| {
+            self.engines.watch_children();
             self.apply(action);
-        }
+        });
     }
 
     fn apply(&mut self, action: &Action) {
         match action {
-            Action::Kill(slot) => {
-                let name = self.name(*slot);
-                let proc = self.slots[*slot].proc;
-                if let Some(mut child) = self.slots[*slot].child.take() {
-                    let _ = child.kill9();
-                }
-                let at = self.now_us();
-                self.kills.insert(proc, at);
-                self.note(format!("kill -9 {name}"));
-            }
-            Action::Respawn { slot, same_id } => {
-                let instance = if *same_id {
-                    self.slots[*slot].instance.clone()
-                } else {
-                    self.next_id += 1;
-                    format!("e{}", self.next_id - 1)
-                };
-                self.slots[*slot] = self.spawn(&instance);
-            }
-            Action::Stop(slot) => {
-                let proc = self.slots[*slot].proc;
-                let from = self.now_us();
-                if let Some(child) = self.slots[*slot].child.as_mut()
-                    && child.stop().is_ok()
-                {
-                    self.stopped.insert(*slot, (proc, from));
-                }
-                let name = self.name(*slot);
-                self.note(format!("SIGSTOP {name}"));
-            }
-            Action::Cont(slot) => self.cont(*slot),
+            Action::Kill(slot) => self.engines.kill(*slot),
+            Action::Respawn { slot, same_id } => self.engines.respawn(*slot, *same_id),
+            Action::Stop(slot) => self.engines.stop(*slot),
+            Action::Cont(slot) => self.engines.cont(*slot),
             Action::RedisDown { graceful } => {
                 let r = if *graceful {
                     self.sut.stop()
@@ -588,27 +413,6 @@ impl Harness {
         self.note(format!("{what} (reply faults fired so far: {fired})"));
     }
 
-    fn name(&self, slot: usize) -> String {
-        let s = &self.slots[slot];
-        format!("{}/p{}", s.instance, s.proc)
-    }
-
-    fn cont(&mut self, slot: usize) {
-        if let Some(child) = self.slots[slot].child.as_mut() {
-            let _ = child.cont();
-        }
-        if let Some((proc, from_us)) = self.stopped.remove(&slot) {
-            let to_us = self.now_us();
-            self.stalls.push(StallRecord {
-                proc,
-                from_us,
-                to_us,
-            });
-        }
-        let name = self.name(slot);
-        self.note(format!("SIGCONT {name}"));
-    }
-
     fn thaw(&mut self) {
         if self.frozen {
             self.sut.thaw().expect("thaw redis");
@@ -641,48 +445,16 @@ impl Harness {
         }
     }
 
-    /// Notes engines that exited although nobody killed them.
-    fn watch_children(&mut self) {
-        let mut gone = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if let Some(child) = s.child.as_mut()
-                && let Ok(Some(status)) = child.try_status()
-            {
-                gone.push((
-                    i,
-                    format!("{}/p{} exited by itself ({status})", s.instance, s.proc),
-                ));
-                s.child = None;
-            }
-        }
-        for (slot, what) in gone {
-            self.note(what.clone());
-            self.crashed.push(what);
-            // Keep three engines running.
-            let instance = self.slots[slot].instance.clone();
-            self.slots[slot] = self.spawn(&instance);
-        }
-    }
-
     /// Ends every fault still in force and makes sure three engines run.
     fn heal(&mut self) {
-        let stopped: Vec<usize> = self.stopped.keys().copied().collect();
-        for slot in stopped {
-            self.cont(slot);
-        }
+        self.engines.cont_all();
         self.thaw();
         self.redis_up();
         self.clear_rules();
         if let Some(p) = &self.proxy {
             p.resume();
         }
-        for slot in 0..self.slots.len() {
-            if self.slots[slot].child.is_none() {
-                let instance = self.slots[slot].instance.clone();
-                self.slots[slot] = self.spawn(&instance);
-            }
-        }
-        self.watch_children();
+        self.engines.fill();
         self.note("healed".into());
     }
 }
@@ -702,15 +474,18 @@ struct Outcome {
     settings: Settings,
     verdict: Verdict,
     events: usize,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
     /// Proxy replies delayed or dropped.
     fired: usize,
     /// Each reply rule and how often it fired.
     rules: Vec<(String, usize)>,
 }
 
-impl Outcome {
+impl ScheduleOutcome for Outcome {
+    fn ran(&self) -> &Ran {
+        &self.ran
+    }
+
     fn summary(&self) -> String {
         format!(
             "seed {} max_unacked {}: {} faults ({} proxy replies hit, {} of {} reply rules fired), {} events, {} handled, {} re-runs, {} violations, {:.1} s\n    faults: {}",
@@ -723,42 +498,21 @@ impl Outcome {
             self.events,
             self.verdict.handled,
             self.verdict.reruns,
-            self.verdict.violations.len(),
-            self.elapsed.as_secs_f64(),
+            self.ran.violations.len(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
 
     fn report(&self) -> String {
-        let mut s = format!(
-            "FAILED schedule seed {} (max_unacked {}, {} keys x {} events, {}% bursts, work {:?} ms, reap_idle_ms {}, {}% first attempts fail)\n  faults: {}\n",
+        let head = format!(
+            "FAILED schedule seed {} (max_unacked {}, {})\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
-            self.settings.keys,
-            self.settings.per_key,
-            self.settings.burst_percent,
-            self.settings.work_ms,
-            self.settings.reap_idle_ms,
-            self.settings.fail_percent,
+            self.settings.load.describe(),
             self.settings.fault_list()
         );
-        for v in self.verdict.violations.iter().take(20) {
-            s.push_str(&format!("  {v}\n"));
-        }
-        if self.verdict.violations.len() > 20 {
-            s.push_str(&format!(
-                "  … {} more (see the log directory)\n",
-                self.verdict.violations.len() - 20
-            ));
-        }
-        if let Some(dir) = &self.dir {
-            s.push_str(&format!("  logs and evidence: {}\n", dir.display()));
-        }
-        s.push_str(&format!(
-            "  replay: {}\n",
-            replay_command(self.settings.seed)
-        ));
-        s
+        head + &evidence_tail(&self.ran, &replay_command(self.settings.seed))
     }
 }
 
@@ -766,14 +520,11 @@ async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
     let settings = Settings::new(seed, PROXY);
     let dir = log_dir("convoy-faults", seed);
-    write_file(
+    write_schedule(
         &dir,
-        "schedule.txt",
-        &format!(
-            "{settings:#?}\nfaults: {}\nreplay: {}\n",
-            settings.fault_list(),
-            replay_command(seed)
-        ),
+        &settings,
+        &settings.fault_list(),
+        &replay_command(seed),
     );
     let record = tokio::task::spawn_blocking(|| {
         RedisServer::start().expect("record redis-server (never faulted)")
@@ -821,79 +572,37 @@ async fn run_schedule(seed: u64) -> Outcome {
         harness.heal();
         harness
     });
-    let keys: Vec<String> = (0..settings.keys).map(|k| format!("k{k:02}")).collect();
-    let (seed, per_key, burst) = (settings.seed, settings.per_key, settings.burst_percent);
-    let spread = Spread::new(seed, &keys, per_key, burst, PHASE);
+    let keys = settings.load.key_names();
+    let spread = settings.load.spread(settings.seed, &keys, PHASE);
     let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut harness = faults_task.await.expect("fault thread");
 
-    // Drain: until the outbox is empty and every committed event completed,
-    // at most DRAIN, or until nothing completed for STUCK.
     let events: usize = committed.values().map(Vec::len).sum();
-    let drain_start = Instant::now();
-    let mut last = (0usize, Instant::now());
-    let mut drained = false;
-    while drain_start.elapsed() < DRAIN && last.1.elapsed() < STUCK {
-        let pending = publisher.outbox().pending(1).await.map_or(1, |p| p.len());
-        let done = completed(&committed, &windows(&recorder, &committed).await);
-        if pending == 0 && done == events {
-            drained = true;
-            break;
-        }
-        if done > last.0 {
-            last = (done, Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    // Late re-runs (a stalled owner's, a redelivery) still show up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let harness_note = {
-        let h = &mut harness;
-        let secs = h.start_us / 1_000_000;
-        let header = format!(
-            "t=0 is {} µs of the record clock (unix) = {:02}:{:02}:{:02}.{:06} UTC, as in the engine logs",
-            h.start_us,
-            secs / 3600 % 24,
-            secs / 60 % 60,
-            secs % 60,
-            h.start_us % 1_000_000
-        );
-        h.log.insert(0, header);
-        h.watch_children();
-        h.note(format!(
-            "drain {} after {:.1} s",
-            if drained { "complete" } else { "gave up" },
-            drain_start.elapsed().as_secs_f64()
-        ));
-        h.log.join("\n")
-    };
+    let (drained, drain_start) = drain(&publisher, &recorder, &committed, DRAIN, STUCK).await;
+    harness.engines.watch_children();
+    harness.note(drain_note(drained, drain_start));
     let windows = windows(&recorder, &committed).await;
     let mut verdict = faults::check(&Observed {
         committed: &committed,
         windows: &windows,
-        stalls: &harness.stalls,
-        kills: &harness.kills,
+        stalls: &harness.engines.stalls,
+        kills: &harness.engines.kills,
         max_unacked: settings.max_unacked,
         incidents: settings.incidents(),
     });
-    let pending = publisher
-        .outbox()
-        .pending(10_000)
-        .await
-        .map_or(0, |p| p.len());
+    let pending = outbox_left(&publisher).await;
     if pending > 0 {
         verdict.violations.push(format!(
             "(1) the publisher's outbox still holds {pending} pending record(s) after the drain"
         ));
     }
-    for c in &harness.crashed {
+    for c in &harness.engines.crashed {
         verdict.violations.push(format!("(engine) {c}"));
     }
-    write_file(&dir, "timeline.txt", &harness_note);
+    write_file(&dir, "timeline.txt", &harness.engines.notes.text());
     let fired = harness.proxy.as_ref().map_or(0, FaultProxy::fired);
     let rules = harness.rules.clone();
 
-    let keep = !verdict.violations.is_empty() || std::env::var("CONVOY_FAULT_KEEP").is_ok();
     if !verdict.violations.is_empty() {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
         let evidence = evidence(&harness, &publisher, &verdict.keys, &windows).await;
@@ -903,24 +612,20 @@ async fn run_schedule(seed: u64) -> Outcome {
     tokio::task::spawn_blocking(move || {
         // Engines first (SIGKILL), so they do not log the servers going away.
         let mut harness = harness;
-        harness.slots.clear();
+        harness.engines.slots.clear();
         drop(harness);
         drop(record);
     })
     .await
     .expect("teardown");
-    let dir = if keep {
-        Some(dir)
-    } else {
-        let _ = fs::remove_dir_all(&dir);
-        None
-    };
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(seed, kinds, violations, started, dir, "CONVOY_FAULT_KEEP");
     Outcome {
         settings,
         verdict,
         events,
-        elapsed: started.elapsed(),
-        dir,
+        ran,
         fired,
         rules,
     }
@@ -934,60 +639,20 @@ async fn evidence(
     keys: &[String],
     windows: &BTreeMap<String, Vec<Window>>,
 ) -> String {
-    let group = domain
-        .registry()
-        .handlers()
-        .iter()
-        .find(|d| d.name.ends_with("::FaultRecording"))
-        .map_or("?", |d| d.name);
+    let group = handler_group(domain);
+    let e = &h.engines;
     let mut out = format!(
         "handler group {group}\nstalls: {:?}\nkills: {:?}\n",
-        h.stalls, h.kills
+        e.stalls, e.kills
     );
     let conn = h
         .sut
         .connection_with_timeout(Duration::from_secs(2))
         .await
         .ok();
-    for key in keys {
-        out.push_str(&format!("\n== key {key}\n"));
-        if let Some(mut c) = conn.clone() {
-            let stream = names::stream("faulty", key);
-            let unit = names::unit(group, "faulty", key);
-            let lease = names::lease(group, "faulty", key);
-            let cmds: Vec<Vec<&str>> = vec![
-                vec!["GET", &lease],
-                vec!["HGETALL", &unit],
-                vec!["XLEN", &stream],
-                vec!["XPENDING", &stream, group],
-                vec!["XPENDING", &stream, group, "-", "+", "10"],
-                vec!["XINFO", "GROUPS", &stream],
-                vec!["XRANGE", &stream, "-", "+", "COUNT", "5"],
-            ];
-            for args in cmds {
-                let mut cmd = redis::cmd(args[0]);
-                for a in &args[1..] {
-                    cmd.arg(*a);
-                }
-                let v: Result<redis::Value, _> = cmd.query_async(&mut c).await;
-                out.push_str(&format!("{}\n  -> {v:?}\n", args.join(" ")));
-            }
-        }
-        for w in windows.get(key).map(Vec::as_slice).unwrap_or_default() {
-            let at = |us: u64| format!("{:.6}s", us.saturating_sub(h.start_us) as f64 / 1e6);
-            out.push_str(&format!(
-                "  window {} {} [{} .. {}]\n",
-                w.instance,
-                w.event,
-                at(w.start_us),
-                if w.end_us == u64::MAX {
-                    "never exited".to_owned()
-                } else {
-                    at(w.end_us)
-                }
-            ));
-        }
-    }
+    let header = |key: &str| format!("\n== key {key}\n");
+    let start_us = e.notes.start_us;
+    out.push_str(&key_evidence(conn, group, "faulty", keys, windows, start_us, header).await);
     out
 }
 
@@ -995,32 +660,14 @@ async fn evidence(
 /// with every failed schedule's report.
 async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
     let started = Instant::now();
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    for seed in seeds {
-        let o = run_schedule(seed).await;
-        println!("[{what}] {}", o.summary());
-        if !o.verdict.violations.is_empty() {
-            println!("{}", o.report());
-        }
-        outcomes.push(o);
-    }
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for o in &outcomes {
-        for p in &o.settings.faults {
-            *kinds.entry(p.fault.kind()).or_default() += 1;
-        }
-    }
-    let failed: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| !o.verdict.violations.is_empty())
-        .collect();
+    let outcomes = schedule_run::run_seeds(what, seeds, run_schedule).await;
+    let failed = schedule_run::failed(&outcomes);
     let by_unacked = |n: usize| {
         outcomes
             .iter()
             .filter(|o| o.settings.max_unacked == n)
             .count()
     };
-    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     // How many reply rules of each target fired at least once: a rule that
     // never fires (e.g. a script hash that does not match) tests nothing.
     let mut rules: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
@@ -1047,47 +694,19 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         by_unacked(1),
         by_unacked(5),
         started.elapsed().as_secs_f64(),
-        kinds.join(", "),
+        schedule_run::fault_kinds(&outcomes),
         outcomes.iter().map(|o| o.events).sum::<usize>(),
         outcomes.iter().map(|o| o.verdict.reruns).sum::<usize>(),
         outcomes
             .iter()
-            .map(|o| o.verdict.violations.len())
+            .map(|o| o.ran.violations.len())
             .sum::<usize>(),
         failed.len(),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ": seeds {:?}",
-                failed.iter().map(|o| o.settings.seed).collect::<Vec<_>>()
-            )
-        }
+        schedule_run::failed_seeds(&failed)
     );
-    if !failed.is_empty() {
-        let lines: Vec<String> = failed
-            .iter()
-            .map(|o| {
-                format!(
-                    "  seed {} (max_unacked {}): {}\n    replay: {}",
-                    o.settings.seed,
-                    o.settings.max_unacked,
-                    o.verdict.violations.first().map_or("", String::as_str),
-                    replay_command(o.settings.seed)
-                )
-            })
-            .collect();
-        panic!(
-            "{} of {} fault schedules failed (full reports above):\n{}",
-            failed.len(),
-            outcomes.len(),
-            lines.join("\n")
-        );
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    schedule_run::panic_if_failed("fault schedules", &outcomes, |o| {
+        failure_line(&o.ran, o.settings.max_unacked, &replay_command(o.ran.seed))
+    });
 }
 
 /// The bounded run of the normal test suite: 30 schedules, half with
@@ -1095,9 +714,8 @@ fn env_u64(name: &str) -> Option<u64> {
 /// `CONVOY_FAULT_BOUNDED` sets the count: the Valkey pass runs fewer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
-    let base = env_u64("CONVOY_FAULT_BASE").unwrap_or(1);
     let n = env_u64("CONVOY_FAULT_BOUNDED").unwrap_or(BOUNDED_SCHEDULES);
-    run_all("bounded", base..base + n).await;
+    run_all("bounded", bounded_seeds("CONVOY_FAULT", n)).await;
 }
 
 /// One schedule again: `CONVOY_FAULT_SEED=n`. Does nothing without it.
@@ -1114,12 +732,5 @@ async fn replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: run with --ignored long_run"]
 async fn long_run() {
-    let n = env_u64("CONVOY_FAULT_SCHEDULES").unwrap_or(300);
-    let base = env_u64("CONVOY_FAULT_BASE").unwrap_or_else(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() % 1_000_000 * 1000)
-    });
-    println!("[long] {n} schedules from seed {base} (CONVOY_FAULT_BASE={base})");
-    run_all("long", base..base + n).await;
+    run_all("long", long_seeds("CONVOY_FAULT", 300, 0, "schedules")).await;
 }

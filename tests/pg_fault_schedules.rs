@@ -78,6 +78,8 @@
 mod faults;
 #[path = "support/schedule_dir.rs"]
 mod schedule_dir;
+#[path = "support/schedule_run.rs"]
+mod schedule_run;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -90,10 +92,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use convoy_runtime::postgres::{Applied, AppliedEvents, PgOutbox};
 use convoy_runtime::redis::RedisBroker;
-use convoy_runtime::testing::{ChildEngine, PgServer, RedisServer, current_test_command};
+use convoy_runtime::testing::{
+    ChildEngine, PgServer, RedisServer, TestingError, current_test_command,
+};
 use convoy_runtime::{Aggregate, Config, Context, Domain, Event, HandlerError, event_handler};
 use faults::Rng;
 use schedule_dir::{log_dir, write_file};
+use schedule_run::{
+    Ran, ScheduleOutcome, bounded_seeds, env_u64, long_seeds, report_tail, write_schedule,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -847,6 +854,29 @@ async fn transaction(
     Ok(bumped.join(" "))
 }
 
+/// An effect of an event, and a re-run of one: the same row in two
+/// tables.
+const EFFECT: &str =
+    "INSERT INTO effects (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)";
+const RERUN: &str =
+    "INSERT INTO reruns (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)";
+
+/// `sql` (an [`EFFECT`] or a [`RERUN`]) of `e`, its stream `entry`, by
+/// `instance`.
+fn row<'q>(
+    sql: &'static str,
+    e: &'q Bumped,
+    entry: &'q str,
+    instance: String,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(&e.account)
+        .bind(e.n as i64)
+        .bind(&e.uuid)
+        .bind(entry)
+        .bind(instance)
+}
+
 /// A `sequential_by` handler whose effect is an `effects` row, written
 /// exactly once with [`AppliedEvents`] in the handler's own transaction.
 struct Effects {
@@ -873,16 +903,8 @@ impl Effects {
                 // check can tell a redelivery (the same entry) from a
                 // second stream entry of the event.
                 let _ = tx.rollback().await;
-                sqlx::query(
-                    "INSERT INTO reruns (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(&e.account)
-                .bind(e.n as i64)
-                .bind(&e.uuid)
-                .bind(&entry)
-                .bind(&self.label)
-                .execute(&self.pool)
-                .await?;
+                let instance = self.label.clone();
+                row(RERUN, &e, &entry, instance).execute(&self.pool).await?;
                 return Ok(());
             }
             Err(err) => {
@@ -891,16 +913,8 @@ impl Effects {
             }
         }
         let generation = ctx.fence().map_or(0, |f| f.generation);
-        sqlx::query(
-            "INSERT INTO effects (key, n, uuid, entry, instance) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&e.account)
-        .bind(e.n as i64)
-        .bind(&e.uuid)
-        .bind(&entry)
-        .bind(format!("{}@{generation}", self.label))
-        .execute(&mut *tx)
-        .await?;
+        let instance = format!("{}@{generation}", self.label);
+        row(EFFECT, &e, &entry, instance).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -1173,6 +1187,111 @@ enum Srv {
     Frozen,
 }
 
+/// A server a schedule takes away and brings back.
+trait Faulty {
+    fn outage(&mut self, outage: Outage) -> Result<(), TestingError>;
+    fn back(&mut self, was: Srv) -> Result<(), TestingError>;
+}
+
+macro_rules! faulty {
+    ($($server:ty),*) => {$(
+        impl Faulty for $server {
+            fn outage(&mut self, outage: Outage) -> Result<(), TestingError> {
+                match outage {
+                    Outage::Stop => self.stop(),
+                    Outage::Kill => self.kill(),
+                    Outage::Freeze => self.freeze(),
+                }
+            }
+
+            fn back(&mut self, was: Srv) -> Result<(), TestingError> {
+                if was == Srv::Frozen {
+                    self.thaw()
+                } else {
+                    self.restart()
+                }
+            }
+        }
+    )*};
+}
+
+faulty!(PgServer, RedisServer);
+
+/// A server of the schedule, whether it is up, and how its faults read in
+/// the timeline.
+struct Faulted<S> {
+    server: S,
+    state: Srv,
+    /// `postgres`, `redis`.
+    name: &'static str,
+    /// What a stop, a kill and a freeze do to it.
+    gone: [&'static str; 3],
+    /// What starting it again after a stop or a kill does.
+    restarted: &'static str,
+}
+
+impl<S: Faulty> Faulted<S> {
+    fn new(
+        server: S,
+        name: &'static str,
+        gone: [&'static str; 3],
+        restarted: &'static str,
+    ) -> Self {
+        Faulted {
+            server,
+            state: Srv::Up,
+            name,
+            gone,
+            restarted,
+        }
+    }
+
+    /// Takes the server away by `outage` if it is up; the timeline's line.
+    fn down(&mut self, outage: Outage) -> Option<String> {
+        if self.state != Srv::Up {
+            return None;
+        }
+        let name = self.name;
+        self.server
+            .outage(outage)
+            .unwrap_or_else(|e| panic!("{name} fault: {e:?}"));
+        self.state = if outage == Outage::Freeze {
+            Srv::Frozen
+        } else {
+            Srv::Down
+        };
+        let gone = match outage {
+            Outage::Stop => self.gone[0],
+            Outage::Kill => self.gone[1],
+            Outage::Freeze => self.gone[2],
+        };
+        Some(format!("{name} {gone}"))
+    }
+
+    /// Brings the server back if it is away; the timeline's line.
+    fn up(&mut self) -> Option<String> {
+        let (was, name) = (self.state, self.name);
+        match was {
+            Srv::Up => return None,
+            Srv::Down => self
+                .server
+                .back(was)
+                .unwrap_or_else(|e| panic!("restart {name}: {e:?}")),
+            Srv::Frozen => self
+                .server
+                .back(was)
+                .unwrap_or_else(|e| panic!("thaw {name}: {e:?}")),
+        }
+        self.state = Srv::Up;
+        let back = if was == Srv::Frozen {
+            "thawed"
+        } else {
+            self.restarted
+        };
+        Some(format!("{name} {back}"))
+    }
+}
+
 /// One engine or writer slot: the process currently playing it.
 struct Slot {
     instance: String,
@@ -1194,10 +1313,8 @@ struct Harness {
     settings: Settings,
     dir: PathBuf,
     rt: tokio::runtime::Handle,
-    pg: PgServer,
-    pg_state: Srv,
-    redis: RedisServer,
-    redis_state: Srv,
+    pg: Faulted<PgServer>,
+    redis: Faulted<RedisServer>,
     db_url: String,
     redis_url: String,
     engines: Vec<Slot>,
@@ -1238,10 +1355,22 @@ impl Harness {
             settings,
             dir,
             rt,
-            pg,
-            pg_state: Srv::Up,
-            redis,
-            redis_state: Srv::Up,
+            pg: Faulted::new(
+                pg,
+                "postgres",
+                [
+                    "fast shutdown",
+                    "crashed (SIGKILL to every backend)",
+                    "frozen",
+                ],
+                "restarted",
+            ),
+            redis: Faulted::new(
+                redis,
+                "redis",
+                ["stopped", "killed (kill -9)", "frozen"],
+                "restarted from its append-only file",
+            ),
             db_url,
             redis_url,
             engines: Vec::new(),
@@ -1397,7 +1526,7 @@ impl Harness {
         let running: Vec<usize> = (0..self.engines.len())
             .filter(|i| self.engines[*i].child.is_some() && !self.stopped_engines.contains(i))
             .collect();
-        if self.pg_state == Srv::Up
+        if self.pg.state == Srv::Up
             && let Some(app) = self.rt.block_on(leader_application(&self.db_url))
             && let Some(&slot) = running.iter().find(|i| {
                 let s = &self.engines[**i];
@@ -1438,7 +1567,7 @@ impl Harness {
 
     /// Notes who leads now (when PostgreSQL answers).
     fn note_leader(&mut self) {
-        if self.pg_state == Srv::Up {
+        if self.pg.state == Srv::Up {
             let app = self.rt.block_on(leader_application(&self.db_url));
             self.note(format!(
                 "  relay leader now: {}",
@@ -1520,117 +1649,42 @@ impl Harness {
                 self.note(format!("SIGSTOP writer {name}"));
             }
             Action::WriterCont(w) => self.cont_writer(w),
-            Action::PgDown(outage) => self.pg_down(outage),
-            Action::PgUp => self.pg_up(),
-            Action::RedisDown(outage) => self.redis_down(outage),
-            Action::RedisUp => self.redis_up(),
+            Action::PgDown(outage) => self.server(|h| h.pg.down(outage)),
+            Action::PgUp => self.server(|h| h.pg.up()),
+            Action::RedisDown(outage) => self.server(|h| h.redis.down(outage)),
+            Action::RedisUp => self.server(|h| h.redis.up()),
         }
     }
 
     fn cont_engine(&mut self, slot: usize) {
-        if self.stopped_engines.remove(&slot) {
-            if let Some(child) = self.engines[slot].child.as_mut() {
-                let _ = child.cont();
-            }
-            let name = self.engines[slot].name();
-            self.note(format!("SIGCONT engine {name}"));
-        }
+        self.cont(false, slot);
     }
 
     fn cont_writer(&mut self, w: usize) {
-        if self.stopped_writers.remove(&w) {
-            if let Some(child) = self.writers[w].child.as_mut() {
+        self.cont(true, w);
+    }
+
+    /// `SIGCONT` of writer (or engine) `i`, if it is stopped.
+    fn cont(&mut self, writer: bool, i: usize) {
+        let (slots, stopped, what) = if writer {
+            (&mut self.writers, &mut self.stopped_writers, "writer")
+        } else {
+            (&mut self.engines, &mut self.stopped_engines, "engine")
+        };
+        if stopped.remove(&i) {
+            if let Some(child) = slots[i].child.as_mut() {
                 let _ = child.cont();
             }
-            let name = self.writers[w].name();
-            self.note(format!("SIGCONT writer {name}"));
+            let name = slots[i].name();
+            self.note(format!("SIGCONT {what} {name}"));
         }
     }
 
-    fn pg_down(&mut self, outage: Outage) {
-        if self.pg_state != Srv::Up {
-            return;
+    /// Runs a server's fault or healing, noting what it did, if anything.
+    fn server(&mut self, act: impl FnOnce(&mut Self) -> Option<String>) {
+        if let Some(line) = act(self) {
+            self.note(line);
         }
-        let r = match outage {
-            Outage::Stop => self.pg.stop(),
-            Outage::Kill => self.pg.kill(),
-            Outage::Freeze => self.pg.freeze(),
-        };
-        r.expect("postgres fault");
-        self.pg_state = if outage == Outage::Freeze {
-            Srv::Frozen
-        } else {
-            Srv::Down
-        };
-        self.note(format!(
-            "postgres {}",
-            match outage {
-                Outage::Stop => "fast shutdown",
-                Outage::Kill => "crashed (SIGKILL to every backend)",
-                Outage::Freeze => "frozen",
-            }
-        ));
-    }
-
-    fn pg_up(&mut self) {
-        match self.pg_state {
-            Srv::Up => return,
-            Srv::Down => self.pg.restart().expect("restart postgres"),
-            Srv::Frozen => self.pg.thaw().expect("thaw postgres"),
-        }
-        let was = self.pg_state;
-        self.pg_state = Srv::Up;
-        self.note(format!(
-            "postgres {}",
-            if was == Srv::Frozen {
-                "thawed"
-            } else {
-                "restarted"
-            }
-        ));
-    }
-
-    fn redis_down(&mut self, outage: Outage) {
-        if self.redis_state != Srv::Up {
-            return;
-        }
-        let r = match outage {
-            Outage::Stop => self.redis.stop(),
-            Outage::Kill => self.redis.kill(),
-            Outage::Freeze => self.redis.freeze(),
-        };
-        r.expect("redis fault");
-        self.redis_state = if outage == Outage::Freeze {
-            Srv::Frozen
-        } else {
-            Srv::Down
-        };
-        self.note(format!(
-            "redis {}",
-            match outage {
-                Outage::Stop => "stopped",
-                Outage::Kill => "killed (kill -9)",
-                Outage::Freeze => "frozen",
-            }
-        ));
-    }
-
-    fn redis_up(&mut self) {
-        match self.redis_state {
-            Srv::Up => return,
-            Srv::Down => self.redis.restart().expect("restart redis"),
-            Srv::Frozen => self.redis.thaw().expect("thaw redis"),
-        }
-        let was = self.redis_state;
-        self.redis_state = Srv::Up;
-        self.note(format!(
-            "redis {}",
-            if was == Srv::Frozen {
-                "thawed"
-            } else {
-                "restarted from its append-only file"
-            }
-        ));
     }
 
     /// Notes children that exited, and starts them again: a writer that
@@ -1706,8 +1760,8 @@ impl Harness {
         for slot in stopped {
             self.cont_engine(slot);
         }
-        self.pg_up();
-        self.redis_up();
+        self.server(|h| h.pg.up());
+        self.server(|h| h.redis.up());
         for slot in 0..self.engines.len() {
             if self.engines[slot].child.is_none() {
                 let instance = self.engines[slot].instance.clone();
@@ -1787,11 +1841,14 @@ struct Outcome {
     leader_found: usize,
     leader_guessed: usize,
     drain: Duration,
-    elapsed: Duration,
-    dir: Option<PathBuf>,
+    ran: Ran,
 }
 
-impl Outcome {
+impl ScheduleOutcome for Outcome {
+    fn ran(&self) -> &Ran {
+        &self.ran
+    }
+
     fn summary(&self) -> String {
         let v = &self.verdict;
         format!(
@@ -1815,39 +1872,25 @@ impl Outcome {
             self.pending,
             v.reruns,
             v.stream_duplicates,
-            v.violations.len(),
+            self.ran.violations.len(),
             self.drain.as_secs_f64(),
-            self.elapsed.as_secs_f64(),
+            self.ran.elapsed.as_secs_f64(),
             self.settings.fault_list()
         )
     }
 
     fn report(&self) -> String {
-        let mut s = format!(
+        let head = format!(
             "FAILED schedule seed {}\n  faults: {}\n",
             self.settings.seed,
             self.settings.fault_list()
         );
-        for v in self.verdict.violations.iter().take(20) {
-            s.push_str(&format!("  {v}\n"));
-        }
-        if self.verdict.violations.len() > 20 {
-            s.push_str(&format!(
-                "  … {} more (violations.txt)\n",
-                self.verdict.violations.len() - 20
-            ));
-        }
-        if let Some(dir) = &self.dir {
-            s.push_str(&format!(
-                "  logs and timeline (with the faults' times): {}\n",
-                dir.display()
-            ));
-        }
-        s.push_str(&format!(
-            "  replay: {}\n",
-            replay_command(self.settings.seed)
-        ));
-        s
+        head + &report_tail(
+            &self.ran,
+            "violations.txt",
+            "logs and timeline (with the faults' times)",
+            &replay_command(self.settings.seed),
+        )
     }
 }
 
@@ -1862,14 +1905,11 @@ async fn run_schedule(seed: u64) -> Outcome {
     let started = Instant::now();
     let settings = Settings::new(seed);
     let dir = log_dir("convoy-pg-faults", seed);
-    write_file(
+    write_schedule(
         &dir,
-        "schedule.txt",
-        &format!(
-            "{settings:#?}\nfaults: {}\nreplay: {}\n",
-            settings.fault_list(),
-            replay_command(seed)
-        ),
+        &settings,
+        &settings.fault_list(),
+        &replay_command(seed),
     );
     let timeline = timeline(&settings.faults);
     let rt = tokio::runtime::Handle::current();
@@ -1927,8 +1967,8 @@ async fn run_schedule(seed: u64) -> Outcome {
     let failed = !verdict.violations.is_empty();
     if failed {
         write_file(&dir, "violations.txt", &verdict.violations.join("\n"));
-        write_file(&dir, "postgres-log-tail.txt", &harness.pg.log_tail());
-        write_file(&dir, "redis-log-tail.txt", &harness.redis.log_tail());
+        write_file(&dir, "postgres-log-tail.txt", &harness.pg.server.log_tail());
+        write_file(&dir, "redis-log-tail.txt", &harness.redis.server.log_tail());
     }
     let (self_kills, leader_found, leader_guessed) = (
         harness.self_kills,
@@ -1943,13 +1983,16 @@ async fn run_schedule(seed: u64) -> Outcome {
     })
     .await
     .expect("teardown");
-    let keep = failed || std::env::var("CONVOY_PG_FAULT_KEEP").is_ok();
-    let dir = if keep {
-        Some(dir)
-    } else {
-        let _ = fs::remove_dir_all(&dir);
-        None
-    };
+    let kinds = settings.faults.iter().map(|p| p.fault.kind()).collect();
+    let violations = std::mem::take(&mut verdict.violations);
+    let ran = Ran::new(
+        seed,
+        kinds,
+        violations,
+        started,
+        dir,
+        "CONVOY_PG_FAULT_KEEP",
+    );
     Outcome {
         settings,
         transactions: snap.transactions,
@@ -1959,8 +2002,7 @@ async fn run_schedule(seed: u64) -> Outcome {
         leader_found,
         leader_guessed,
         drain,
-        elapsed: started.elapsed(),
-        dir,
+        ran,
     }
 }
 
@@ -1968,34 +2010,16 @@ async fn run_schedule(seed: u64) -> Outcome {
 /// with every failed schedule's report.
 async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
     let started = Instant::now();
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    for seed in seeds {
-        let o = run_schedule(seed).await;
-        println!("[{what}] {}", o.summary());
-        if !o.verdict.violations.is_empty() {
-            println!("{}", o.report());
-        }
-        outcomes.push(o);
-    }
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for o in &outcomes {
-        for p in &o.settings.faults {
-            *kinds.entry(p.fault.kind()).or_default() += 1;
-        }
-    }
-    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let outcomes = schedule_run::run_seeds(what, seeds, run_schedule).await;
     let sum = |f: fn(&Outcome) -> usize| outcomes.iter().map(f).sum::<usize>();
-    let failed: Vec<&Outcome> = outcomes
-        .iter()
-        .filter(|o| !o.verdict.violations.is_empty())
-        .collect();
+    let failed = schedule_run::failed(&outcomes);
     println!(
         "[{what}] {} schedules in {:.0} s; {} committed transactions, {} events; faults: {}; +{} writer self-kills; {} duplicates, {} gaps, {} reorders, {} leaks, {} pending left, {} re-runs recognised by claim, {} stream duplicates; {} violations in {} schedule(s){}",
         outcomes.len(),
         started.elapsed().as_secs_f64(),
         outcomes.iter().map(|o| o.transactions).sum::<u64>(),
         sum(|o| o.verdict.events),
-        kinds.join(", "),
+        schedule_run::fault_kinds(&outcomes),
         sum(|o| o.self_kills),
         sum(|o| o.verdict.duplicates),
         sum(|o| o.verdict.gaps),
@@ -2004,51 +2028,33 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         outcomes.iter().map(|o| o.pending).sum::<u64>(),
         sum(|o| o.verdict.reruns),
         sum(|o| o.verdict.stream_duplicates),
-        sum(|o| o.verdict.violations.len()),
+        sum(|o| o.ran.violations.len()),
         failed.len(),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ": seeds {:?}",
-                failed.iter().map(|o| o.settings.seed).collect::<Vec<_>>()
-            )
-        }
+        schedule_run::failed_seeds(&failed)
     );
-    if !failed.is_empty() {
-        let lines: Vec<String> = failed
-            .iter()
-            .map(|o| {
-                format!(
-                    "  seed {}: {}\n    logs: {}\n    replay: {}",
-                    o.settings.seed,
-                    o.verdict.violations.first().map_or("", String::as_str),
-                    o.dir
-                        .as_ref()
-                        .map_or("-".into(), |d| d.display().to_string()),
-                    replay_command(o.settings.seed)
-                )
-            })
-            .collect();
-        panic!(
-            "{} of {} outbox fault schedules failed (full reports above):\n{}",
-            failed.len(),
-            outcomes.len(),
-            lines.join("\n")
-        );
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    schedule_run::panic_if_failed("outbox fault schedules", &outcomes, |o| {
+        format!(
+            "  seed {}: {}\n    logs: {}\n    replay: {}",
+            o.ran.seed,
+            o.ran.violations.first().map_or("", String::as_str),
+            o.ran
+                .dir
+                .as_ref()
+                .map_or("-".into(), |d| d.display().to_string()),
+            replay_command(o.settings.seed)
+        )
+    });
 }
 
 /// The bounded run of the normal test suite: 6 short schedules from seed
 /// 1 (`CONVOY_PG_FAULT_BASE` shifts them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {
-    let base = env_u64("CONVOY_PG_FAULT_BASE").unwrap_or(1);
-    run_all("bounded", base..base + BOUNDED_SCHEDULES).await;
+    run_all(
+        "bounded",
+        bounded_seeds("CONVOY_PG_FAULT", BOUNDED_SCHEDULES),
+    )
+    .await;
 }
 
 /// One schedule again: `CONVOY_PG_FAULT_SEED=n`. Does nothing without it.
@@ -2066,15 +2072,8 @@ async fn replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: run with --ignored long_run"]
 async fn long_run() {
-    let n = env_u64("CONVOY_PG_FAULT_SCHEDULES").unwrap_or(50);
-    let base = env_u64("CONVOY_PG_FAULT_BASE").unwrap_or_else(|| {
-        SHORT_SEEDS
-            + SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() % 1_000_000 * 1000)
-    });
-    println!("[long] {n} schedules from seed {base} (CONVOY_PG_FAULT_BASE={base})");
-    run_all("long", base..base + n).await;
+    let seeds = long_seeds("CONVOY_PG_FAULT", 50, SHORT_SEEDS, "schedules");
+    run_all("long", seeds).await;
 }
 
 // ---------------------------------------------------------------------
@@ -2100,6 +2099,25 @@ fn effects_of(key: &str, ns: &[u64], first_id: i64) -> Vec<Effect> {
             entry: format!("{}-0", first_id + i as i64),
         })
         .collect()
+}
+
+/// The effects of `a` with these `n`s (ids from 1), then of `b` (ids
+/// from `b_id`).
+fn effects_ab(a: &[u64], b: &[u64], b_id: i64) -> Vec<Effect> {
+    let mut effects = effects_of("a", a, 1);
+    effects.extend(effects_of("b", b, b_id));
+    effects
+}
+
+/// Asserts the verdict's duplicates, gaps, reorders and leaks.
+#[track_caller]
+fn assert_counts(v: &Verdict, want: (usize, usize, usize, usize)) {
+    assert_eq!(
+        (v.duplicates, v.gaps, v.reorders, v.leaks),
+        want,
+        "{:?}",
+        v.violations
+    );
 }
 
 /// A snapshot of keys `a` (4 events) and `b` (3) with the given effects.
@@ -2129,42 +2147,21 @@ fn check_passes_every_effect_once_in_order_across_interleaved_keys() {
 
 #[test]
 fn check_flags_a_duplicate() {
-    let mut effects = effects_of("a", &[1, 2, 3, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (1, 0, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 3, 3, 4], &[1, 2, 3], 10)));
+    assert_counts(&v, (1, 0, 0, 0));
     assert!(v.violations[0].starts_with("duplicate: key a: n 3"));
 }
 
 #[test]
 fn check_flags_a_late_duplicate_as_a_duplicate_not_a_reorder() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4, 2], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (1, 0, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 3, 4, 2], &[1, 2, 3], 10)));
+    assert_counts(&v, (1, 0, 0, 0));
 }
 
 #[test]
 fn check_flags_a_gap() {
-    let mut effects = effects_of("a", &[1, 2, 4], 1);
-    effects.extend(effects_of("b", &[1, 2], 10));
-    let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 2, 0, 0),
-        "{:?}",
-        v.violations
-    );
+    let v = check(&snap_with(effects_ab(&[1, 2, 4], &[1, 2], 10)));
+    assert_counts(&v, (0, 2, 0, 0));
     assert!(
         v.violations
             .iter()
@@ -2185,12 +2182,7 @@ fn check_flags_a_reorder_by_serial_id_not_by_input_order() {
     effects[2].id = 2;
     effects.extend(effects_of("b", &[1, 2, 3], 30));
     let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 0, 1, 0),
-        "{:?}",
-        v.violations
-    );
+    assert_counts(&v, (0, 0, 1, 0));
     assert!(v.violations[0].starts_with("reorder: key a: n 2"));
 }
 
@@ -2219,20 +2211,13 @@ fn check_flags_a_leaked_uuid_of_a_rolled_back_transaction() {
         entry: "200-0".into(),
     });
     let v = check(&snap_with(effects));
-    assert_eq!(
-        (v.duplicates, v.gaps, v.reorders, v.leaks),
-        (0, 0, 0, 2),
-        "{:?}",
-        v.violations
-    );
+    assert_counts(&v, (0, 0, 0, 2));
     assert!(v.violations.iter().all(|m| m.starts_with("leak:")));
 }
 
 #[test]
 fn check_passes_a_redelivery_and_flags_a_second_stream_entry_that_claim_hid() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let mut snap = snap_with(effects);
+    let mut snap = snap_with(effects_ab(&[1, 2, 3, 4], &[1, 2, 3], 10));
     // A redelivery of a#2: the same entry ran again, claim said applied.
     let mut again = snap.effects[1].clone();
     again.id = 1;
@@ -2264,9 +2249,7 @@ fn check_passes_a_redelivery_and_flags_a_second_stream_entry_that_claim_hid() {
 
 #[test]
 fn check_flags_pending_and_abandoned_rows_and_a_counter_without_its_rows() {
-    let mut effects = effects_of("a", &[1, 2, 3, 4], 1);
-    effects.extend(effects_of("b", &[1, 2, 3], 10));
-    let mut snap = snap_with(effects);
+    let mut snap = snap_with(effects_ab(&[1, 2, 3, 4], &[1, 2, 3], 10));
     snap.pending = 2;
     snap.abandoned = 1;
     snap.counters.insert("b".into(), 4);

@@ -288,12 +288,21 @@ async fn publish(d: &Domain, events: Vec<Step>) {
 
 async fn states(server: &RedisServer, orders: &[&str]) -> BTreeMap<String, Fulfilment> {
     let mut c = server.connection().await.expect("conn");
+    states_on(&mut c, orders).await
+}
+
+/// The process manager's state of each of `orders` that has one, read
+/// through `c` (a server's connection or a cluster's).
+async fn states_on(
+    c: &mut impl redis::aio::ConnectionLike,
+    orders: &[&str],
+) -> BTreeMap<String, Fulfilment> {
     let mut out = BTreeMap::new();
     for o in orders {
         let state: Option<String> = redis::cmd("HGET")
             .arg(convoy_runtime::redis::keys::pm_state(name(), o))
             .arg("state")
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .expect("hget");
         if let Some(s) = state {
@@ -652,28 +661,6 @@ fn a_process_manager_over_categories_with_different_shard_counts_is_an_init_erro
 }
 
 /// Process-manager states read through a cluster connection.
-async fn cluster_states(
-    c: &mut redis::cluster_async::ClusterConnection,
-    orders: &[&str],
-) -> BTreeMap<String, Fulfilment> {
-    let mut out = BTreeMap::new();
-    for o in orders {
-        let state: Option<String> = redis::cmd("HGET")
-            .arg(convoy_runtime::redis::keys::pm_state(name(), o))
-            .arg("state")
-            .query_async(c)
-            .await
-            .expect("hget");
-        if let Some(s) = state {
-            out.insert(
-                (*o).to_owned(),
-                serde_json::from_str(&s).expect("state json"),
-            );
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redis_cluster_a_correlation_value_s_streams_share_a_slot_and_instances_finish() {
     let cluster = RedisCluster::start(3, 0).expect("cluster");
@@ -697,7 +684,7 @@ async fn on_a_redis_cluster_a_correlation_value_s_streams_share_a_slot_and_insta
         .collect();
     let start = std::time::Instant::now();
     loop {
-        let got = cluster_states(&mut c, &orders).await;
+        let got = states_on(&mut c, &orders).await;
         if got == want {
             break;
         }

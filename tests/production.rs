@@ -274,6 +274,25 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// [`temp_dir`] `name` and its `domain.toml`, of `text`.
+fn config_file(name: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = temp_dir(name);
+    let file = dir.join("domain.toml");
+    std::fs::write(&file, text).expect("write");
+    (dir, file)
+}
+
+/// This test binary again, running only `env_child` over `file`, with
+/// `env` set.
+fn run_env_child(file: &std::path::Path, env: &[(&str, &str)]) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "env_child", "--nocapture", "--test-threads=1"])
+        .env("CONVOY_TEST_ENV_FILE", file)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the child")
+}
+
 // ------------------------------------------------ configuration, start-up
 
 #[test]
@@ -332,13 +351,10 @@ fn out_of_range_values_in_the_file_are_rejected_at_load_naming_key_and_file() {
 
 #[test]
 fn tls_ca_file_errors_name_the_config_file_and_the_ca_file() {
-    let dir = temp_dir("tls");
-    let file = dir.join("domain.toml");
-    std::fs::write(
-        &file,
+    let (dir, file) = config_file(
+        "tls",
         "[broker]\nurl = \"rediss://127.0.0.1:1/\"\ntls_ca_file = \"/nonexistent/ca.pem\"\n",
-    )
-    .expect("write");
+    );
     let err = Domain::builder()
         .config_file(&file)
         .without_discovery()
@@ -404,21 +420,18 @@ fn env_child() {
 
 #[test]
 fn environment_overrides_the_file_with_documented_precedence() {
-    let dir = temp_dir("env");
-    let file = dir.join("domain.toml");
-    std::fs::write(
-        &file,
+    let (dir, file) = config_file(
+        "env",
         "[broker]\nurl = \"inline\"\n[server.partitioning]\nlease_ttl_ms = 3000\nreap_idle_ms = 5000\n",
-    )
-    .expect("write");
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "env_child", "--nocapture", "--test-threads=1"])
-        .env("CONVOY_TEST_ENV_FILE", &file)
-        .env("CONVOY_BROKER_URL", "redis://:pw@127.0.0.1:1/")
-        .env("CONVOY_INSTANCE_ID", "replica-7")
-        .env("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS", "6000")
-        .output()
-        .expect("run the child");
+    );
+    let out = run_env_child(
+        &file,
+        &[
+            ("CONVOY_BROKER_URL", "redis://:pw@127.0.0.1:1/"),
+            ("CONVOY_INSTANCE_ID", "replica-7"),
+            ("CONVOY__SERVER__PARTITIONING__LEASE_TTL_MS", "6000"),
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("every override checked"),
@@ -426,15 +439,13 @@ fn environment_overrides_the_file_with_documented_precedence() {
         String::from_utf8_lossy(&out.stderr)
     );
     // A bad override fails naming the variable.
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "env_child", "--nocapture", "--test-threads=1"])
-        .env("CONVOY_TEST_ENV_FILE", &file)
-        .env(
+    let out = run_env_child(
+        &file,
+        &[(
             "CONVOY__SERVER__PARTITIONING__POLL_INTERVAL_SECONDS",
             "1e300",
-        )
-        .output()
-        .expect("run the child");
+        )],
+    );
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

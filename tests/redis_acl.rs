@@ -47,13 +47,7 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
     let rec = Recorder::new(&server.url(), "acl").expect("recorder");
     let mut config = test_config(&url);
     config.server.partitioning.reap_idle_ms = 300;
-    let engine = domain(
-        config.clone(),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording_with(config.clone(), &rec, "e0");
     let mut events = interleaved(3, 3);
     events.push(Posted {
         poison: true,

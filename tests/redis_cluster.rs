@@ -13,9 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use convoy_runtime::redis::keys;
-use convoy_runtime::testing::{
-    ChildEngine, Recorder, RedisCluster, RedisServer, check_order, current_test_command,
-};
+use convoy_runtime::testing::{ChildEngine, Recorder, RedisCluster, RedisServer, check_order};
 use convoy_runtime::{Config, Priority};
 use redis::AsyncCommands;
 use redis::cluster::ClusterClient;
@@ -31,18 +29,7 @@ async fn child_engine() {
         return;
     };
     let record = std::env::var("CONVOY_RECORD").expect("CONVOY_RECORD");
-    let instance = std::env::var("CONVOY_INSTANCE").expect("CONVOY_INSTANCE");
-    let ns = std::env::var("CONVOY_NS").expect("CONVOY_NS");
-    let work: u64 = std::env::var("CONVOY_WORK_MS")
-        .expect("work")
-        .parse()
-        .expect("ms");
-    let rec = Recorder::new(&record, ns.clone())
-        .expect("recorder")
-        .marker_ttl(Duration::from_millis(1000));
-    let mine = Recorder::new(&record, format!("{ns}-{instance}")).expect("recorder");
-    let mut handler = Recording::new(rec, &instance, Duration::from_millis(work));
-    handler.per_instance = Some(mine);
+    let (instance, handler) = child_recording(&record, Duration::from_millis(1000));
     domain(cluster_config(&url), &instance, handler)
         .engine()
         .run_until(convoy_runtime::shutdown_signal())
@@ -56,12 +43,9 @@ fn cluster_config(url: &str) -> Config {
 }
 
 fn spawn_engine(url: &str, record: &str, ns: &str, instance: &str, work_ms: u64) -> ChildEngine {
-    let mut cmd: Command = current_test_command("child_engine").expect("command");
+    let mut cmd: Command = child_command(ns, instance, work_ms);
     cmd.env("CONVOY_CLUSTER_CHILD", url)
-        .env("CONVOY_RECORD", record)
-        .env("CONVOY_INSTANCE", instance)
-        .env("CONVOY_NS", ns)
-        .env("CONVOY_WORK_MS", work_ms.to_string());
+        .env("CONVOY_RECORD", record);
     ChildEngine::spawn(&mut cmd).expect("spawn engine")
 }
 
@@ -532,13 +516,7 @@ async fn lanes_and_reaping_work_on_a_cluster() {
         .await
         .expect("xlen");
     assert_eq!(backfill, 5, "low-priority events went to the backfill lane");
-    let engine = domain(
-        config,
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording_with(config, &rec, "e0");
     wait_until(WAIT, "all handled", || async {
         seen_count(&rec).await >= 10
     })

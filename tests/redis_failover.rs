@@ -13,9 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use convoy_runtime::Priority;
-use convoy_runtime::testing::{
-    ChildEngine, Recorder, RedisServer, check_order, current_test_command,
-};
+use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, check_order};
 use redis::AsyncCommands;
 use support::*;
 
@@ -28,18 +26,7 @@ async fn child_engine() {
     let Ok(url) = std::env::var("CONVOY_CHILD_ENGINE") else {
         return;
     };
-    let instance = std::env::var("CONVOY_INSTANCE").expect("CONVOY_INSTANCE");
-    let ns = std::env::var("CONVOY_NS").expect("CONVOY_NS");
-    let work: u64 = std::env::var("CONVOY_WORK_MS")
-        .expect("work")
-        .parse()
-        .expect("ms");
-    let rec = Recorder::new(&url, ns.clone())
-        .expect("recorder")
-        .marker_ttl(MARKER_TTL);
-    let mine = Recorder::new(&url, format!("{ns}-{instance}")).expect("recorder");
-    let mut handler = Recording::new(rec, &instance, Duration::from_millis(work));
-    handler.per_instance = Some(mine);
+    let (instance, handler) = child_recording(&url, MARKER_TTL);
     let mut config = test_config(&url);
     if let Ok(n) = std::env::var("CONVOY_MAX_UNACKED") {
         config.server.partitioning.max_unacked = n.parse().expect("max_unacked");
@@ -62,12 +49,9 @@ fn spawn_engine_acking(
     work_ms: u64,
     max_unacked: usize,
 ) -> ChildEngine {
-    let mut cmd: Command = current_test_command("child_engine").expect("command");
-    cmd.env("CONVOY_MAX_UNACKED", max_unacked.to_string());
-    cmd.env("CONVOY_CHILD_ENGINE", url)
-        .env("CONVOY_INSTANCE", instance)
-        .env("CONVOY_NS", ns)
-        .env("CONVOY_WORK_MS", work_ms.to_string());
+    let mut cmd: Command = child_command(ns, instance, work_ms);
+    cmd.env("CONVOY_MAX_UNACKED", max_unacked.to_string())
+        .env("CONVOY_CHILD_ENGINE", url);
     ChildEngine::spawn(&mut cmd).expect("spawn engine")
 }
 

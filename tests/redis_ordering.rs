@@ -245,13 +245,7 @@ async fn primary_lane_is_drained_before_backfill() {
         .await
         .expect("xlen");
     assert_eq!(backfill, 5, "low-priority events went to the backfill lane");
-    let engine = domain(
-        config,
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording_with(config, &rec, "e0");
     wait_until(WAIT, "all handled", || async {
         seen_count(&rec).await >= 10
     })
@@ -272,13 +266,7 @@ async fn drained_partition_is_reaped_and_a_racing_publish_is_consumed() {
     let rec = recorder(&url, "reap");
     let mut config = test_config(&url);
     config.server.partitioning.reap_idle_ms = 300;
-    let engine = domain(
-        config.clone(),
-        "e0",
-        Recording::new(rec.clone(), "e0", Duration::ZERO),
-    )
-    .engine()
-    .spawn();
+    let engine = spawn_recording_with(config.clone(), &rec, "e0");
     let p = publisher(config, "p");
     publish(
         &p,

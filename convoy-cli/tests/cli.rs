@@ -7,27 +7,23 @@
 //! `redis+cluster://` URL.
 
 mod common;
+#[path = "../../tests/support/halting_ledger.rs"]
+mod halting_ledger;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use convoy_runtime::redis::keys;
 use convoy_runtime::testing::RedisServer;
-use convoy_runtime::{Aggregate, Config, Domain, Event, HandlerError, event_handler};
+use convoy_runtime::{Aggregate, Domain, Event, HandlerError, event_handler};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use common::{Run, run_convoy, wait_until};
+use halting_ledger::{Posted, SHARDS, Seen, Setup, WAIT, config, ids, posted, setup};
 use serde_json::Value;
-
-const WAIT: Duration = Duration::from_secs(60);
-
-/// The engine's shard count for `ledger` (not the default: the command
-/// line, configured with none, must use the one the engine recorded).
-const SHARDS: u32 = 7;
 
 /// `ledger`'s partition stream of `key`, in the key's shard.
 fn stream(key: &str) -> String {
@@ -39,150 +35,7 @@ fn dlq(key: &str) -> String {
     keys::partition_dlq(keys::shard_of(key, SHARDS), "ledger", key)
 }
 
-#[derive(Aggregate)]
-#[aggregate(category = "ledger")]
-struct Ledger;
-
-/// One posting; `seq` counts per client from 0.
-#[derive(Event, Serialize, Deserialize, Debug, Clone)]
-#[event(part_of = Ledger)]
-struct Posted {
-    client_id: String,
-    seq: u64,
-    /// The handler fails on it while poison is switched on.
-    poison: bool,
-}
-
-fn posted(client: &str, seq: u64, poison: bool) -> Posted {
-    Posted {
-        client_id: client.to_owned(),
-        seq,
-        poison,
-    }
-}
-
-/// What the handler started, per key, in order (`c1#3`).
-type Seen = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
-
-struct Recorder {
-    seen: Seen,
-    poison: Arc<AtomicBool>,
-    work: Duration,
-}
-
-#[event_handler(part_of = Ledger, sequential_by = "client_id")]
-impl Recorder {
-    #[handle]
-    async fn posted(&self, e: Posted) -> Result<(), HandlerError> {
-        let id = format!("{}#{}", e.client_id, e.seq);
-        if e.poison && self.poison.load(Ordering::SeqCst) {
-            return Err(HandlerError::msg(format!("poison event {id}")));
-        }
-        self.seen
-            .lock()
-            .expect("lock")
-            .entry(e.client_id.clone())
-            .or_default()
-            .push(id);
-        tokio::time::sleep(self.work).await;
-        Ok(())
-    }
-}
-
-/// Fast timings, as in the runtime's own tests.
-fn config(url: &str) -> Config {
-    let mut c = Config::default();
-    c.broker.url = url.to_owned();
-    c.broker.shards = SHARDS;
-    c.server.partitioning.lease_ttl_ms = 2000;
-    c.server.partitioning.heartbeat_interval_seconds = Some(0.3);
-    c.server.retry.max_retries = 2;
-    c.server.retry.initial_backoff_ms = 20;
-    c.server.retry.max_backoff_ms = 100;
-    c
-}
-
-struct Setup {
-    server: RedisServer,
-    url: String,
-    domain: Domain,
-    seen: Seen,
-    poison: Arc<AtomicBool>,
-    group: String,
-}
-
-fn setup(work: Duration) -> Setup {
-    let server = RedisServer::start().expect("start redis-server");
-    let url = server.url();
-    let seen = Seen::default();
-    let poison = Arc::new(AtomicBool::new(true));
-    let domain = Domain::builder()
-        .config(config(&url))
-        .instance_id("e0")
-        .handler(Recorder {
-            seen: seen.clone(),
-            poison: poison.clone(),
-            work,
-        })
-        .init()
-        .expect("domain init");
-    let group = domain
-        .registry()
-        .handlers()
-        .iter()
-        .find(|h| h.name.ends_with("::Recorder"))
-        .map(|h| h.name.to_owned())
-        .expect("Recorder is registered");
-    Setup {
-        server,
-        url,
-        domain,
-        seen,
-        poison,
-        group,
-    }
-}
-
 impl Setup {
-    fn seen(&self, key: &str) -> Vec<String> {
-        self.seen
-            .lock()
-            .expect("lock")
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    async fn publish(&self, events: &[Posted]) {
-        let mut uow = self.domain.unit_of_work();
-        for e in events {
-            uow.raise(e.clone()).expect("raise");
-        }
-        uow.commit().await.expect("commit");
-    }
-
-    async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        self.server.connection().await.expect("connection")
-    }
-
-    fn unit(&self, key: &str) -> String {
-        keys::unit(keys::shard_of(key, SHARDS), &self.group, "ledger", key)
-    }
-
-    async fn unit_state(&self, key: &str) -> BTreeMap<String, String> {
-        self.redis()
-            .await
-            .hgetall(self.unit(key))
-            .await
-            .expect("hgetall")
-    }
-
-    async fn halted_on(&self, key: &str) -> Option<String> {
-        let s = self.unit_state(key).await;
-        (s.get("halted").map(String::as_str) == Some("1"))
-            .then(|| s.get("halt_entry").cloned().unwrap_or_default())
-    }
-
     /// Runs `convoy ARGS --redis-url URL` as user `test-op`, stdin closed.
     async fn convoy(&self, args: &[&str]) -> Run {
         convoy(self.server.dir(), args, Some(&self.url)).await
@@ -195,10 +48,6 @@ async fn convoy(dir: &std::path::Path, args: &[&str], url: Option<&str>) -> Run 
         args.extend(["--redis-url", url]);
     }
     run_convoy(dir, &args, &[]).await
-}
-
-fn ids(key: &str, seqs: &[u64]) -> Vec<String> {
-    seqs.iter().map(|s| format!("{key}#{s}")).collect()
 }
 
 fn row<'a>(report: &'a Value, key: &str) -> &'a Value {
@@ -1029,6 +878,14 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     assert!(r.stderr.contains("head "), "the head is shown: {r:?}");
     assert!(r.stdout.contains("cleared the halt"), "{r:?}");
     assert!(r.stdout.contains("runs entry"), "{r:?}");
+    let retry_all = &[
+        "retry",
+        "ledger",
+        "--all-halted",
+        "--handler",
+        "Recorder",
+        "--yes",
+    ];
     let in_order = |key: &str| (0..6).map(|n| format!("{key}#{n}")).collect::<Vec<_>>();
     wait_until(WAIT, "c1 resumes with its #2", || async {
         s.seen("c1") == in_order("c1")
@@ -1036,17 +893,7 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     .await;
     assert!(s.halted_on("c1").await.is_none());
 
-    let r = s
-        .convoy(&[
-            "retry",
-            "ledger",
-            "--all-halted",
-            "--handler",
-            "Recorder",
-            "--yes",
-        ])
-        .await
-        .ok();
+    let r = s.convoy(retry_all).await.ok();
     assert!(r.stdout.contains("retried 2 halted partitions"), "{r:?}");
     wait_until(WAIT, "c2 and c3 resume in order", || async {
         s.seen("c2") == in_order("c2") && s.seen("c3") == in_order("c3")
@@ -1055,17 +902,7 @@ async fn retry_runs_a_fixed_head_again_in_place_and_the_key_resumes_in_order() {
     for key in keys {
         assert_eq!(s.seen(key), in_order(key), "{key}: each once, in order");
     }
-    let r = s
-        .convoy(&[
-            "retry",
-            "ledger",
-            "--all-halted",
-            "--handler",
-            "Recorder",
-            "--yes",
-        ])
-        .await
-        .ok();
+    let r = s.convoy(retry_all).await.ok();
     assert!(
         r.stdout.contains("no partition of ledger is halted"),
         "{r:?}"

@@ -101,6 +101,17 @@ async fn convoy(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
 }
 
 /// The status of outbox row `id` (`None` once deleted).
+/// `convoy outbox ARGS` with `flags` (the PostgreSQL URL, the Redis one)
+/// after them.
+async fn outbox(dir: &Path, args: &[&str], flags: &[&[&str]]) -> Run {
+    let mut all = vec!["outbox"];
+    all.extend_from_slice(args);
+    for f in flags {
+        all.extend_from_slice(f);
+    }
+    convoy(dir, &all, &[]).await
+}
+
 fn status(pg: &PgServer, id: u64) -> Option<i64> {
     let out = pg
         .psql(
@@ -155,10 +166,7 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     engine.shutdown().await.expect("shutdown");
 
     let pg_flag = ["--postgres-url", db.as_str()];
-    let report = convoy(dir, &[&["outbox", "--json"][..], &pg_flag].concat(), &[])
-        .await
-        .ok()
-        .json();
+    let report = outbox(dir, &["--json"], &[&pg_flag]).await.ok().json();
     assert_eq!(report["outbox"], "\"public\".\"convoy_outbox\"");
     assert_eq!(report["pending"], 0);
     assert_eq!(report["abandoned"], 2);
@@ -175,10 +183,7 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     let id = |i: usize| rows[i]["id"].as_u64().expect("an id");
     let (first, second) = (id(0), id(1));
     assert!(first < second, "the oldest first");
-    let text = convoy(dir, &[&["outbox"][..], &pg_flag].concat(), &[])
-        .await
-        .ok()
-        .stdout;
+    let text = outbox(dir, &[], &[&pg_flag]).await.ok().stdout;
     assert!(
         text.starts_with(
             "outbox \"public\".\"convoy_outbox\": nothing pending; 2 rows abandoned\n"
@@ -198,34 +203,17 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     let first_s = first.to_string();
     let second_s = second.to_string();
     let with_redis = ["--redis-url", redis_url.as_str()];
-    let run = convoy(
-        dir,
-        &[&["outbox", "retry", &first_s][..], &pg_flag, &with_redis].concat(),
-        &[],
-    )
-    .await;
+    let run = outbox(dir, &["retry", &first_s], &[&pg_flag, &with_redis]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(run.stderr.contains("pass --yes"), "{run:?}");
     assert_eq!(status(&pg, first), Some(2), "nothing changed");
-    let run = convoy(
-        dir,
-        &[
-            &["outbox", "retry", &first_s, "--yes"][..],
-            &pg_flag,
-            &with_redis,
-        ]
-        .concat(),
-        &[],
-    )
-    .await
-    .ok();
+    let run = outbox(dir, &["retry", &first_s, "--yes"], &[&pg_flag, &with_redis])
+        .await
+        .ok();
     assert!(run.stdout.contains("is pending again"), "{run:?}");
     assert!(run.stdout.contains("audit record "), "{run:?}");
     assert_eq!(status(&pg, first), Some(0), "pending again");
-    let report = convoy(dir, &[&["outbox", "--json"][..], &pg_flag].concat(), &[])
-        .await
-        .ok()
-        .json();
+    let report = outbox(dir, &["--json"], &[&pg_flag]).await.ok().json();
     assert_eq!(report["pending"], 1);
     assert_eq!(report["abandoned"], 1);
     assert!(
@@ -234,57 +222,23 @@ async fn abandoned_rows_are_listed_retried_and_discarded_and_audited() {
     );
 
     // Discard the other; a pending row or a missing one is refused.
-    let run = convoy(
-        dir,
-        &[
-            &["outbox", "discard", &second_s, "-y"][..],
-            &pg_flag,
-            &with_redis,
-        ]
-        .concat(),
-        &[],
-    )
-    .await
-    .ok();
+    let run = outbox(dir, &["discard", &second_s, "-y"], &[&pg_flag, &with_redis])
+        .await
+        .ok();
     assert!(run.stdout.contains("never published"), "{run:?}");
     assert_eq!(status(&pg, second), None, "deleted");
-    let run = convoy(
-        dir,
-        &[
-            &["outbox", "discard", &first_s, "-y"][..],
-            &pg_flag,
-            &with_redis,
-        ]
-        .concat(),
-        &[],
-    )
-    .await;
+    let run = outbox(dir, &["discard", &first_s, "-y"], &[&pg_flag, &with_redis]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(
         run.stderr.contains("is not abandoned: it is pending"),
         "{run:?}"
     );
     assert_eq!(status(&pg, first), Some(0), "still pending");
-    let run = convoy(
-        dir,
-        &[
-            &["outbox", "retry", "999999", "-y"][..],
-            &pg_flag,
-            &with_redis,
-        ]
-        .concat(),
-        &[],
-    )
-    .await;
+    let run = outbox(dir, &["retry", "999999", "-y"], &[&pg_flag, &with_redis]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(run.stderr.contains("no such row"), "{run:?}");
     // Without a Redis for the audit record nothing is changed.
-    let run = convoy(
-        dir,
-        &[&["outbox", "retry", &first_s, "-y"][..], &pg_flag].concat(),
-        &[],
-    )
-    .await;
+    let run = outbox(dir, &["retry", &first_s, "-y"], &[&pg_flag]).await;
     assert_eq!(run.code, 1, "{run:?}");
     assert!(run.stderr.contains("convoy:audit"), "{run:?}");
 

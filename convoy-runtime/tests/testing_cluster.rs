@@ -99,10 +99,10 @@ fn kill_clients_drops_every_client_connection_on_every_node() {
     cluster.node_mut(1).thaw().expect("thaw");
 }
 
-#[test]
-fn a_slot_migrates_key_by_key_while_clients_write_to_it() {
-    let cluster = RedisCluster::start(3, 0).expect("form a cluster");
-    let slot = RedisCluster::key_slot(b"{mig}");
+/// The slot of keys tagged `tag`, its master and another master to move
+/// it to.
+fn migration(cluster: &RedisCluster, tag: &[u8]) -> (u16, usize, usize) {
+    let slot = RedisCluster::key_slot(tag);
     let from = cluster.master_of_slot(slot).expect("master of slot");
     let to = cluster
         .current_masters()
@@ -110,6 +110,13 @@ fn a_slot_migrates_key_by_key_while_clients_write_to_it() {
         .into_iter()
         .find(|m| *m != from)
         .expect("another master");
+    (slot, from, to)
+}
+
+#[test]
+fn a_slot_migrates_key_by_key_while_clients_write_to_it() {
+    let cluster = RedisCluster::start(3, 0).expect("form a cluster");
+    let (slot, from, to) = migration(&cluster, b"{mig}");
     let client = redis::cluster::ClusterClient::new(cluster.node_urls()).expect("client");
     let mut c = client.get_connection().expect("cluster connection");
     for i in 0..40 {
@@ -234,14 +241,7 @@ fn a_write_made_after_the_cut_is_missing_on_the_promoted_replica() {
 #[test]
 fn a_slot_migration_goes_on_through_repeated_connection_kills() {
     let cluster = RedisCluster::start(3, 0).expect("form a cluster");
-    let slot = RedisCluster::key_slot(b"{killed}");
-    let from = cluster.master_of_slot(slot).expect("master of slot");
-    let to = cluster
-        .current_masters()
-        .expect("masters")
-        .into_iter()
-        .find(|m| *m != from)
-        .expect("another master");
+    let (slot, from, to) = migration(&cluster, b"{killed}");
     for i in 0..30 {
         let reply = cluster
             .cli(from, &["SET", &format!("{{killed}}{i}"), "v"])

@@ -102,6 +102,7 @@ mod process;
 mod proxy;
 mod recorder;
 mod server;
+mod wait;
 
 use std::io;
 use std::path::PathBuf;
@@ -119,6 +120,7 @@ pub use server::{
     DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder, SERVER_ENV, ServerKind,
     VALKEY_BINARY_ENV,
 };
+pub use wait::wait_until;
 
 /// What went wrong in the test support code.
 ///

@@ -40,6 +40,15 @@ async fn confirm(
     (page, fields)
 }
 
+/// `POST /c/ledger/act` of the confirmation's `fields`.
+async fn act(
+    router: &axum::Router,
+    fields: &[(String, String)],
+    cookie: Option<&str>,
+) -> common::Reply {
+    post(router, "/c/ledger/act", &form(fields), cookie).await
+}
+
 fn form(fields: &[(String, String)]) -> Vec<(&str, &str)> {
     fields
         .iter()
@@ -258,42 +267,23 @@ async fn views_actions_fencing_and_refusals() {
     assert!(generation >= 1);
 
     // Refused: no CSRF token, a wrong one, no cookie, another site.
-    let r = post(
-        &router,
-        "/c/ledger/act",
-        &form(&with(&fields, "csrf", "")),
-        Some(&cookie),
-    )
-    .await;
+    let r = act(&router, &with(&fields, "csrf", ""), Some(&cookie)).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
     assert!(r.body.contains("CSRF"), "{}", r.body);
-    let r = post(
-        &router,
-        "/c/ledger/act",
-        &form(&with(&fields, "csrf", "00")),
-        Some(&cookie),
-    )
-    .await;
+    let r = act(&router, &with(&fields, "csrf", "00"), Some(&cookie)).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let r = post(&router, "/c/ledger/act", &form(&fields), None).await;
+    let r = act(&router, &fields, None).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // Stale: the generation moved, or the head is another entry.
-    let r = post(
+    let r = act(
         &router,
-        "/c/ledger/act",
-        &form(&with(&fields, "generation", &(generation + 1).to_string())),
+        &with(&fields, "generation", &(generation + 1).to_string()),
         Some(&cookie),
     )
     .await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
     assert!(r.body.contains("stale confirmation"), "{}", r.body);
-    let r = post(
-        &router,
-        "/c/ledger/act",
-        &form(&with(&fields, "entry", "1-0")),
-        Some(&cookie),
-    )
-    .await;
+    let r = act(&router, &with(&fields, "entry", "1-0"), Some(&cookie)).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
     assert_eq!(
         s.halted_on("c1").await.as_deref(),
@@ -304,9 +294,7 @@ async fn views_actions_fencing_and_refusals() {
 
     // Skip from the page: audited with the operator; c1 runs on to its
     // second poison event.
-    let r = post(&router, "/c/ledger/act", &form(&fields), Some(&cookie))
-        .await
-        .ok();
+    let r = act(&router, &fields, Some(&cookie)).await.ok();
     assert!(
         r.body.contains("audit record") && r.body.contains("tester (web)"),
         "{}",
@@ -331,21 +319,14 @@ async fn views_actions_fencing_and_refusals() {
         ("skip", "c1", halt_entry.as_str(), "tester (web)", "0")
     );
     // The confirmation shown before the skip is now stale.
-    let r = post(&router, "/c/ledger/act", &form(&fields), Some(&cookie)).await;
+    let r = act(&router, &fields, Some(&cookie)).await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
 
     // Dead-letter the second poison event from the page.
     let second = s.halted_on("c1").await.expect("halted");
     let (page_, fields) = confirm(&router, &s, "dead_letter", "c1").await;
     assert_eq!(page_.field("entry"), second);
-    post(
-        &router,
-        "/c/ledger/act",
-        &form(&fields),
-        Some(&page_.cookie()),
-    )
-    .await
-    .ok();
+    act(&router, &fields, Some(&page_.cookie())).await.ok();
     wait_until(WAIT, "c1 finishes", || async { s.seen("c1").len() == 8 }).await;
     assert_eq!(s.seen("c1"), ids("c1", &[0, 1, 2, 4, 5, 7, 8, 9]));
 
@@ -613,9 +594,7 @@ async fn a_replay_at_the_head_shows_and_is_fenced_on_the_entry_it_goes_before_an
     let router = page.router();
     // Dead-letter #2; c1 runs on and halts on #4.
     let (p, fields) = confirm(&router, &s, "dead_letter", "c1").await;
-    post(&router, "/c/ledger/act", &form(&fields), Some(&p.cookie()))
-        .await
-        .ok();
+    act(&router, &fields, Some(&p.cookie())).await.ok();
     wait_until(WAIT, "c1 halts on #4", || async {
         s.seen("c1").len() == 3 && s.halted_on("c1").await.is_some()
     })
@@ -658,9 +637,7 @@ async fn a_replay_at_the_head_shows_and_is_fenced_on_the_entry_it_goes_before_an
     // Another operator skips #4 meanwhile: the entry the page showed is
     // no longer the first unfinished one; the replay is refused.
     let (p, fields) = confirm(&router, &s, "skip", "c1").await;
-    post(&router, "/c/ledger/act", &form(&fields), Some(&p.cookie()))
-        .await
-        .ok();
+    act(&router, &fields, Some(&p.cookie())).await.ok();
     wait_until(WAIT, "c1 finishes #5", || async { s.seen("c1").len() == 4 }).await;
     let refused = post(&router, "/c/ledger/replay", &form(&stale), Some(&cookie)).await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);

@@ -787,6 +787,22 @@ mod tests {
         })
     }
 
+    /// Asserts the verdict found no violation.
+    #[track_caller]
+    fn assert_passes(v: &Verdict) {
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    /// Asserts a violation starts with `prefix`.
+    #[track_caller]
+    fn assert_flags(v: &Verdict, prefix: &str) {
+        assert!(
+            v.violations.iter().any(|l| l.starts_with(prefix)),
+            "{:?}",
+            v.violations
+        );
+    }
+
     fn clean() -> Vec<Window> {
         vec![
             w(10, 20, "a", "e0/p0@1"),
@@ -841,7 +857,7 @@ mod tests {
     #[test]
     fn a_clean_run_passes() {
         let v = run(clean(), &[], &HashMap::new(), 1);
-        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_passes(&v);
         assert_eq!((v.handled, v.reruns), (3, 0));
     }
 
@@ -850,11 +866,7 @@ mod tests {
         let mut windows = clean();
         windows.remove(1);
         let v = run(windows, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(1) key k")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(1) key k");
         assert_eq!(v.keys, vec!["k".to_owned()]);
     }
 
@@ -879,11 +891,7 @@ mod tests {
         swapped[1].event = "c".into();
         swapped[2].event = "b".into();
         let v = run(swapped, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(2)")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(2)");
 
         // a b c, then b c again: a replay of 2 is fine with max_unacked 5,
         // not with 1.
@@ -896,13 +904,7 @@ mod tests {
                 .is_empty()
         );
         let v = run(replayed, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations
-                .iter()
-                .any(|l| l.starts_with("(2) key k: one redelivery re-ran 2")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(2) key k: one redelivery re-ran 2");
     }
 
     #[test]
@@ -929,11 +931,7 @@ mod tests {
         // e1 entered b while e0 was still in a.
         windows[1] = w(15, 40, "b", "e1/p1@2");
         let v = run(windows, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(3) key k")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(3) key k");
     }
 
     #[test]
@@ -953,14 +951,10 @@ mod tests {
             to_us: 42,
         };
         let v = run(windows.clone(), &[stall], &HashMap::new(), 1);
-        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_passes(&v);
         // Without the stall the same windows are a violation.
         let v = run(windows.clone(), &[], &HashMap::new(), 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(3)")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(3)");
         // A stall of another process does not excuse it.
         let other = StallRecord { proc: 1, ..stall };
         assert!(
@@ -973,11 +967,7 @@ mod tests {
         let mut late = windows;
         late.push(w(43, 44, "b", "e0/p0@1"));
         let v = run(late, &[stall], &HashMap::new(), 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(3)")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(3)");
     }
 
     #[test]
@@ -990,44 +980,28 @@ mod tests {
         ];
         let kills = HashMap::from([(0, 25)]);
         let v = run(windows.clone(), &[], &kills, 1);
-        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_passes(&v);
         // Killed only after e1 entered b: an overlap.
         let kills = HashMap::from([(0, 55)]);
         let v = run(windows, &[], &kills, 1);
-        assert!(
-            v.violations.iter().any(|l| l.starts_with("(3)")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(3)");
     }
 
     #[test]
     fn check_4_fails_on_a_repeated_or_older_generation() {
         let v = run(clean(), &[], &HashMap::new(), 1);
-        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_passes(&v);
         // Another process at generation 1.
         let mut repeated = clean();
         repeated[2] = w(50, 60, "c", "e1/p1@1");
         let v = run(repeated, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations
-                .iter()
-                .any(|l| l.starts_with("(4) key k: generation 1 was used by two processes")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(4) key k: generation 1 was used by two processes");
         // An older generation starting after a newer one.
         let mut older = clean();
         older[1] = w(30, 40, "b", "e1/p1@2");
         older[2] = w(50, 60, "c", "e0/p0@1");
         let v = run(older, &[], &HashMap::new(), 1);
-        assert!(
-            v.violations
-                .iter()
-                .any(|l| l.starts_with("(4) key k: e0/p0@1 started c at generation 1 after")),
-            "{:?}",
-            v.violations
-        );
+        assert_flags(&v, "(4) key k: e0/p0@1 started c at generation 1 after");
     }
 
     #[test]

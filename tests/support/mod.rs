@@ -283,13 +283,48 @@ pub async fn seen_count(recorder: &Recorder) -> usize {
 /// An engine named `instance` on `url` whose [`Recording`] handler records
 /// into `recorder` and does no work.
 pub fn spawn_recording(url: &str, recorder: &Recorder, instance: &str) -> EngineHandle {
+    spawn_recording_with(test_config(url), recorder, instance)
+}
+
+/// [`spawn_recording`] with `config`.
+pub fn spawn_recording_with(config: Config, recorder: &Recorder, instance: &str) -> EngineHandle {
     domain(
-        test_config(url),
+        config,
         instance,
         Recording::new(recorder.clone(), instance, Duration::ZERO),
     )
     .engine()
     .spawn()
+}
+
+/// A child engine's [`Recording`] handler, from its environment: its
+/// instance (`CONVOY_INSTANCE`) and a handler working `CONVOY_WORK_MS` that
+/// records into namespace `CONVOY_NS` on `record_url` (markers kept for
+/// `marker_ttl`), and also into `{ns}-{instance}`.
+pub fn child_recording(record_url: &str, marker_ttl: Duration) -> (String, Recording) {
+    let instance = std::env::var("CONVOY_INSTANCE").expect("CONVOY_INSTANCE");
+    let ns = std::env::var("CONVOY_NS").expect("CONVOY_NS");
+    let work: u64 = std::env::var("CONVOY_WORK_MS")
+        .expect("work")
+        .parse()
+        .expect("ms");
+    let rec = Recorder::new(record_url, ns.clone())
+        .expect("recorder")
+        .marker_ttl(marker_ttl);
+    let mine = Recorder::new(record_url, format!("{ns}-{instance}")).expect("recorder");
+    let mut handler = Recording::new(rec, &instance, Duration::from_millis(work));
+    handler.per_instance = Some(mine);
+    (instance, handler)
+}
+
+/// This test binary again, to run `child_engine` as `instance`, recording
+/// into `ns`, working `work_ms` per event (see [`child_recording`]).
+pub fn child_command(ns: &str, instance: &str, work_ms: u64) -> std::process::Command {
+    let mut cmd = convoy_runtime::testing::current_test_command("child_engine").expect("command");
+    cmd.env("CONVOY_INSTANCE", instance)
+        .env("CONVOY_NS", ns)
+        .env("CONVOY_WORK_MS", work_ms.to_string());
+    cmd
 }
 
 /// The consumer group (handler name) of [`Recording`].

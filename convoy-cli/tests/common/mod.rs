@@ -2,11 +2,12 @@
 //! waiting for a condition.
 #![allow(dead_code, missing_docs, unreachable_pub)]
 
-use std::future::Future;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
+// Not every test binary waits.
+#[allow(unused_imports)]
+pub use convoy_runtime::testing::wait_until;
 use serde_json::Value;
 
 /// What one run of `convoy` printed and how it exited.
@@ -49,21 +50,5 @@ pub async fn run_convoy(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run 
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8(out.stdout).expect("utf-8"),
         stderr: String::from_utf8(out.stderr).expect("utf-8"),
-    }
-}
-
-/// Polls `f` until it is true; panics naming `what` after `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
