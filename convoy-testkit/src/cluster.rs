@@ -46,6 +46,8 @@ const MIGRATE_TIMEOUT_MS: u64 = 5000;
 const MIGRATE_ATTEMPTS: usize = 10;
 /// How many connections the kit's own commands try when one is lost.
 const QUERY_ATTEMPTS: usize = 5;
+/// How many times a node is started with new ports when one is taken.
+const NODE_ATTEMPTS: usize = 5;
 /// Every how long [`RedisCluster::lose_master`] repeats
 /// `CLUSTER FAILOVER TAKEOVER` until the replica is a master.
 const TAKEOVER_RETRY: Duration = Duration::from_secs(2);
@@ -84,22 +86,12 @@ impl RedisClusterBuilder {
         self
     }
 
-    /// Starts the nodes, forms the cluster (slots spread evenly over the
-    /// masters) and waits until every node reports `cluster_state:ok` and
-    /// every replica is in sync with its master.
-    pub fn start(self) -> Result<RedisCluster, TestingError> {
-        let kind = match self.kind {
-            Some(kind) => kind,
-            None => ServerKind::from_env()?,
-        };
-        let (masters, replicas) = (self.masters, self.replicas);
-        if masters < 3 {
-            return Err(TestingError::Cluster {
-                reason: format!("a Redis Cluster needs at least 3 masters, not {masters}"),
-            });
-        }
-        let mut nodes = Vec::with_capacity(masters * (1 + replicas));
-        for _ in 0..masters * (1 + replicas) {
+    /// One node of the cluster. Its bus port is taken with its client
+    /// port: when either turns out to be taken (another test's server
+    /// bound it between our look and our bind), both are picked again.
+    fn start_node(&self, kind: ServerKind) -> Result<RedisServer, TestingError> {
+        let mut last = None;
+        for _ in 0..NODE_ATTEMPTS {
             let bus = free_port()?;
             let mut node = RedisServer::builder()
                 .server(kind)
@@ -116,7 +108,33 @@ impl RedisClusterBuilder {
             } else {
                 node.arg("--appendonly").arg("yes")
             };
-            nodes.push(node.start()?);
+            match node.start() {
+                Err(e @ TestingError::PortTaken { .. }) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or(TestingError::Cluster {
+            reason: "no free ports for a node".into(),
+        }))
+    }
+
+    /// Starts the nodes, forms the cluster (slots spread evenly over the
+    /// masters) and waits until every node reports `cluster_state:ok` and
+    /// every replica is in sync with its master.
+    pub fn start(self) -> Result<RedisCluster, TestingError> {
+        let kind = match self.kind {
+            Some(kind) => kind,
+            None => ServerKind::from_env()?,
+        };
+        let (masters, replicas) = (self.masters, self.replicas);
+        if masters < 3 {
+            return Err(TestingError::Cluster {
+                reason: format!("a Redis Cluster needs at least 3 masters, not {masters}"),
+            });
+        }
+        let mut nodes = Vec::with_capacity(masters * (1 + replicas));
+        for _ in 0..masters * (1 + replicas) {
+            nodes.push(self.start_node(kind)?);
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
