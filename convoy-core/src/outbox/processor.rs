@@ -55,7 +55,9 @@ impl std::fmt::Debug for OutboxProcessor {
 impl OutboxProcessor {
     /// A processor publishing `store` to `broker` for the engine instance
     /// `instance_id` (the store's [`OutboxStore::producer`] for it names
-    /// the set that drops re-sent records).
+    /// the set that drops re-sent records). `lanes` gives the backfill
+    /// suffix, a reserved key value checked before publishing; routing
+    /// itself is the broker's.
     pub fn new(
         store: Arc<dyn OutboxStore>,
         broker: Arc<dyn Broker>,
