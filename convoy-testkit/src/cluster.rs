@@ -325,44 +325,80 @@ impl RedisCluster {
         self.cli_within(i, args, CLI_TIMEOUT)
     }
 
+    /// [`cli`](Self::cli) with its own timeout, run again (up to
+    /// `QUERY_ATTEMPTS` times) when the server closed `redis-cli`'s
+    /// connection before it printed anything: a
+    /// [`kill_clients`](Self::kill_clients) meanwhile, not an answer. (The
+    /// kit's commands are idempotent, so one that ran before its connection
+    /// was killed may run again.)
     fn cli_within(
         &self,
         i: usize,
         args: &[&str],
         timeout: Duration,
     ) -> Result<String, TestingError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (out, err) = self.cli_once(i, args, timeout)?;
+            let killed = out.is_empty()
+                && (err.contains("Server closed the connection")
+                    || err.contains("Connection reset by peer"));
+            if !killed || attempt >= QUERY_ATTEMPTS {
+                return Ok(out);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// One `redis-cli` run: what it printed on its standard output and on
+    /// its standard error.
+    fn cli_once(
+        &self,
+        i: usize,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<(String, String), TestingError> {
         let mut child = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.nodes[i].port().to_string()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| TestingError::Spawn {
                 program: "redis-cli".into(),
                 source,
             })?;
-        let Some(mut stdout) = child.stdout.take() else {
-            return Ok(String::new());
+        let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take())
+        else {
+            return Ok((String::new(), String::new()));
         };
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            // redis-cli writes at most a line of errors: it cannot fill the
+            // pipe while its output is being read.
             let mut out = Vec::new();
+            let mut err = Vec::new();
             let _ = stdout.read_to_end(&mut out);
-            let _ = tx.send(out);
+            let _ = stderr.read_to_end(&mut err);
+            let _ = tx.send((out, err));
         });
-        let out = match rx.recv_timeout(timeout) {
-            Ok(out) => out,
+        let (out, err) = match rx.recv_timeout(timeout) {
+            Ok(both) => both,
             Err(_) => {
                 let _ = child.kill();
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         };
         let pid = child.id();
         child
             .wait()
             .map_err(|source| TestingError::Wait { pid, source })?;
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        Ok((
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        ))
     }
 
     /// A connection of the kit's own to node `i`, whose commands fail after
@@ -380,6 +416,25 @@ impl RedisCluster {
             .and_then(|()| conn.set_write_timeout(Some(timeout)))
             .map_err(TestingError::redis("setting a node connection's timeouts"))?;
         Ok(conn)
+    }
+
+    /// [`connect_with`](Self::connect_with), tried again (up to
+    /// `QUERY_ATTEMPTS` times) when the connection is lost while it is
+    /// being set up: a [`kill_clients`](Self::kill_clients) can land in
+    /// the handshake of a connection that replaces a killed one.
+    fn reconnect(&self, i: usize, timeout: Duration) -> Result<redis::Connection, TestingError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.connect_with(i, timeout) {
+                Err(TestingError::Redis { source, .. })
+                    if attempt < QUERY_ATTEMPTS && connection_lost(&source) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Runs `cmd` on node `i` on a fresh connection of the kit's own,
@@ -574,7 +629,7 @@ impl RedisCluster {
         // MIGRATE answers once the target has the key: allow for its own
         // timeout.
         let migrate_timeout = Duration::from_millis(MIGRATE_TIMEOUT_MS) + NODE_TIMEOUT;
-        let mut source = self.connect_with(from, migrate_timeout)?;
+        let mut source = self.reconnect(from, migrate_timeout)?;
         let target_port = self.nodes[to].port();
         let mut keys = 0;
         loop {
@@ -587,7 +642,7 @@ impl RedisCluster {
                     Ok(batch) => break batch,
                     Err(e) if attempt < MIGRATE_ATTEMPTS && connection_lost(&e) => {
                         std::thread::sleep(Duration::from_millis(100));
-                        source = self.connect_with(from, migrate_timeout)?;
+                        source = self.reconnect(from, migrate_timeout)?;
                     }
                     Err(e) => {
                         return Err(fail(format!("CLUSTER GETKEYSINSLOT failed: {e}")));
@@ -620,7 +675,7 @@ impl RedisCluster {
                         // so trying again is safe.
                         std::thread::sleep(Duration::from_millis(100));
                         if connection_lost(&e) || e.is_timeout() {
-                            source = self.connect_with(from, migrate_timeout)?;
+                            source = self.reconnect(from, migrate_timeout)?;
                         }
                     }
                     Err(e) => {
