@@ -245,30 +245,31 @@ impl Envelope {
         let mut payload = None;
         let mut origin = None;
         for (name, value) in entries {
+            // Only the fields kept as text are copied; the others are parsed
+            // from the entry's bytes.
             let text = std::str::from_utf8(value)
-                .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?
-                .to_owned();
+                .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?;
             match name {
-                fields::ID => id = Some(text),
-                fields::TYPE => type_name = Some(text),
-                fields::CATEGORY => category = Some(text),
-                fields::KEY => key = Some(text),
+                fields::ID => id = Some(text.to_owned()),
+                fields::TYPE => type_name = Some(text.to_owned()),
+                fields::CATEGORY => category = Some(text.to_owned()),
+                fields::KEY => key = Some(text.to_owned()),
                 fields::TIME => {
                     time = Some(text.parse::<u64>().map_err(|_| {
                         malformed(format!("field `time` is not a number: {text:?}"))
                     })?)
                 }
                 fields::PRIORITY => {
-                    priority = match text.as_str() {
+                    priority = match text {
                         "normal" => Priority::Normal,
                         "low" => Priority::Low,
                         other => return Err(malformed(format!("unknown priority {other:?}"))),
                     }
                 }
-                fields::CORRELATION => correlation = Some(text),
-                fields::PAYLOAD => payload = Some(text),
+                fields::CORRELATION => correlation = Some(text.to_owned()),
+                fields::PAYLOAD => payload = Some(text.to_owned()),
                 fields::ORIGIN => {
-                    origin = Some(Origin::parse(&text).ok_or_else(|| {
+                    origin = Some(Origin::parse(text).ok_or_else(|| {
                         malformed(format!(
                             "field `origin` is not `{{producer}}#{{seq}}`: {text:?}"
                         ))

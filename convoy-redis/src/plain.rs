@@ -138,7 +138,7 @@ impl PlainConsumer {
                             .query_async(&mut conn)
                             .await
                             .map_err(|e| Error::redis("read of pending entries failed", e))?;
-                        let batch: Vec<Entry> = first_stream_entries(&v)
+                        let batch: Vec<Entry> = first_stream_entries(v)
                             .into_iter()
                             .flat_map(|(_, e)| e)
                             .collect();
@@ -181,7 +181,7 @@ impl PlainConsumer {
                 }
                 Err(e) => return Err(Error::redis("read failed", e)),
             };
-            let mut by_stream = first_stream_entries(&v);
+            let mut by_stream = first_stream_entries(v);
             // Primary lane first.
             by_stream
                 .sort_by_key(|(s, _)| streams.iter().position(|x| x == s).unwrap_or(usize::MAX));
@@ -243,7 +243,7 @@ impl PlainConsumer {
         let Value::Array(parts) = v else {
             return Ok(Vec::new());
         };
-        let claimed = parts.get(1).map(entries).unwrap_or_default();
+        let claimed = parts.into_iter().nth(1).map(entries).unwrap_or_default();
         if !claimed.is_empty() {
             tracing::info!(
                 handler = self.sub().name,

@@ -62,36 +62,54 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
     }
 }
 
-fn bytes(v: &Value) -> Option<Vec<u8>> {
+/// `text`, taking the reply's bytes rather than copying them.
+fn into_text(v: Value) -> Option<String> {
     match v {
-        Value::BulkString(b) => Some(b.clone()),
-        Value::SimpleString(s) => Some(s.as_bytes().to_vec()),
+        Value::BulkString(b) => String::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        other => text(&other),
+    }
+}
+
+/// A field's value, taken from the reply rather than copied.
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
         Value::Int(i) => Some(i.to_string().into_bytes()),
         _ => None,
     }
 }
 
-/// Entries as XREADGROUP returns them for one stream: `[[id, [f, v, ...]], ...]`.
-pub(crate) fn entries(v: &Value) -> Vec<Entry> {
+/// Entries as XREADGROUP returns them for one stream: `[[id, [f, v, ...]],
+/// ...]`. Takes the reply, so each entry's fields move into it rather than
+/// being copied (the consumer's hot path reads every event this way).
+pub(crate) fn entries(v: Value) -> Vec<Entry> {
     let Value::Array(items) = v else {
         return Vec::new();
     };
     items
-        .iter()
+        .into_iter()
         .filter_map(|item| {
             let Value::Array(pair) = item else {
                 return None;
             };
-            let id = text(pair.first()?)?;
-            let fields = match pair.get(1) {
-                Some(Value::Array(kv)) => Some(
-                    kv.chunks(2)
-                        .filter_map(|c| Some((text(c.first()?)?, bytes(c.get(1)?)?)))
-                        .collect(),
-                ),
+            let mut pair = pair.into_iter();
+            let id = into_text(pair.next()?)?;
+            let fields = match pair.next() {
+                Some(Value::Array(kv)) => {
+                    let mut out = Vec::with_capacity(kv.len() / 2);
+                    let mut kv = kv.into_iter();
+                    while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+                        if let (Some(k), Some(v)) = (into_text(k), into_bytes(v)) {
+                            out.push((k, v));
+                        }
+                    }
+                    Some(out)
+                }
                 Some(Value::Map(kv)) => Some(
-                    kv.iter()
-                        .filter_map(|(k, v)| Some((text(k)?, bytes(v)?)))
+                    kv.into_iter()
+                        .filter_map(|(k, v)| Some((into_text(k)?, into_bytes(v)?)))
                         .collect(),
                 ),
                 _ => None,
@@ -101,20 +119,22 @@ pub(crate) fn entries(v: &Value) -> Vec<Entry> {
         .collect()
 }
 
-/// The entries of the first stream of an XREAD/XREADGROUP reply
-/// (`[[stream, entries]]`, or a map in RESP3).
-pub(crate) fn first_stream_entries(v: &Value) -> Vec<(String, Vec<Entry>)> {
+/// The entries of each stream of an XREAD/XREADGROUP reply (`[[stream,
+/// entries]]`, or a map in RESP3), taken from the reply.
+pub(crate) fn first_stream_entries(v: Value) -> Vec<(String, Vec<Entry>)> {
     match v {
         Value::Array(streams) => streams
-            .iter()
+            .into_iter()
             .filter_map(|s| {
                 let Value::Array(pair) = s else { return None };
-                Some((text(pair.first()?)?, entries(pair.get(1)?)))
+                let mut pair = pair.into_iter();
+                let stream = into_text(pair.next()?)?;
+                Some((stream, entries(pair.next()?)))
             })
             .collect(),
         Value::Map(streams) => streams
-            .iter()
-            .filter_map(|(k, v)| Some((text(k)?, entries(v))))
+            .into_iter()
+            .filter_map(|(k, v)| Some((into_text(k)?, entries(v))))
             .collect(),
         _ => Vec::new(),
     }

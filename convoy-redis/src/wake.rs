@@ -152,7 +152,7 @@ pub(crate) async fn follow(
             match r {
                 Ok(v) => {
                     let mut batch = Vec::new();
-                    for (stream, entries) in first_stream_entries(&v) {
+                    for (stream, entries) in first_stream_entries(v) {
                         let Some(i) = streams.iter().position(|s| *s == stream) else {
                             continue;
                         };

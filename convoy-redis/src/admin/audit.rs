@@ -105,7 +105,7 @@ impl Admin {
                 .query_async(&mut c)
                 .await
                 .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
-            let got = entries(&v);
+            let got = entries(v);
             let n = got.len();
             out.searched += n;
             if let Some(last) = got.last() {
@@ -149,7 +149,7 @@ impl Admin {
             .map_err(|e| Error::redis("failed to read the audit streams", e))?;
         let mut out: Vec<AuditRecord> = streams
             .iter()
-            .zip(&replies)
+            .zip(replies)
             .flat_map(|(stream, v)| {
                 entries(v)
                     .into_iter()

@@ -382,7 +382,7 @@ impl Admin {
             .query_async(&mut c)
             .await
             .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
-        Ok(entries(&v))
+        Ok(entries(v))
     }
 }
 

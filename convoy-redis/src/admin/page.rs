@@ -383,7 +383,7 @@ impl Admin {
             .await
             .map_err(|e| Error::redis("failed to read the partition's entries", e))?;
         let mut out = Vec::new();
-        for ((lane, stream), reply) in lanes.iter().zip(&v) {
+        for ((lane, stream), reply) in lanes.iter().zip(v) {
             for e in entries(reply) {
                 let (envelope, decode_error) = match e.envelope(stream) {
                     Ok(env) => (Some(env), None),
@@ -421,7 +421,7 @@ impl Admin {
             .query_async(&mut c)
             .await
             .map_err(|e| Error::redis(format!("failed to read {stream}"), e))?;
-        Ok(entries(&v)
+        Ok(entries(v)
             .iter()
             .map(|e| super::dlq::dead_letter(&stream, e))
             .collect())

@@ -55,11 +55,12 @@ impl AckRequest {
 }
 
 /// Sends the queued acknowledgements, as many per call as are waiting,
-/// until every sender is gone. On one server one lane takes them all; on a
-/// cluster one lane per shard (a script touches one shard), each batching
-/// what queued while its previous call ran, so a shard whose master is
-/// failing over holds up no other shard's acknowledgements. `alive` is
-/// the owner's liveness key of each shard.
+/// until every sender is gone. On one server this task is the one lane
+/// that takes them all (no hop through another task per acknowledgement);
+/// on a cluster one lane per shard (a script touches one shard), each
+/// batching what queued while its previous call ran, so a shard whose
+/// master is failing over holds up no other shard's acknowledgements.
+/// `alive` is the owner's liveness key of each shard.
 pub(crate) async fn run(
     redis: Arc<Connection>,
     group: &'static str,
@@ -67,11 +68,13 @@ pub(crate) async fn run(
     wait: Option<Replicated>,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
-    let cluster = redis.is_cluster();
+    if !redis.is_cluster() {
+        lane(redis, group, alive, wait, rx).await;
+        return;
+    }
     let mut lanes: HashMap<u32, mpsc::UnboundedSender<AckRequest>> = HashMap::new();
     while let Some(r) = rx.recv().await {
-        let shard = if cluster { r.unit.shard } else { 0 };
-        let to = lanes.entry(shard).or_insert_with(|| {
+        let to = lanes.entry(r.unit.shard).or_insert_with(|| {
             let (tx, lane_rx) = mpsc::unbounded_channel();
             tokio::spawn(lane(redis.clone(), group, alive.clone(), wait, lane_rx));
             tx

@@ -32,18 +32,17 @@ pub(crate) struct AckItem<'a> {
 
 impl AckItem<'_> {
     /// The flags as ack.lua reads them.
-    fn flags(&self) -> String {
-        let mut f = String::from("-");
-        if self.clear_head {
-            f.push('h');
+    fn flags(&self) -> &'static str {
+        match (self.clear_head, self.touch, self.trim) {
+            (false, false, false) => "-",
+            (true, false, false) => "-h",
+            (false, true, false) => "-a",
+            (false, false, true) => "-t",
+            (true, true, false) => "-ha",
+            (true, false, true) => "-ht",
+            (false, true, true) => "-at",
+            (true, true, true) => "-hat",
         }
-        if self.touch {
-            f.push('a');
-        }
-        if self.trim {
-            f.push('t');
-        }
-        f
     }
 }
 

@@ -225,6 +225,15 @@ impl Reply {
         }
     }
 
+    /// Takes the `i`th value after the status out of the reply (leaving
+    /// `Nil` in its place), so what it holds moves rather than copies.
+    pub(crate) fn take(&mut self, i: usize) -> Option<Value> {
+        match &mut self.raw {
+            Value::Array(items) => items.get_mut(i + 1).map(std::mem::take),
+            _ => None,
+        }
+    }
+
     /// The values after the status.
     pub(crate) fn values(&self) -> &[Value] {
         match &self.raw {

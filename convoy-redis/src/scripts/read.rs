@@ -95,7 +95,7 @@ impl Read<'_> {
                 inv.arg("").arg(0);
             }
         }
-        let reply = call("read", &inv, conn, "fenced read failed").await?;
+        let mut reply = call("read", &inv, conn, "fenced read failed").await?;
         match &reply.status {
             Status::Done => {}
             Status::NotDone => return Ok(ReadReply::Unseen),
@@ -111,8 +111,7 @@ impl Read<'_> {
         // Lane i in 1..=n is primary stream i, n+i its backfill lane, 0 none.
         let n = lanes.len();
         let lane = reply.int(0).max(0) as usize;
-        let batch = reply.value(1).map(entries).unwrap_or_default();
-        if lane == 0 || batch.is_empty() {
+        if lane == 0 {
             return Ok(ReadReply::Empty);
         }
         let at = if lane > n {
@@ -128,6 +127,11 @@ impl Read<'_> {
         };
         if at.lane >= n {
             return Err(reply.unexpected());
+        }
+        // The entries move out of the reply (no copy of each event).
+        let batch = reply.take(1).map(entries).unwrap_or_default();
+        if batch.is_empty() {
+            return Ok(ReadReply::Empty);
         }
         Ok(ReadReply::Entries(at, batch))
     }
