@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::connection::Connection;
@@ -17,6 +19,8 @@ use convoy_core::error::Error;
 
 /// The most acknowledgements one call carries.
 const MAX_BATCH: usize = 256;
+/// The most calls one lane has under way at once.
+const IN_FLIGHT: usize = 2;
 
 /// One unit's acknowledgement, as a worker queues it.
 pub(crate) struct AckRequest {
@@ -86,7 +90,12 @@ pub(crate) async fn run(
     }
 }
 
-/// One lane: a call per batch of what queued meanwhile.
+/// One lane: a call per batch of what queued meanwhile, with up to
+/// [`IN_FLIGHT`] calls under way at once (pipelined on the connection), so
+/// Redis runs one batch while the replies of the last are on their way and
+/// the next is being gathered. Each unit has at most one acknowledgement
+/// queued or under way (its worker waits for it), so calls never carry
+/// the same unit and their order does not matter.
 async fn lane(
     redis: Arc<Connection>,
     group: &'static str,
@@ -94,35 +103,55 @@ async fn lane(
     wait: Option<Replicated>,
     mut rx: mpsc::UnboundedReceiver<AckRequest>,
 ) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
+    let mut under_way = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            // Replies first: they free a slot and answer workers.
+            Some(()) = under_way.next(), if !under_way.is_empty() => {}
+            next = rx.recv(), if under_way.len() < IN_FLIGHT => {
+                let Some(first) = next else { break };
+                let mut batch = vec![first];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                under_way.push(send(redis.clone(), group, alive.clone(), wait, batch));
             }
         }
-        let mut conn = match redis.shared().await {
-            Ok(c) => c,
-            Err(e) => {
-                answer(batch, Err(e));
-                continue;
-            }
-        };
-        let items: Vec<AckItem<'_>> = batch
-            .iter()
-            .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
-            .collect();
-        let result = Ack {
-            group,
-            now_ms: now_ms(),
-            items: &items,
-        }
-        .run(&mut conn, wait)
-        .await;
-        drop(items);
-        answer(batch, result);
     }
+    while under_way.next().await.is_some() {}
+}
+
+/// One call: acknowledges `batch` and answers each request.
+async fn send(
+    redis: Arc<Connection>,
+    group: &'static str,
+    alive: Arc<[String]>,
+    wait: Option<Replicated>,
+    batch: Vec<AckRequest>,
+) {
+    let mut conn = match redis.shared().await {
+        Ok(c) => c,
+        Err(e) => {
+            answer(batch, Err(e));
+            return;
+        }
+    };
+    let items: Vec<AckItem<'_>> = batch
+        .iter()
+        .map(|r| r.item(alive.get(r.unit.shard as usize).map_or("", String::as_str)))
+        .collect();
+    let result = Ack {
+        group,
+        now_ms: now_ms(),
+        items: &items,
+    }
+    .run(&mut conn, wait)
+    .await;
+    drop(items);
+    answer(batch, result);
 }
 
 /// Hands each request its outcome.
