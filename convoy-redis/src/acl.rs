@@ -51,6 +51,7 @@ pub const COMMANDS: &[&str] = &[
     "+xtrim",
     // Strings, hashes, sets, sorted sets.
     "+get",
+    "+mget",
     "+set",
     "+del",
     "+exists",

@@ -27,22 +27,16 @@
 -- the number of entries acknowledged}.
 local group = ARGV[1]
 local now = ARGV[2]
--- `command`'s reply for a key, read once per call.
-local function cached(command)
-  local seen = {}
-  return function(key)
-    local v = seen[key]
-    if v == nil then
-      v = redis.call(command, key)
-      seen[key] = v
-    end
-    return v
+-- How many groups a category's set has, read once per call.
+local group_counts = {}
+local function groups_of(key)
+  local n = group_counts[key]
+  if n == nil then
+    n = redis.call('SCARD', key)
+    group_counts[key] = n
   end
+  return n
 end
-
--- What each liveness key holds, and how many groups a category's set has.
-local live_in = cached('GET')
-local groups_of = cached('SCARD')
 
 local function less(a, b)
   local am, as = string.match(a, '(%d+)-(%d+)')
@@ -99,6 +93,15 @@ local function trim(stream, groups_key, last)
   end
 end
 
+-- Every request's lease and liveness key, read in one MGET: lease of
+-- request r at 2r+1, its owner's liveness at 2r+2.
+local fences = {}
+for r = 0, #KEYS / 6 - 1 do
+  fences[2 * r + 1] = KEYS[6 * r + 1]
+  fences[2 * r + 2] = KEYS[6 * r + 6]
+end
+local held = redis.call('MGET', unpack(fences))
+
 local out = {1}
 local counts = {}
 local a = 3
@@ -113,11 +116,10 @@ while a <= #ARGV do
     ids[j] = ARGV[a + 3 + j]
   end
   a = a + 4 + n
-  local lease, stream, unit, groups_key, acked, alive =
-    KEYS[6 * r + 1], KEYS[6 * r + 2], KEYS[6 * r + 3], KEYS[6 * r + 4], KEYS[6 * r + 5],
-    KEYS[6 * r + 6]
+  local stream, unit, groups_key, acked =
+    KEYS[6 * r + 2], KEYS[6 * r + 3], KEYS[6 * r + 4], KEYS[6 * r + 5]
+  local no = refusal_held(held[2 * r + 2], held[2 * r + 1], token, inc)
   r = r + 1
-  local no = refusal_given(live_in(alive), lease, token, inc)
   if no then
     out[#out + 1] = no
   else

@@ -7,13 +7,13 @@
 --   -2  the lease is gone (an operator's --force, or Redis lost its state)
 --   -3  the caller's liveness lapsed, or was renewed by another process
 --       under the same instance id
--- `live` is what the caller's liveness key holds (read once per call by
--- scripts that check several units).
-local function refusal_given(live, lease, token, inc)
+-- `live` is what the caller's liveness key holds and `cur` what the lease
+-- holds (false for a missing key), as read by the script: one MGET for
+-- both, or for every unit of a call (scripts that check several units).
+local function refusal_held(live, cur, token, inc)
   if live ~= inc then
     return -3
   end
-  local cur = redis.call('GET', lease)
   if cur == token then
     return nil
   end
@@ -24,7 +24,8 @@ local function refusal_given(live, lease, token, inc)
 end
 
 local function refusal(lease, token, alive, inc)
-  return refusal_given(redis.call('GET', alive), lease, token, inc)
+  local held = redis.call('MGET', alive, lease)
+  return refusal_held(held[1], held[2], token, inc)
 end
 
 -- Whether a key holds something other than a stream (an operator's or a

@@ -74,9 +74,10 @@ local max = tonumber(top[2] or '-1')
 local sent = {}
 -- Index entries and counts once per distinct key (or category) of the
 -- batch: the script is atomic, so doing them at the end is the same as
--- doing them with each record.
+-- doing them with each record. One SADD per index, with all its keys.
 local indexed = {}
 local adds = {}
+local indexes = {}
 local counts = {}
 while a <= #ARGV do
   local seq = tonumber(ARGV[a])
@@ -96,7 +97,13 @@ while a <= #ARGV do
       local id = index .. '\0' .. key
       if not indexed[id] then
         indexed[id] = true
-        adds[#adds + 1] = {index, key}
+        local keys = adds[index]
+        if not keys then
+          keys = {}
+          adds[index] = keys
+          indexes[#indexes + 1] = index
+        end
+        keys[#keys + 1] = key
       end
       counts[published] = (counts[published] or 0) + 1
     end
@@ -106,8 +113,8 @@ while a <= #ARGV do
   end
   a = a + 3 + n
 end
-for _, w in ipairs(adds) do
-  redis.call('SADD', w[1], w[2])
+for _, index in ipairs(indexes) do
+  redis.call('SADD', index, unpack(adds[index]))
 end
 -- Each count's new value and what this batch added: the publisher keeps
 -- the last value it saw, and a later value below it means the shard lost
