@@ -418,23 +418,12 @@ impl RedisCluster {
         Ok(conn)
     }
 
-    /// [`connect_with`](Self::connect_with), tried again (up to
-    /// `QUERY_ATTEMPTS` times) when the connection is lost while it is
-    /// being set up: a [`kill_clients`](Self::kill_clients) can land in
-    /// the handshake of a connection that replaces a killed one.
+    /// [`connect_with`](Self::connect_with), tried again when the
+    /// connection is lost while it is being set up: a
+    /// [`kill_clients`](Self::kill_clients) can land in the handshake of a
+    /// connection that replaces a killed one.
     fn reconnect(&self, i: usize, timeout: Duration) -> Result<redis::Connection, TestingError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.connect_with(i, timeout) {
-                Err(TestingError::Redis { source, .. })
-                    if attempt < QUERY_ATTEMPTS && connection_lost(&source) =>
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                other => return other,
-            }
-        }
+        retry_lost(|| self.connect_with(i, timeout))
     }
 
     /// Runs `cmd` on node `i` on a fresh connection of the kit's own,
@@ -446,21 +435,10 @@ impl RedisCluster {
         cmd: &redis::Cmd,
         action: &'static str,
     ) -> Result<T, TestingError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let result = self
-                .connect(i)
-                .and_then(|mut conn| cmd.query(&mut conn).map_err(TestingError::redis(action)));
-            match result {
-                Err(TestingError::Redis { source, .. })
-                    if attempt < QUERY_ATTEMPTS && connection_lost(&source) =>
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                other => return other,
-            }
-        }
+        retry_lost(|| {
+            self.connect(i)
+                .and_then(|mut conn| cmd.query(&mut conn).map_err(TestingError::redis(action)))
+        })
     }
 
     /// The nodes that are masters now (by index), from `ROLE`.
@@ -899,6 +877,23 @@ impl RedisCluster {
 
 /// Whether `e` means the connection (not the command) failed: refused,
 /// dropped, or broken by a `CLIENT KILL`.
+/// Runs `attempt` up to `QUERY_ATTEMPTS` times, 100 ms apart, while it
+/// fails because its connection was lost.
+fn retry_lost<T>(mut attempt: impl FnMut() -> Result<T, TestingError>) -> Result<T, TestingError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match attempt() {
+            Err(TestingError::Redis { source, .. })
+                if tries < QUERY_ATTEMPTS && connection_lost(&source) =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn connection_lost(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
