@@ -238,6 +238,41 @@ fn a_write_made_after_the_cut_is_missing_on_the_promoted_replica() {
     assert_eq!(cluster.master_of_key("{cut}").expect("master"), replica);
 }
 
+/// A cut-off replica answers its clients at once (it is not frozen), keeps
+/// getting nothing while its reconnections are refused, and re-syncs once
+/// healed.
+#[test]
+fn a_cut_off_replica_answers_gets_nothing_new_and_resyncs_when_healed() {
+    let mut cluster = RedisCluster::start(3, 1).expect("form a cluster");
+    let m = cluster.master_of_key("{heal}").expect("master");
+    let replica = cluster.cut_replication(m).expect("cut");
+    assert_eq!(
+        cluster
+            .cli(m, &["SET", "{heal}k", "1"])
+            .expect("set")
+            .trim(),
+        "OK"
+    );
+    // The replica tries to reconnect about once a second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let started = Instant::now();
+    assert_eq!(
+        cluster.cli(replica, &["PING"]).expect("ping").trim(),
+        "PONG"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(dbsize(&cluster, replica), 0, "nothing reached the replica");
+    cluster.heal_replication(replica).expect("heal");
+    let started = Instant::now();
+    while dbsize(&cluster, replica) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the healed replica never re-synced"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn a_slot_migration_goes_on_through_repeated_connection_kills() {
     let cluster = RedisCluster::start(3, 0).expect("form a cluster");

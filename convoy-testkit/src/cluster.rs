@@ -48,6 +48,9 @@ const MIGRATE_ATTEMPTS: usize = 10;
 const QUERY_ATTEMPTS: usize = 5;
 /// How many times a node is started with new ports when one is taken.
 const NODE_ATTEMPTS: usize = 5;
+/// The user (and password) a cut-off replica is told to log in to its
+/// master as: no such user exists, so the master refuses it.
+const CUT_OFF_USER: &str = "convoy-testkit-cut-off";
 /// Every how long [`RedisCluster::lose_master`] repeats
 /// `CLUSTER FAILOVER TAKEOVER` until the replica is a master.
 const TAKEOVER_RETRY: Duration = Duration::from_secs(2);
@@ -688,12 +691,15 @@ impl RedisCluster {
     }
 
     /// Cuts master `master` off from its replica, so that writes made from
-    /// now on reach the master only: the replica is frozen (`SIGSTOP`) and
-    /// its replication link killed on the master (`CLIENT KILL TYPE
-    /// replica`), so it cannot reconnect and nothing written later is even
-    /// in its socket buffer. Returns the replica's index, for
-    /// [`lose_master`](Self::lose_master) (or thaw it with
-    /// `node_mut(replica).thaw()`: it then re-syncs).
+    /// now on reach the master only: the replica is told to log in to its
+    /// master as a user that does not exist (`CONFIG SET masteruser`,
+    /// `masterauth`), then its replication link is killed on the master
+    /// (`CLIENT KILL TYPE replica`), so each attempt to reconnect is
+    /// refused at `AUTH`, before any sync. The replica stays up and answers
+    /// clients (a frozen one would stall every cluster client that checks
+    /// its connections, which is another fault). Returns the replica's
+    /// index, for [`lose_master`](Self::lose_master) or
+    /// [`heal_replication`](Self::heal_replication).
     ///
     /// Waits first until the replica's link is up, so everything written
     /// before the call reaches it.
@@ -721,7 +727,14 @@ impl RedisCluster {
         let mut wait = redis::cmd("WAIT");
         wait.arg(1).arg(1000);
         self.query::<i64>(master, &wait, "waiting for the replica")?;
-        self.nodes[replica].freeze()?;
+        let mut refuse = redis::cmd("CONFIG");
+        refuse
+            .arg("SET")
+            .arg("masteruser")
+            .arg(CUT_OFF_USER)
+            .arg("masterauth")
+            .arg(CUT_OFF_USER);
+        self.query::<()>(replica, &refuse, "refusing the replica its master")?;
         let mut kill = redis::cmd("CLIENT");
         kill.arg("KILL").arg("TYPE").arg("replica");
         let killed: usize = self.query(master, &kill, "killing the replication link")?;
@@ -733,19 +746,31 @@ impl RedisCluster {
         Ok(replica)
     }
 
+    /// Lets replica `replica`, cut off by
+    /// [`cut_replication`](Self::cut_replication), log in to its master
+    /// again: it re-syncs.
+    pub fn heal_replication(&self, replica: usize) -> Result<(), TestingError> {
+        let mut heal = redis::cmd("CONFIG");
+        heal.arg("SET")
+            .arg("masteruser")
+            .arg("")
+            .arg("masterauth")
+            .arg("");
+        self.query::<()>(replica, &heal, "letting the replica log in again")
+    }
+
     /// Loses master `master` to its replica `replica`: `kill -9` of the
-    /// master, `SIGCONT` to the replica (frozen by
-    /// [`cut_replication`](Self::cut_replication); harmless otherwise), then
-    /// `CLUSTER FAILOVER TAKEOVER` on it (no election and no data-age
-    /// check) until it is a master, and waits for `cluster_state:ok`.
-    /// Whatever the replica had not received is gone.
+    /// master, then `CLUSTER FAILOVER TAKEOVER` on the replica (no election
+    /// and no data-age check) until it is a master, and waits for
+    /// `cluster_state:ok`. Whatever the replica had not received (it was
+    /// cut off by [`cut_replication`](Self::cut_replication)) is gone; the
+    /// new master's replication login is restored.
     ///
     /// The old master stays down; [`restart_node`](Self::restart_node)
     /// brings it back as the new master's replica (it then discards its own
     /// data in a full sync).
     pub fn lose_master(&mut self, master: usize, replica: usize) -> Result<(), TestingError> {
         self.nodes[master].kill()?;
-        self.nodes[replica].thaw()?;
         let start = Instant::now();
         let mut asked: Option<Instant> = None;
         while self.cli(replica, &["ROLE"])?.lines().next() != Some("master") {
@@ -768,6 +793,7 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.heal_replication(replica)?;
         self.wait_ok(FORM_TIMEOUT)
     }
 

@@ -236,7 +236,7 @@ pub async fn publish_until_out(p: &Domain, events: &[Posted]) -> Duration {
     while let Err(e) = processor.drain().await {
         assert!(
             started.elapsed() < Duration::from_secs(90),
-            "publishing never resumed: {e}"
+            "publishing never resumed: {e} ({e:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
