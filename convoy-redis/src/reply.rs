@@ -63,7 +63,7 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
 }
 
 /// `text`, taking the reply's bytes rather than copying them.
-fn into_text(v: Value) -> Option<String> {
+pub(crate) fn into_text(v: Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b).ok(),
         Value::SimpleString(s) => Some(s),

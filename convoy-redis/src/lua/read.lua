@@ -20,6 +20,12 @@
 -- (the client sent it again after a dropped connection, as the Redis
 -- Cluster client does): its entries would be passed over, so nothing new
 -- is read and {0} is returned; the caller reads its pending entries first.
+-- ARGV[12] for a read of new entries: the most entries returned whole; a
+-- longer batch comes back as its ids only (every entry passed back
+-- through Lua costs Redis about as much again as the read itself), and the
+-- caller reads their fields with one XRANGE over the ids' range: a read of
+-- new entries delivers consecutive entries of the stream, and one deleted
+-- meanwhile is missing from the XRANGE as it would be field-less here.
 --
 -- Every key is passed by name, never as '': a Redis ACL user limited to
 -- convoy's key patterns is refused any key outside them, even an empty one.
@@ -31,7 +37,8 @@
 -- when a lane's key holds something other than a stream; else
 -- {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
 -- backfill lane, 0 none; entries as XREADGROUP returns them for one stream
--- (an entry deleted while pending comes back with no fields).
+-- (an entry deleted while pending comes back with no fields); or
+-- {1, lane, ids, 1} for a longer batch of new entries (see ARGV[12]).
 local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[8])
 if no then
   return {no}
@@ -96,6 +103,14 @@ for pass = 0, passes do
       return {0}
     end
     if e then
+      local whole = tonumber(ARGV[12])
+      if ARGV[5] == '>' and whole and #e > whole then
+        local ids = {}
+        for k = 1, #e do
+          ids[k] = e[k][1]
+        end
+        return {1, pass * n + i + 1, ids, 1}
+      end
       return {1, pass * n + i + 1, e}
     end
   end

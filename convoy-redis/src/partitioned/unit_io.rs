@@ -22,6 +22,10 @@ use convoy_core::error::Error;
 
 /// Entries read per fenced read from the primary lane.
 pub(super) const PRIMARY_BATCH: usize = 100;
+/// The most new entries a fenced read returns whole; a longer batch comes
+/// back as ids and one `XRANGE` reads the fields. Below this, the second
+/// round trip costs more than passing the entries back through Lua.
+pub(super) const WHOLE: usize = 16;
 /// Entries read per fenced read from the backfill lane (small, so primary
 /// traffic is looked at again soon).
 pub(super) const BACKFILL_BATCH: usize = 10;
@@ -155,6 +159,7 @@ impl UnitIo for RedisUnit {
             which,
             primary_count: PRIMARY_BATCH,
             backfill_count: BACKFILL_BATCH,
+            whole: WHOLE,
             first_lane,
             held,
         }

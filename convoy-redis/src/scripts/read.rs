@@ -4,7 +4,9 @@
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use crate::reply::{Entry, entries};
+use redis::Value;
+
+use crate::reply::{Entry, entries, into_text};
 use crate::unit::At;
 use convoy_core::error::Error;
 
@@ -27,6 +29,10 @@ pub(crate) struct Read<'a> {
     pub(crate) primary_count: usize,
     /// Entries per read of a backfill lane.
     pub(crate) backfill_count: usize,
+    /// The most new entries the script returns whole: a longer batch comes
+    /// back as ids, and one `XRANGE` reads their fields (an entry passed
+    /// back through Lua costs Redis about as much again as reading it).
+    pub(crate) whole: usize,
     /// The lane to look at first (rotates for fairness between the
     /// categories of one unit).
     pub(crate) first_lane: usize,
@@ -95,6 +101,7 @@ impl Read<'_> {
                 inv.arg("").arg(0);
             }
         }
+        inv.arg(self.whole);
         let mut reply = call("read", &inv, conn, "fenced read failed").await?;
         match &reply.status {
             Status::Done => {}
@@ -128,11 +135,74 @@ impl Read<'_> {
         if at.lane >= n {
             return Err(reply.unexpected());
         }
+        let ids_only = reply.int(2) == 1;
         // The entries move out of the reply (no copy of each event).
-        let batch = reply.take(1).map(entries).unwrap_or_default();
+        let batch = match reply.take(1) {
+            Some(ids) if ids_only => {
+                let lane = &lanes[at.lane];
+                let stream = if at.backfill {
+                    &lane.backfill
+                } else {
+                    &lane.primary
+                };
+                fields_of(stream, ids, conn).await?
+            }
+            Some(v) => entries(v),
+            None => Vec::new(),
+        };
         if batch.is_empty() {
             return Ok(ReadReply::Empty);
         }
         Ok(ReadReply::Entries(at, batch))
     }
+}
+
+/// The entries a read delivered as `ids` (consecutive entries of `stream`,
+/// in order), with their fields, from one `XRANGE` over the ids' range. An
+/// entry deleted since the read is missing from the range: it comes back
+/// without fields, as a field-less entry of a read would.
+pub(super) async fn fields_of(
+    stream: &str,
+    ids: Value,
+    conn: &mut (impl ConnectionLike + Send),
+) -> Result<Vec<Entry>, Error> {
+    let Value::Array(ids) = ids else {
+        return Err(Error::UnexpectedReply {
+            script: "read",
+            reply: format!("ids that are not an array: {ids:?}"),
+        });
+    };
+    let ids: Vec<String> = ids.into_iter().filter_map(into_text).collect();
+    let (Some(first), Some(last)) = (ids.first().cloned(), ids.last().cloned()) else {
+        return Ok(Vec::new());
+    };
+    let range: Value = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg(&first)
+        .arg(&last)
+        .arg("COUNT")
+        .arg(ids.len())
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::redis("reading the fields of a fenced read's entries failed", e))?;
+    let mut found = entries(range).into_iter().peekable();
+    let batch = ids
+        .into_iter()
+        .map(|id| match found.next_if(|e| e.id == id) {
+            Some(entry) => entry,
+            None => Entry { id, fields: None },
+        })
+        .collect();
+    // An entry in the range the read did not deliver: the stream is not
+    // what the read left (the caller re-reads its pending entries).
+    if let Some(other) = found.next() {
+        return Err(Error::UnexpectedReply {
+            script: "read",
+            reply: format!(
+                "XRANGE of {stream:?} from {first} to {last} holds entry {}, which the read did not deliver",
+                other.id
+            ),
+        });
+    }
+    Ok(batch)
 }

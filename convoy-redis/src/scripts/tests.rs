@@ -91,6 +91,128 @@ async fn read(c: &mut Conn, token: &str, alive: &str, inc: &str) -> ReadReply {
     read_holding(c, token, alive, inc, None, 10).await
 }
 
+/// A read of new entries returning at most `whole` of them whole.
+async fn read_whole(c: &mut Conn, token: &str, whole: usize) -> ReadReply {
+    Read {
+        by: by(&unit(), token, ALIVE_A, "a1"),
+        which: Which::New,
+        primary_count: 10,
+        backfill_count: 10,
+        whole,
+        first_lane: 0,
+        held: None,
+    }
+    .run(c)
+    .await
+    .expect("read")
+}
+
+/// `calls` of `command` in `INFO commandstats`.
+async fn calls(c: &mut Conn, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fields_text(e: &crate::reply::Entry) -> Vec<(String, String)> {
+    e.fields
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect()
+}
+
+/// A batch of new entries longer than `whole` comes back as ids and one
+/// `XRANGE` reads their fields: the same entries, in order, with the same
+/// fields as a read that returns them whole.
+#[tokio::test]
+async fn a_long_read_returns_ids_and_one_xrange_reads_the_same_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    for i in 1..=6 {
+        let id = format!("1-{i}");
+        let v = format!("v{i}");
+        cmd(&mut c, &["XADD", STREAM, &id, "f", &v, "g", &id]).await;
+    }
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // Three whole, then three as ids.
+    let ReadReply::Entries(_, whole) = read_holding(&mut c, &token, ALIVE_A, "a1", None, 3).await
+    else {
+        panic!("entries expected");
+    };
+    assert_eq!(calls(&mut c, "xrange").await, 0);
+    let ReadReply::Entries(at, by_ids) = read_whole(&mut c, &token, 2).await else {
+        panic!("entries expected");
+    };
+    assert_eq!(
+        calls(&mut c, "xrange").await,
+        1,
+        "one XRANGE read the fields"
+    );
+    assert_eq!(at, PRIMARY);
+    let all: Vec<_> = whole.iter().chain(&by_ids).collect();
+    let ids: Vec<&str> = all.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["1-1", "1-2", "1-3", "1-4", "1-5", "1-6"]);
+    for (i, e) in all.iter().enumerate() {
+        let n = i + 1;
+        assert_eq!(
+            fields_text(e),
+            [
+                ("f".to_owned(), format!("v{n}")),
+                ("g".to_owned(), format!("1-{n}"))
+            ]
+        );
+    }
+    // Nothing is left to read, and all six are pending for the reader.
+    assert!(matches!(
+        read_whole(&mut c, &token, 2).await,
+        ReadReply::Empty
+    ));
+}
+
+/// The fields of entries a read returned as ids: one deleted since comes
+/// back without fields (as a read returns it); an entry in the range that
+/// the read did not deliver is an error, never taken for a deleted one.
+#[tokio::test]
+async fn fields_of_ids_marks_a_deleted_entry_and_refuses_a_foreign_one() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    for id in ["1-1", "1-2", "1-3"] {
+        cmd(&mut c, &["XADD", STREAM, id, "f", id]).await;
+    }
+    cmd(&mut c, &["XDEL", STREAM, "1-2"]).await;
+    let ids = |v: &[&str]| {
+        Value::Array(
+            v.iter()
+                .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                .collect(),
+        )
+    };
+    let batch = super::read::fields_of(STREAM, ids(&["1-1", "1-2", "1-3"]), &mut c)
+        .await
+        .expect("fields");
+    let got: Vec<(&str, bool)> = batch
+        .iter()
+        .map(|e| (e.id.as_str(), e.fields.is_some()))
+        .collect();
+    assert_eq!(got, [("1-1", true), ("1-2", false), ("1-3", true)]);
+    cmd(&mut c, &["XADD", STREAM, "1-4", "f", "1-4"]).await;
+    cmd(&mut c, &["XADD", STREAM, "1-5", "f", "1-5"]).await;
+    let foreign = super::read::fields_of(STREAM, ids(&["1-3", "1-5"]), &mut c).await;
+    assert!(
+        matches!(&foreign, Err(e) if e.to_string().contains("1-4")),
+        "{foreign:?}"
+    );
+}
+
 /// A read of new entries by a caller that holds `held` pending entries
 /// (checked when `Some`).
 async fn read_holding(
@@ -110,6 +232,7 @@ async fn read_holding(
         which: Which::New,
         primary_count: count,
         backfill_count: count,
+        whole: count,
         first_lane: 0,
         held: held.map(|n| (primary, n)),
     }
