@@ -1,11 +1,10 @@
 //! `read.lua`: the fenced read of a unit: its own pending entries, or new
 //! ones, primary lanes before backfill lanes.
 
+use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Refusal, SCRIPTS, Status, call};
-use redis::Value;
-
 use crate::reply::{Entry, entries, into_text};
 use crate::unit::At;
 use convoy_core::error::Error;
@@ -166,13 +165,19 @@ pub(super) async fn fields_of(
     ids: Value,
     conn: &mut (impl ConnectionLike + Send),
 ) -> Result<Vec<Entry>, Error> {
-    let Value::Array(ids) = ids else {
-        return Err(Error::UnexpectedReply {
-            script: "read",
-            reply: format!("ids that are not an array: {ids:?}"),
-        });
+    let unexpected = |what: String| Error::UnexpectedReply {
+        script: "read",
+        reply: what,
     };
-    let ids: Vec<String> = ids.into_iter().filter_map(into_text).collect();
+    let Value::Array(ids) = ids else {
+        return Err(unexpected(format!("ids that are not an array: {ids:?}")));
+    };
+    // Every id or none: an id left out would never be handled.
+    let ids: Vec<String> = ids
+        .into_iter()
+        .map(into_text)
+        .collect::<Option<_>>()
+        .ok_or_else(|| unexpected("an entry id that is not text".to_owned()))?;
     let (Some(first), Some(last)) = (ids.first().cloned(), ids.last().cloned()) else {
         return Ok(Vec::new());
     };
@@ -196,13 +201,10 @@ pub(super) async fn fields_of(
     // An entry in the range the read did not deliver: the stream is not
     // what the read left (the caller re-reads its pending entries).
     if let Some(other) = found.next() {
-        return Err(Error::UnexpectedReply {
-            script: "read",
-            reply: format!(
-                "XRANGE of {stream:?} from {first} to {last} holds entry {}, which the read did not deliver",
-                other.id
-            ),
-        });
+        return Err(unexpected(format!(
+            "XRANGE of {stream:?} from {first} to {last} holds entry {}, which the read did not deliver",
+            other.id
+        )));
     }
     Ok(batch)
 }

@@ -211,6 +211,9 @@ async fn fields_of_ids_marks_a_deleted_entry_and_refuses_a_foreign_one() {
         matches!(&foreign, Err(e) if e.to_string().contains("1-4")),
         "{foreign:?}"
     );
+    // An id that is not text is an error, never an entry left out.
+    let odd = Value::Array(vec![Value::BulkString(b"1-3".to_vec()), Value::Int(5)]);
+    assert!(super::read::fields_of(STREAM, odd, &mut c).await.is_err());
 }
 
 /// A read of new entries by a caller that holds `held` pending entries
