@@ -1,4 +1,4 @@
-//! Where a result comes from: the commit of the checkout, the date, the
+//! Where a result comes from: the commit it was built from, the date, the
 //! command line. Recorded in every report so that a result file kept in
 //! `convoy-bench/results/` says what it measured.
 
@@ -19,14 +19,26 @@ pub fn commit_id(dir: &Path) -> String {
     describe_commit(head.as_deref(), status.as_deref())
 }
 
-/// The commit of the checkout this binary was built from (its sources'
-/// directory), falling back to the working directory's.
+/// The commit this binary was built from (recorded by the build script),
+/// falling back to the working directory's checkout when the build was not
+/// in one.
 pub fn current_commit() -> String {
-    let built = commit_id(Path::new(env!("CARGO_MANIFEST_DIR")));
+    let built = built_commit(
+        option_env!("CONVOY_BENCH_BUILT_HEAD"),
+        option_env!("CONVOY_BENCH_BUILT_DIRTY"),
+    );
     if built != UNKNOWN {
         return built;
     }
     std::env::current_dir().map_or_else(|_| UNKNOWN.to_owned(), |d| commit_id(&d))
+}
+
+/// The commit the build script recorded: `head` (the hash), `-dirty` when
+/// `dirty` is `1` (the build's checkout had uncommitted changes);
+/// [`UNKNOWN`] without a hash.
+pub fn built_commit(head: Option<&str>, dirty: Option<&str>) -> String {
+    let porcelain = dirty.map(|d| if d == "1" { "uncommitted changes" } else { "" });
+    describe_commit(head, porcelain)
 }
 
 /// Runs `git -C dir args`: its stdout when it succeeds, `None` otherwise.
@@ -144,6 +156,32 @@ mod tests {
         );
         // The status could not be read: the hash alone.
         assert_eq!(describe_commit(Some(&head), None), HASH);
+    }
+
+    #[test]
+    fn the_built_commit_is_the_recorded_hash_dirty_when_the_build_was() {
+        assert_eq!(built_commit(Some(HASH), Some("0")), HASH);
+        assert_eq!(built_commit(Some(HASH), Some("1")), format!("{HASH}-dirty"));
+        assert_eq!(built_commit(Some(HASH), Some("")), HASH);
+        assert_eq!(built_commit(Some(""), Some("1")), UNKNOWN);
+        assert_eq!(built_commit(None, None), UNKNOWN);
+    }
+
+    /// This binary's build recorded the commit of this checkout.
+    #[test]
+    fn this_build_recorded_its_checkout_commit() {
+        let recorded = built_commit(
+            option_env!("CONVOY_BENCH_BUILT_HEAD"),
+            option_env!("CONVOY_BENCH_BUILT_DIRTY"),
+        );
+        let checkout = git(
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            &["rev-parse", "HEAD"],
+        );
+        match checkout {
+            Some(head) => assert_eq!(recorded.trim_end_matches("-dirty"), head.trim()),
+            None => assert_eq!(recorded, UNKNOWN),
+        }
     }
 
     #[test]

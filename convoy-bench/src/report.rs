@@ -201,8 +201,9 @@ impl Section {
 /// Everything one invocation measured, and where it comes from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    /// The commit of the checkout measured (`git rev-parse HEAD`, `-dirty`
-    /// with uncommitted changes, `unknown` without git). Empty in a file
+    /// The commit the benchmark was built from (`git rev-parse HEAD` at
+    /// build time, `-dirty` when the build had uncommitted changes,
+    /// `unknown` without git). Empty in a file
     /// written before results recorded it.
     #[serde(default)]
     pub commit: String,
