@@ -4,21 +4,12 @@
 //! hash, empty outside a git checkout) and `CONVOY_BENCH_BUILT_DIRTY`
 //! (`1` with uncommitted changes, `0` without, empty when unknown).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-/// `git -C dir args`: its trimmed stdout when it succeeds.
-fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
+#[path = "src/git.rs"]
+mod git;
+
+use git::git;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());

@@ -25,6 +25,7 @@
 
 mod baseline;
 mod compare;
+mod git;
 mod harness;
 mod heap;
 mod model;

@@ -3,7 +3,8 @@
 //! `convoy-bench/results/` says what it measured.
 
 use std::path::Path;
-use std::process::Command;
+
+use crate::git::git;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The commit id when git cannot tell it (no git, not a checkout).
@@ -39,19 +40,6 @@ pub fn current_commit() -> String {
 pub fn built_commit(head: Option<&str>, dirty: Option<&str>) -> String {
     let porcelain = dirty.map(|d| if d == "1" { "uncommitted changes" } else { "" });
     describe_commit(head, porcelain)
-}
-
-/// Runs `git -C dir args`: its stdout when it succeeds, `None` otherwise.
-fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The commit id from `git rev-parse HEAD`'s output and `git status
@@ -213,14 +201,7 @@ mod tests {
         let dir = scratch_dir("commit");
         // Not a checkout (the temporary directory is not in one): unknown.
         assert_eq!(commit_id(&dir), UNKNOWN);
-        let run = |args: &[&str]| {
-            Command::new("git")
-                .arg("-C")
-                .arg(&dir)
-                .args(args)
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
+        let run = |args: &[&str]| git(&dir, args).is_some();
         if !run(&["init", "-q"]) {
             // No git here: the unknown case above is all there is to check.
             let _ = std::fs::remove_dir_all(&dir);
