@@ -111,10 +111,8 @@ while a <= #ARGV do
   local inc = ARGV[a + 1]
   local flags = ARGV[a + 2]
   local n = tonumber(ARGV[a + 3])
-  local ids = {}
-  for j = 1, n do
-    ids[j] = ARGV[a + 3 + j]
-  end
+  -- The ids are ARGV[first .. last] (unpacked from ARGV, no table).
+  local first, last = a + 4, a + 3 + n
   a = a + 4 + n
   local stream, unit, groups_key, acked =
     KEYS[6 * r + 2], KEYS[6 * r + 3], KEYS[6 * r + 4], KEYS[6 * r + 5]
@@ -123,16 +121,19 @@ while a <= #ARGV do
   if no then
     out[#out + 1] = no
   else
-    local done = redis.call('XACK', stream, group, unpack(ids))
-    if string.find(flags, 'h', 1, true) then
-      redis.call('HDEL', unit, 'head', 'attempts')
-    end
-    if string.find(flags, 'a', 1, true) then
-      redis.call('HSET', unit, 'active', now)
-    end
+    local done = redis.call('XACK', stream, group, unpack(ARGV, first, last))
     counts[acked] = (counts[acked] or 0) + done
-    if string.find(flags, 't', 1, true) then
-      trim(stream, groups_key, ids[#ids])
+    -- Most acknowledgements carry no flag ('-').
+    if flags ~= '-' then
+      if string.find(flags, 'h', 1, true) then
+        redis.call('HDEL', unit, 'head', 'attempts')
+      end
+      if string.find(flags, 'a', 1, true) then
+        redis.call('HSET', unit, 'active', now)
+      end
+      if string.find(flags, 't', 1, true) then
+        trim(stream, groups_key, ARGV[last])
+      end
     end
     out[#out + 1] = done
   end
