@@ -4,7 +4,7 @@
 //! hash, empty outside a git checkout) and `CONVOY_BENCH_BUILT_DIRTY`
 //! (`1` with uncommitted changes, `0` without, empty when unknown).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[path = "src/git.rs"]
 mod git;
@@ -16,16 +16,27 @@ fn main() {
     let root = manifest.parent().unwrap_or(&manifest).to_path_buf();
     // Run again when HEAD moves, the index changes or any source of the
     // workspace changes (its crates, the root package's sources and
-    // manifests), never for build output.
+    // manifests), never for build output. The paths are relative to this
+    // package where they can be, so a build of another checkout sharing
+    // the target directory watches its own files.
+    let in_root = |p: &str| {
+        if Path::new(p).is_absolute() {
+            PathBuf::from(p)
+        } else {
+            Path::new("..").join(p)
+        }
+    };
     let mut watched: Vec<PathBuf> = ["HEAD", "index", "packed-refs"]
         .iter()
         .filter_map(|p| git(&root, &["rev-parse", "--git-path", p]))
-        .map(|p| root.join(p))
+        .map(|p| in_root(&p))
+        // A missing file would make every build run this again.
+        .filter(|p| manifest.join(p).exists())
         .collect();
     if let Some(branch) = git(&root, &["symbolic-ref", "-q", "HEAD"])
         && let Some(p) = git(&root, &["rev-parse", "--git-path", &branch])
     {
-        watched.push(root.join(p));
+        watched.push(in_root(&p));
     }
     if let Ok(entries) = std::fs::read_dir(&root) {
         for e in entries.flatten() {
@@ -38,7 +49,7 @@ fn main() {
                 name == "Cargo.toml" || name == "Cargo.lock"
             };
             if source {
-                watched.push(path);
+                watched.push(in_root(&name));
             }
         }
     }
