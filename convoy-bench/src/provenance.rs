@@ -3,9 +3,9 @@
 //! `convoy-bench/results/` says what it measured.
 
 use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::git::git;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The commit id when git cannot tell it (no git, not a checkout).
 pub const UNKNOWN: &str = "unknown";

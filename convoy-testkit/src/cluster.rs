@@ -727,14 +727,7 @@ impl RedisCluster {
         let mut wait = redis::cmd("WAIT");
         wait.arg(1).arg(1000);
         self.query::<i64>(master, &wait, "waiting for the replica")?;
-        let mut refuse = redis::cmd("CONFIG");
-        refuse
-            .arg("SET")
-            .arg("masteruser")
-            .arg(CUT_OFF_USER)
-            .arg("masterauth")
-            .arg(CUT_OFF_USER);
-        self.query::<()>(replica, &refuse, "refusing the replica its master")?;
+        self.replication_login(replica, CUT_OFF_USER, "refusing the replica its master")?;
         let mut kill = redis::cmd("CLIENT");
         kill.arg("KILL").arg("TYPE").arg("replica");
         let killed: usize = self.query(master, &kill, "killing the replication link")?;
@@ -750,13 +743,24 @@ impl RedisCluster {
     /// [`cut_replication`](Self::cut_replication), log in to its master
     /// again: it re-syncs.
     pub fn heal_replication(&self, replica: usize) -> Result<(), TestingError> {
-        let mut heal = redis::cmd("CONFIG");
-        heal.arg("SET")
+        self.replication_login(replica, "", "letting the replica log in again")
+    }
+
+    /// Sets the user and password replica `replica` logs in to its master
+    /// with (`masteruser`, `masterauth`; `""` for none).
+    fn replication_login(
+        &self,
+        replica: usize,
+        user: &str,
+        action: &'static str,
+    ) -> Result<(), TestingError> {
+        let mut set = redis::cmd("CONFIG");
+        set.arg("SET")
             .arg("masteruser")
-            .arg("")
+            .arg(user)
             .arg("masterauth")
-            .arg("");
-        self.query::<()>(replica, &heal, "letting the replica log in again")
+            .arg(user);
+        self.query::<()>(replica, &set, action)
     }
 
     /// Loses master `master` to its replica `replica`: `kill -9` of the
@@ -901,8 +905,6 @@ impl RedisCluster {
     }
 }
 
-/// Whether `e` means the connection (not the command) failed: refused,
-/// dropped, or broken by a `CLIENT KILL`.
 /// Runs `attempt` up to `QUERY_ATTEMPTS` times, 100 ms apart, while it
 /// fails because its connection was lost.
 fn retry_lost<T>(mut attempt: impl FnMut() -> Result<T, TestingError>) -> Result<T, TestingError> {
@@ -920,6 +922,8 @@ fn retry_lost<T>(mut attempt: impl FnMut() -> Result<T, TestingError>) -> Result
     }
 }
 
+/// Whether `e` means the connection (not the command) failed: refused,
+/// dropped, or broken by a `CLIENT KILL`.
 fn connection_lost(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }

@@ -93,18 +93,7 @@ async fn read(c: &mut Conn, token: &str, alive: &str, inc: &str) -> ReadReply {
 
 /// A read of new entries returning at most `whole` of them whole.
 async fn read_whole(c: &mut Conn, token: &str, whole: usize) -> ReadReply {
-    Read {
-        by: by(&unit(), token, ALIVE_A, "a1"),
-        which: Which::New,
-        primary_count: 10,
-        backfill_count: 10,
-        whole,
-        first_lane: 0,
-        held: None,
-    }
-    .run(c)
-    .await
-    .expect("read")
+    read_new(c, token, ALIVE_A, "a1", None, 10, whole).await
 }
 
 /// `calls` of `command` in `INFO commandstats`.
@@ -217,7 +206,7 @@ async fn fields_of_ids_marks_a_deleted_entry_and_refuses_a_foreign_one() {
 }
 
 /// A read of new entries by a caller that holds `held` pending entries
-/// (checked when `Some`).
+/// (checked when `Some`), every entry returned whole.
 async fn read_holding(
     c: &mut Conn,
     token: &str,
@@ -226,18 +215,29 @@ async fn read_holding(
     held: Option<usize>,
     count: usize,
 ) -> ReadReply {
-    let primary = crate::unit::At {
-        lane: 0,
-        backfill: false,
-    };
+    read_new(c, token, alive, inc, held, count, count).await
+}
+
+/// A read of up to `count` new entries, at most `whole` of them returned
+/// whole, by a caller that holds `held` pending entries (checked when
+/// `Some`).
+async fn read_new(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    held: Option<usize>,
+    count: usize,
+    whole: usize,
+) -> ReadReply {
     Read {
         by: by(&unit(), token, alive, inc),
         which: Which::New,
         primary_count: count,
         backfill_count: count,
-        whole: count,
+        whole,
         first_lane: 0,
-        held: held.map(|n| (primary, n)),
+        held: held.map(|n| (PRIMARY, n)),
     }
     .run(c)
     .await
