@@ -18,6 +18,8 @@
 //! processing failure of the handler that reads it (retried, then halted or
 //! dead-lettered), never a crash.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -163,22 +165,33 @@ impl Envelope {
 
     /// The stream entry fields, in a fixed order.
     pub fn to_fields(&self) -> Vec<(&'static str, String)> {
-        let mut out = vec![
-            (fields::ID, self.id.clone()),
-            (fields::TYPE, self.type_name.clone()),
-            (fields::CATEGORY, self.category.clone()),
-            (fields::TIME, self.time_ms.to_string()),
-            (fields::PRIORITY, self.priority.as_str().to_owned()),
-            (fields::PAYLOAD, self.payload.clone()),
-        ];
+        self.fields()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_owned()))
+            .collect()
+    }
+
+    /// The stream entry fields, in the order of [`to_fields`](Self::to_fields),
+    /// borrowed from the envelope where they are held as text (only the time
+    /// and the origin are written out).
+    pub fn fields(&self) -> Vec<(&'static str, Cow<'_, str>)> {
+        let mut out = Vec::with_capacity(9);
+        out.extend([
+            (fields::ID, Cow::Borrowed(self.id.as_str())),
+            (fields::TYPE, Cow::Borrowed(self.type_name.as_str())),
+            (fields::CATEGORY, Cow::Borrowed(self.category.as_str())),
+            (fields::TIME, Cow::Owned(self.time_ms.to_string())),
+            (fields::PRIORITY, Cow::Borrowed(self.priority.as_str())),
+            (fields::PAYLOAD, Cow::Borrowed(self.payload.as_str())),
+        ]);
         if let Some(k) = &self.partition_key {
-            out.push((fields::KEY, k.clone()));
+            out.push((fields::KEY, Cow::Borrowed(k.as_str())));
         }
         if let Some(c) = &self.correlation_id {
-            out.push((fields::CORRELATION, c.clone()));
+            out.push((fields::CORRELATION, Cow::Borrowed(c.as_str())));
         }
         if let Some(o) = &self.origin {
-            out.push((fields::ORIGIN, o.to_wire()));
+            out.push((fields::ORIGIN, Cow::Owned(o.to_wire())));
         }
         out
     }

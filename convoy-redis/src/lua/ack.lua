@@ -10,9 +10,11 @@
 --
 -- KEYS[6r+1 .. 6r+6] for request r (from 0): lease, stream, unit state
 -- hash, the category's set of registered groups, the group's acknowledged
--- count (for lag), the owner's liveness key in the unit's shard (on a
--- cluster every request of a call is in one shard; on one server a call
--- may span shards)
+-- count (for lag: read only summed over the category's shards, so the
+-- caller names one shard's counter for every request of a category, and
+-- the call runs one INCRBY per counter named), the owner's liveness key in
+-- the unit's shard (on a cluster every request of a call is in one shard;
+-- on one server a call may span shards)
 -- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, the
 -- owner's incarnation, flags ('h': the head had failures, clear them; 'a':
 -- record the unit's last activity; 't': trim what every group consumed;

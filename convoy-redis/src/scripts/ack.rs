@@ -4,7 +4,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
+use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::int;
 use crate::unit::{At, Unit};
 use convoy_core::error::Error;
@@ -73,15 +73,29 @@ impl Ack<'_> {
         conn: &mut (impl ConnectionLike + Send),
         wait: Option<Replicated>,
     ) -> Result<Vec<Acked>, Error> {
-        let mut inv = SCRIPTS.ack.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.ack);
         inv.arg(self.group).arg(self.now_ms);
+        // The acknowledged counts are only ever read summed over a
+        // category's shards (lag is published - acknowledged; a count going
+        // back is a loss wherever it shows), so a call adds every unit of a
+        // category to the first such unit's counter: one `INCRBY` per
+        // category per call instead of one per shard the call spans (on a
+        // cluster a call is in one shard anyway).
+        let mut counters: Vec<(&str, &str)> = Vec::new();
         for item in self.items {
             let lane = item.unit.lane(item.at);
+            let acked = match counters.iter().find(|(c, _)| *c == lane.category) {
+                Some((_, key)) => *key,
+                None => {
+                    counters.push((&lane.category, &lane.acked));
+                    &lane.acked
+                }
+            };
             inv.key(&item.unit.lease)
                 .key(item.unit.stream(item.at))
                 .key(&item.unit.state)
                 .key(&lane.groups)
-                .key(&lane.acked)
+                .key(acked)
                 .key(item.alive)
                 .arg(item.token)
                 .arg(item.incarnation)

@@ -10,7 +10,7 @@
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
+use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::connection::{Conn, query_by_slot};
 use crate::reply::{int, text};
 use crate::unit::Unit;
@@ -107,7 +107,7 @@ impl Acquire<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Acquired, Error> {
-        let mut inv = SCRIPTS.acquire.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.acquire);
         for (u, holder) in self.units.iter().zip(self.holders) {
             // With no holder seen, the caller's own liveness key stands
             // in (the script then ignores it): every key is named.

@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Refusal, SCRIPTS, Status, call};
+use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
 use crate::reply::text;
 use convoy_core::error::Error;
 
@@ -34,7 +34,7 @@ impl Claim<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Claimed, Error> {
-        let mut inv = SCRIPTS.claim.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.claim);
         let by = self.by;
         inv.key(&by.unit.lease)
             .key(self.stream)

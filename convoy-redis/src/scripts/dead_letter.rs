@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use crate::reply::Entry;
 use convoy_core::error::Error;
 use convoy_core::names;
@@ -30,7 +30,7 @@ impl DeadLetter<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<String, Error> {
-        let mut inv = SCRIPTS.dead_letter.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.dead_letter);
         inv.key(self.stream)
             .key(names::category_dlq(self.category, self.shards))
             .arg(self.group)

@@ -4,7 +4,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Refusal, SCRIPTS, Status, call};
+use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
 use convoy_core::error::Error;
 
 /// Records a failure of `entry` in the caller's unit.
@@ -41,7 +41,7 @@ impl Fail<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Failed, Error> {
-        let mut inv = SCRIPTS.fail.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.fail);
         let by = self.by;
         inv.key(&by.unit.lease)
             .key(&by.unit.state)

@@ -1,7 +1,7 @@
 //! `head_action.lua`: an operator's skip, dead-letter or retry of a unit's head,
 //! atomic against the owner.
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use crate::connection::Conn;
 use crate::tracing;
 use crate::unit::Unit;
@@ -72,7 +72,7 @@ impl HeadAction<'_> {
                 reply: "(not called: the unit has no category)".to_owned(),
             });
         };
-        let mut inv = SCRIPTS.head_action.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.head_action);
         inv.key(&u.state)
             .key(&u.lease)
             .key(&lane.primary)

@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -22,7 +22,7 @@ pub(crate) struct PlainAck<'a> {
 impl PlainAck<'_> {
     /// Returns how many entries were acknowledged.
     pub(crate) async fn run(&self, conn: &mut (impl ConnectionLike + Send)) -> Result<u64, Error> {
-        let mut inv = SCRIPTS.plain_ack.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.plain_ack);
         inv.key(self.stream)
             .key(names::base_groups(self.category, self.shards))
             .arg(self.group)

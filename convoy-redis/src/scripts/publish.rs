@@ -4,7 +4,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Refusal, Replicated, SCRIPTS, Status, call_replicated};
+use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::{int, text};
 use crate::routing::Routed;
 use convoy_core::broker::Producer;
@@ -87,8 +87,8 @@ impl Publish<'_> {
     }
 
     /// The script's invocation: every key and value of the shard's records.
-    fn invocation(&self) -> redis::ScriptInvocation<'static> {
-        let mut inv = SCRIPTS.publish.prepare_invoke();
+    fn invocation(&self) -> Invocation {
+        let mut inv = Invocation::new(&SCRIPTS.publish);
         let shard = self.shard;
         inv.key(names::producer_sent(shard, &self.producer.name))
             .key(names::producer_epoch(shard, &self.producer.name))
@@ -105,12 +105,12 @@ impl Publish<'_> {
             inv.key(&r.stream)
                 .key(names::partition_index(shard, category))
                 .key(names::published(shard, category));
-            let fields = p.envelope.to_fields();
+            let fields = p.envelope.fields();
             inv.arg(p.seq)
                 .arg(r.partition.unwrap_or(""))
                 .arg(fields.len() * 2);
-            for (k, v) in fields {
-                inv.arg(k).arg(v);
+            for (k, v) in &fields {
+                inv.arg(*k).arg(v.as_ref());
             }
         }
         inv

@@ -4,7 +4,7 @@
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Refusal, SCRIPTS, Status, call};
+use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
 use crate::reply::{Entry, entries, into_text};
 use crate::unit::At;
 use convoy_core::error::Error;
@@ -66,7 +66,7 @@ impl Read<'_> {
     ) -> Result<ReadReply, Error> {
         let by = self.by;
         let lanes = &by.unit.lanes;
-        let mut inv = SCRIPTS.read.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.read);
         inv.key(&by.unit.lease);
         for l in lanes {
             inv.key(&l.primary);

@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Refusal, SCRIPTS, Status, call};
+use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
 use convoy_core::error::Error;
 
 /// Retires the caller's unit if it is empty and idle for `idle_ms`.
@@ -32,7 +32,7 @@ impl Reap<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Reaped, Error> {
-        let mut inv = SCRIPTS.reap.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.reap);
         let by = self.by;
         inv.key(&by.unit.lease).key(&by.unit.state);
         for l in &by.unit.lanes {

@@ -1,7 +1,7 @@
 //! `release.lua`: releases a lease still held by the caller; then wakes the
 //! other instances so one with room takes the unit at once.
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use crate::connection::Conn;
 use crate::tracing;
 use crate::unit::Unit;
@@ -40,7 +40,7 @@ impl Release<'_> {
             Held::Token(token) => (token.to_owned(), ""),
             Held::Owner(owner) => (format!("{owner}:"), "prefix"),
         };
-        let mut inv = SCRIPTS.release.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.release);
         inv.key(&self.unit.lease).arg(held).arg(mode);
         let reply = call("release", &inv, conn, "lease release failed").await?;
         match reply.status {

@@ -1,7 +1,7 @@
 //! `replay.lua`: an operator's replay of a dead letter at the tail of its
 //! partition.
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use crate::connection::Conn;
 use crate::tracing;
 use crate::wake;
@@ -38,7 +38,7 @@ pub(crate) enum Replayed {
 impl Replay<'_> {
     pub(crate) async fn run(&self, conn: &mut Conn) -> Result<Replayed, Error> {
         let s = self.shard;
-        let mut inv = SCRIPTS.replay.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.replay);
         inv.key(names::partition_dlq(s, self.category, self.key))
             .key(names::partition_stream(s, self.category, self.key))
             .key(names::partition_index(s, self.category))
@@ -115,7 +115,7 @@ impl ReplayHead<'_> {
         let unit = self.unit;
         let s = unit.shard;
         let key = unit.key.as_str();
-        let mut inv = SCRIPTS.replay_head.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.replay_head);
         inv.key(names::partition_dlq(s, self.category, key))
             .key(names::partition_stream(s, self.category, key))
             .key(names::partition_index(s, self.category))

@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Refusal, SCRIPTS, Status, call};
+use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
 use convoy_core::error::Error;
 
 /// Lets the caller's drained unit rest.
@@ -28,7 +28,7 @@ impl Rest<'_> {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Rested, Error> {
         let by = self.by;
-        let mut inv = SCRIPTS.rest.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.rest);
         inv.key(&by.unit.lease);
         for l in &by.unit.lanes {
             inv.key(&l.primary);

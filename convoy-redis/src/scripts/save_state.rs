@@ -3,7 +3,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::{SCRIPTS, Status, call};
+use super::{Invocation, SCRIPTS, Status, call};
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -35,7 +35,7 @@ impl SaveState<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<Saved, Error> {
-        let mut inv = SCRIPTS.save_state.prepare_invoke();
+        let mut inv = Invocation::new(&SCRIPTS.save_state);
         inv.key(names::pm_state(self.pm, self.id))
             .arg(self.expected)
             .arg(self.state)

@@ -825,3 +825,137 @@ fn every_lua_file_has_its_script_sha() {
     assert_eq!(script_sha("nope"), None);
     assert_eq!(script_sha("read.lua"), None);
 }
+
+/// One call acknowledging units of one category in several shards (one
+/// server: a call may span shards) adds them all to one shard's
+/// acknowledged count, with one `INCRBY`; the counts summed over the shards
+/// (what lag and the loss check read) are the units acknowledged.
+#[tokio::test]
+async fn one_call_counts_a_category_once_whatever_the_shards_of_its_units() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    const SHARDS: u32 = 16;
+    // Keys in distinct shards.
+    let mut units: Vec<Unit> = Vec::new();
+    for k in 0.. {
+        let u = Unit::new(
+            "g",
+            "cat",
+            &format!("k{k}"),
+            ["cat"],
+            "backfill",
+            false,
+            SHARDS,
+        );
+        if units.iter().all(|o| o.shard != u.shard) {
+            units.push(u);
+        }
+        if units.len() == 3 {
+            break;
+        }
+    }
+    let alive: Vec<String> = units
+        .iter()
+        .map(|u| convoy_core::names::alive(u.shard, "g", "a"))
+        .collect();
+    let mut ids = Vec::new();
+    for (u, alive) in units.iter().zip(&alive) {
+        let stream = u.stream(PRIMARY);
+        let id = cmd(&mut c, &["XADD", stream, "*", "f", "v"]).await;
+        let Value::BulkString(id) = id else {
+            panic!("XADD replied {id:?}")
+        };
+        ids.push(vec![String::from_utf8(id).expect("id")]);
+        cmd(&mut c, &["XGROUP", "CREATE", stream, "g", "0"]).await;
+        cmd(
+            &mut c,
+            &["XREADGROUP", "GROUP", "g", "a:1", "STREAMS", stream, ">"],
+        )
+        .await;
+        cmd(&mut c, &["SET", &u.lease, "a:1"]).await;
+        cmd(&mut c, &["SET", alive, "a1"]).await;
+    }
+    let items: Vec<AckItem<'_>> = units
+        .iter()
+        .zip(&alive)
+        .zip(&ids)
+        .map(|((u, alive), ids)| AckItem {
+            unit: u,
+            at: PRIMARY,
+            token: "a:1",
+            incarnation: "a1",
+            alive,
+            ids,
+            clear_head: false,
+            touch: false,
+            trim: false,
+        })
+        .collect();
+    let before = calls(&mut c, "incrby").await;
+    let acked = Ack {
+        group: "g",
+        now_ms: 1,
+        items: &items,
+    }
+    .run(&mut c, None)
+    .await
+    .expect("ack");
+    assert_eq!(acked, vec![Acked::Acked(1); 3]);
+    assert_eq!(calls(&mut c, "incrby").await - before, 1);
+    let mut sum = 0;
+    for u in &units {
+        if let Value::BulkString(n) = cmd(&mut c, &["GET", &u.lanes[0].acked]).await {
+            sum += String::from_utf8(n)
+                .expect("count")
+                .parse::<i64>()
+                .expect("count");
+        }
+    }
+    assert_eq!(sum, 3, "the shards' counts sum to the units acknowledged");
+}
+
+/// A server that forgot convoy's scripts (restarted, flushed, a new node)
+/// gets the script loaded again, and the call goes through, with and
+/// without waiting for replicas.
+#[tokio::test]
+async fn a_script_the_server_forgot_is_loaded_and_the_call_sent_again() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
+    let token = acquire(&mut c, "a", "a1").await.expect("taken");
+    let ReadReply::Entries(_, got) = read(&mut c, &token, ALIVE_A, "a1").await else {
+        panic!("nothing read")
+    };
+    let ids: Vec<String> = got.iter().map(|e| e.id.clone()).collect();
+    let u = unit();
+    for wait in [
+        None,
+        Some(super::Replicated {
+            replicas: 0,
+            timeout_ms: 10,
+        }),
+    ] {
+        cmd(&mut c, &["SCRIPT", "FLUSH"]).await;
+        let items = [AckItem {
+            unit: &u,
+            at: PRIMARY,
+            token: &token,
+            incarnation: "a1",
+            alive: ALIVE_A,
+            ids: &ids,
+            clear_head: false,
+            touch: false,
+            trim: false,
+        }];
+        let acked = Ack {
+            group: "g",
+            now_ms: 1,
+            items: &items,
+        }
+        .run(&mut c, wait)
+        .await
+        .expect("acknowledged after loading the script again");
+        assert!(matches!(acked[..], [Acked::Acked(_)]), "{acked:?}");
+    }
+}
