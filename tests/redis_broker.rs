@@ -321,8 +321,9 @@ async fn ordinary_handler_retries_then_dead_letters() {
     let entry = &dead.ids[0];
     let error: String = entry.get("dlq_error").expect("error field");
     assert_eq!(error, "cannot send to b");
-    let ty: String = entry.get("type").expect("type field");
-    assert_eq!(ty, "Sent");
+    let meta: String = entry.get("meta").expect("meta field");
+    let meta: serde_json::Value = serde_json::from_str(&meta).expect("meta is JSON");
+    assert_eq!(meta["type"], "Sent");
     engine.shutdown().await.expect("shutdown");
 }
 

@@ -4,15 +4,18 @@
 //!
 //! | field | meaning |
 //! | --- | --- |
-//! | `id` | the message id, unique per raised message |
-//! | `type` | the wire type name (`OrderPlaced`) |
-//! | `category` | the stream category (`order`) |
-//! | `key` | the partition key; absent for unpartitioned messages |
-//! | `time` | when it was raised, milliseconds since the Unix epoch |
-//! | `priority` | `normal` or `low` |
-//! | `correlation` | the correlation id; absent when none |
+//! | `meta` | a JSON object: `id` (the message id, unique per raised message), `type` (the wire type name, `OrderPlaced`), `category` (the stream category, `order`), `time` (when it was raised, milliseconds since the Unix epoch), `priority` (`normal` or `low`), and `correlation` (the correlation id) when there is one |
 //! | `payload` | the message itself, as JSON |
+//! | `key` | the partition key; absent for unpartitioned messages |
 //! | `origin` | `{producer}#{seq}`: the outbox that published it and its record there (see [`Origin`]); absent on entries written by an older convoy or replayed by an operator |
+//!
+//! Four fields rather than one per attribute: Redis passes every field of
+//! every entry a fenced read delivers through its Lua interpreter, and
+//! every field of every published entry through the publish script, so
+//! each field costs on every event. Entries with the attributes in fields
+//! of their own (`id`, `type`, `category`, `time`, `priority`,
+//! `correlation`, as convoy wrote them before, or as another program
+//! writes them) are read too.
 //!
 //! An entry that lacks a required field or has an unreadable one is a
 //! processing failure of the handler that reads it (retried, then halted or
@@ -108,7 +111,11 @@ impl Origin {
 
 /// The names of the stream entry fields.
 pub mod fields {
-    /// Message id.
+    /// The envelope's own attributes, as one JSON object (`id`, `type`,
+    /// `category`, `time`, `priority`, `correlation`).
+    pub const META: &str = "meta";
+    /// Message id (a field of its own only in entries of the older form;
+    /// the same name inside [`META`]).
     pub const ID: &str = "id";
     /// Wire type name.
     pub const TYPE: &str = "type";
@@ -172,23 +179,22 @@ impl Envelope {
     }
 
     /// The stream entry fields, in the order of [`to_fields`](Self::to_fields),
-    /// borrowed from the envelope where they are held as text (only the time
+    /// borrowed from the envelope where they are held as text (only `meta`
     /// and the origin are written out).
     pub fn fields(&self) -> Vec<(&'static str, Cow<'_, str>)> {
-        let mut out = Vec::with_capacity(9);
-        out.extend([
-            (fields::ID, Cow::Borrowed(self.id.as_str())),
-            (fields::TYPE, Cow::Borrowed(self.type_name.as_str())),
-            (fields::CATEGORY, Cow::Borrowed(self.category.as_str())),
-            (fields::TIME, Cow::Owned(self.time_ms.to_string())),
-            (fields::PRIORITY, Cow::Borrowed(self.priority.as_str())),
-            (fields::PAYLOAD, Cow::Borrowed(self.payload.as_str())),
-        ]);
+        let meta = Meta {
+            id: Cow::Borrowed(&self.id),
+            type_name: Cow::Borrowed(&self.type_name),
+            category: Cow::Borrowed(&self.category),
+            time: self.time_ms,
+            priority: self.priority,
+            correlation: self.correlation_id.as_deref().map(Cow::Borrowed),
+        };
+        let mut out = Vec::with_capacity(4);
+        out.push((fields::META, Cow::Owned(meta.to_json())));
+        out.push((fields::PAYLOAD, Cow::Borrowed(self.payload.as_str())));
         if let Some(k) = &self.partition_key {
             out.push((fields::KEY, Cow::Borrowed(k.as_str())));
-        }
-        if let Some(c) = &self.correlation_id {
-            out.push((fields::CORRELATION, Cow::Borrowed(c.as_str())));
         }
         if let Some(o) = &self.origin {
             out.push((fields::ORIGIN, Cow::Owned(o.to_wire())));
@@ -263,6 +269,19 @@ impl Envelope {
             let text = std::str::from_utf8(value)
                 .map_err(|_| malformed(format!("field `{name}` is not UTF-8")))?;
             match name {
+                fields::META => {
+                    let m: Meta<'_> = serde_json::from_str(text).map_err(|e| {
+                        malformed(format!(
+                            "field `meta` is not the envelope's attributes: {e}"
+                        ))
+                    })?;
+                    id = Some(m.id.into_owned());
+                    type_name = Some(m.type_name.into_owned());
+                    category = Some(m.category.into_owned());
+                    time = Some(m.time);
+                    priority = m.priority;
+                    correlation = m.correlation.map(Cow::into_owned);
+                }
                 fields::ID => id = Some(text.to_owned()),
                 fields::TYPE => type_name = Some(text.to_owned()),
                 fields::CATEGORY => category = Some(text.to_owned()),
@@ -303,6 +322,28 @@ impl Envelope {
             payload: payload.ok_or_else(|| missing(fields::PAYLOAD))?,
             origin,
         })
+    }
+}
+
+/// The envelope's own attributes, as the `meta` field holds them.
+#[derive(Serialize, Deserialize)]
+struct Meta<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(rename = "type", borrow)]
+    type_name: Cow<'a, str>,
+    #[serde(borrow)]
+    category: Cow<'a, str>,
+    time: u64,
+    priority: Priority,
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    correlation: Option<Cow<'a, str>>,
+}
+
+impl Meta<'_> {
+    /// The JSON text. Strings and integers only: serializing cannot fail.
+    fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("strings and integers always serialize")
     }
 }
 
@@ -357,24 +398,66 @@ mod tests {
         assert_eq!(back, e);
     }
 
-    #[test]
-    fn missing_and_bad_fields_are_errors() {
-        let e = sample();
-        let f: Vec<_> = e
-            .to_fields()
-            .into_iter()
-            .filter(|(k, _)| *k != fields::TYPE)
-            .collect();
-        let err = Envelope::from_fields(
+    fn read(f: &[(&str, &str)]) -> Result<Envelope, Error> {
+        Envelope::from_fields(
             "order:c-1",
             "1-0",
             f.iter().map(|(k, v)| (*k, v.as_bytes())),
         )
-        .expect_err("missing type");
+    }
+
+    #[test]
+    fn an_entry_has_four_fields_at_most() {
+        let e = Envelope {
+            correlation_id: Some("o-\"1\"".into()),
+            origin: Some(Origin {
+                producer: "p".into(),
+                seq: 1,
+            }),
+            ..sample()
+        };
+        let f = e.to_fields();
+        let names: Vec<&str> = f.iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, ["meta", "payload", "key", "origin"]);
+        assert_eq!(
+            f[0].1,
+            r#"{"id":"abc","type":"OrderPlaced","category":"order","time":17,"priority":"low","correlation":"o-\"1\""}"#
+        );
+        let f: Vec<_> = f.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(read(&f).expect("round trip"), e);
+    }
+
+    #[test]
+    fn an_entry_with_a_field_per_attribute_is_read() {
+        let f = [
+            ("id", "abc"),
+            ("type", "OrderPlaced"),
+            ("category", "order"),
+            ("time", "17"),
+            ("priority", "low"),
+            ("payload", "{}"),
+            ("key", "c-1"),
+        ];
+        assert_eq!(read(&f).expect("the older form"), sample());
+    }
+
+    #[test]
+    fn missing_and_bad_fields_are_errors() {
+        let meta = r#"{"id":"abc","category":"order","time":17,"priority":"low"}"#;
+        let err = read(&[("meta", meta), ("payload", "{}")]).expect_err("missing type");
         assert!(err.to_string().contains("`type`"), "{err}");
-        let bad = [("time", b"x".as_slice())];
-        let err = Envelope::from_fields("s", "1-0", bad).expect_err("bad time");
+        let meta = r#"{"id":"abc","type":"T","category":"order","time":17,"priority":"urgent"}"#;
+        let err = read(&[("meta", meta), ("payload", "{}")]).expect_err("bad priority");
+        assert!(err.to_string().contains("urgent"), "{err}");
+        let err = read(&[("meta", "[1]"), ("payload", "{}")]).expect_err("not an object");
+        assert!(err.to_string().contains("field `meta`"), "{err}");
+        let meta = r#"{"id":"abc","type":"T","category":"order","time":17,"priority":"low"}"#;
+        let err = read(&[("meta", meta)]).expect_err("no payload");
+        assert!(err.to_string().contains("`payload` is missing"), "{err}");
+        let err = read(&[("time", "x")]).expect_err("bad time");
         assert!(err.to_string().contains("not a number"), "{err}");
+        let err = read(&[("id", "abc"), ("time", "17")]).expect_err("missing type");
+        assert!(err.to_string().contains("`type`"), "{err}");
     }
 
     #[test]
