@@ -222,7 +222,7 @@ impl Envelope {
         };
         if self.category != category {
             return Err(misplaced(format!(
-                "its `category` field is {:?} but it was read from a stream of category {:?}; it was written where it does not belong: move it to its own category's stream, or skip it",
+                "its category is {:?} but it was read from a stream of category {:?}; it was written where it does not belong: move it to its own category's stream, or skip it",
                 Escaped(&self.category),
                 Escaped(category)
             )));
@@ -477,7 +477,7 @@ mod tests {
             .check_origin("pay:c-1", "1-0", "pay", Some("c-1"))
             .expect_err("another category")
             .to_string();
-        assert!(err.contains("its `category` field is \"order\""), "{err}");
+        assert!(err.contains("its category is \"order\""), "{err}");
         let err = e
             .check_origin("order", "1-0", "order", None)
             .expect_err("a key in the category's own stream")
