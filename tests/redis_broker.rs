@@ -522,7 +522,9 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
         .expect("dlq_error")
         .1;
     assert!(
-        error.contains("its `category` field is \"payment\" but it was read from a stream of category \"ledger\""),
+        error.contains(
+            "its category is \"payment\" but it was read from a stream of category \"ledger\""
+        ),
         "{error}"
     );
     assert_eq!(rec.seen("audit").await.expect("seen"), Vec::<String>::new());
