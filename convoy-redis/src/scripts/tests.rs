@@ -751,16 +751,23 @@ async fn consumers(c: &mut Conn) -> usize {
     }
 }
 
+/// `a` (incarnation `a1`) takes the unit with one entry in its stream and
+/// reads it: the token and the entries read.
+async fn taken_and_read(c: &mut Conn) -> (String, Vec<crate::reply::Entry>) {
+    cmd(c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(c, &["XADD", STREAM, "*", "f", "v"]).await;
+    let token = acquire(c, "a", "a1").await.expect("a takes the unit");
+    let ReadReply::Entries(_, entries) = read(c, &token, ALIVE_A, "a1").await else {
+        panic!("an entry to read");
+    };
+    (token, entries)
+}
+
 #[tokio::test]
 async fn a_drained_unit_rests_without_its_consumer_and_keeps_one_with_pending_entries() {
     let server = RedisServer::start().expect("redis-server");
     let mut c = Conn::Node(server.connection().await.expect("connection"));
-    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
-    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
-    let token = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
-    let ReadReply::Entries(_, entries) = read(&mut c, &token, ALIVE_A, "a1").await else {
-        panic!("an entry to read");
-    };
+    let (token, entries) = taken_and_read(&mut c).await;
     let u = unit();
     let rest = |c: &mut Conn, token: String| {
         let mut c = c.clone();
@@ -826,6 +833,36 @@ fn every_lua_file_has_its_script_sha() {
     assert_eq!(script_sha("read.lua"), None);
 }
 
+/// An acknowledgement of `ids` of `u` in incarnation `a1`, without flags.
+fn plain_ack<'a>(u: &'a Unit, token: &'a str, alive: &'a str, ids: &'a [String]) -> AckItem<'a> {
+    AckItem {
+        unit: u,
+        at: PRIMARY,
+        token,
+        incarnation: "a1",
+        alive,
+        ids,
+        clear_head: false,
+        touch: false,
+        trim: false,
+    }
+}
+
+/// Runs one acknowledgement call of `items`.
+async fn ack_call(
+    c: &mut Conn,
+    items: &[AckItem<'_>],
+    wait: Option<super::Replicated>,
+) -> Result<Vec<Acked>, convoy_core::error::Error> {
+    Ack {
+        group: "g",
+        now_ms: 1,
+        items,
+    }
+    .run(c, wait)
+    .await
+}
+
 /// One call acknowledging units of one category in several shards (one
 /// server: a call may span shards) adds them all to one shard's
 /// acknowledged count, with one `INCRBY`; the counts summed over the shards
@@ -879,27 +916,10 @@ async fn one_call_counts_a_category_once_whatever_the_shards_of_its_units() {
         .iter()
         .zip(&alive)
         .zip(&ids)
-        .map(|((u, alive), ids)| AckItem {
-            unit: u,
-            at: PRIMARY,
-            token: "a:1",
-            incarnation: "a1",
-            alive,
-            ids,
-            clear_head: false,
-            touch: false,
-            trim: false,
-        })
+        .map(|((u, alive), ids)| plain_ack(u, "a:1", alive, ids))
         .collect();
     let before = calls(&mut c, "incrby").await;
-    let acked = Ack {
-        group: "g",
-        now_ms: 1,
-        items: &items,
-    }
-    .run(&mut c, None)
-    .await
-    .expect("ack");
+    let acked = ack_call(&mut c, &items, None).await.expect("ack");
     assert_eq!(acked, vec![Acked::Acked(1); 3]);
     assert_eq!(calls(&mut c, "incrby").await - before, 1);
     let mut sum = 0;
@@ -921,12 +941,7 @@ async fn one_call_counts_a_category_once_whatever_the_shards_of_its_units() {
 async fn a_script_the_server_forgot_is_loaded_and_the_call_sent_again() {
     let server = RedisServer::start().expect("redis-server");
     let mut c = Conn::Node(server.connection().await.expect("connection"));
-    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
-    cmd(&mut c, &["XADD", STREAM, "*", "f", "v"]).await;
-    let token = acquire(&mut c, "a", "a1").await.expect("taken");
-    let ReadReply::Entries(_, got) = read(&mut c, &token, ALIVE_A, "a1").await else {
-        panic!("nothing read")
-    };
+    let (token, got) = taken_and_read(&mut c).await;
     let ids: Vec<String> = got.iter().map(|e| e.id.clone()).collect();
     let u = unit();
     for wait in [
@@ -937,25 +952,10 @@ async fn a_script_the_server_forgot_is_loaded_and_the_call_sent_again() {
         }),
     ] {
         cmd(&mut c, &["SCRIPT", "FLUSH"]).await;
-        let items = [AckItem {
-            unit: &u,
-            at: PRIMARY,
-            token: &token,
-            incarnation: "a1",
-            alive: ALIVE_A,
-            ids: &ids,
-            clear_head: false,
-            touch: false,
-            trim: false,
-        }];
-        let acked = Ack {
-            group: "g",
-            now_ms: 1,
-            items: &items,
-        }
-        .run(&mut c, wait)
-        .await
-        .expect("acknowledged after loading the script again");
+        let items = [plain_ack(&u, &token, ALIVE_A, &ids)];
+        let acked = ack_call(&mut c, &items, wait)
+            .await
+            .expect("acknowledged after loading the script again");
         assert!(matches!(acked[..], [Acked::Acked(_)]), "{acked:?}");
     }
 }
