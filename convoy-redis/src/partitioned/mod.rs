@@ -11,8 +11,8 @@
 //! - [`ownership`]: the units owned, held elsewhere, orphaned or draining;
 //!   taking and giving them up; the fair share;
 //! - [`worker`]: one owned unit, driven by its phase machine ([`phase`]),
-//!   its I/O behind [`unit_io::UnitIo`], its acknowledgements batched by
-//!   [`acks`].
+//!   its I/O behind [`unit_io::UnitIo`], its acknowledgements committed
+//!   in groups by [`acks`].
 //!
 //! What they read of the configuration is one [`Settings`] snapshot, read
 //! when the consumer starts.
@@ -145,8 +145,8 @@ pub(crate) struct Shared {
     /// This instance's liveness keys, incarnations and local lease
     /// deadlines, per shard (see [`Liveness`]).
     pub(crate) liveness: Liveness,
-    /// Where workers queue their fenced acknowledgements.
-    pub(crate) acks: mpsc::UnboundedSender<acks::AckRequest>,
+    /// Where workers commit their fenced acknowledgements, in groups.
+    pub(crate) acks: acks::Lanes,
     /// The handler's transient failures on this instance: an outage
     /// pauses it (see [`Outage`]).
     pub(crate) outage: Outage,
@@ -211,7 +211,6 @@ impl Shared {
 pub(crate) struct Coordinator {
     shared: Arc<Shared>,
     exits: mpsc::UnboundedReceiver<WorkerExit>,
-    acks: Option<mpsc::UnboundedReceiver<acks::AckRequest>>,
     membership: Membership,
     discovery: Discovery,
     ownership: Ownership,
@@ -233,7 +232,7 @@ impl Coordinator {
             .map(|s| names::alive(s, sub.name, &owner))
             .collect();
         let outage = Outage::new(sub.name, &settings.retry, plan.health.clone());
-        let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+        let acks = acks::Lanes::new(if redis.is_cluster() { shards } else { 1 });
         Coordinator {
             shared: Arc::new(Shared {
                 redis,
@@ -247,10 +246,9 @@ impl Coordinator {
                 owner,
                 exits: tx,
                 shards,
-                acks: acks_tx,
+                acks,
                 outage,
             }),
-            acks: Some(acks_rx),
             exits: rx,
             membership: Membership::default(),
             discovery: Discovery::default(),
@@ -275,15 +273,6 @@ impl Coordinator {
                     }
                 }
             }
-        }
-        if let Some(rx) = self.acks.take() {
-            tokio::spawn(acks::run(
-                s.redis.clone(),
-                s.group(),
-                s.liveness.alive.clone(),
-                s.settings.wait_acks,
-                rx,
-            ));
         }
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         // One follower per category: their wake streams are in different

@@ -168,7 +168,6 @@ impl UnitIo for RedisUnit {
     }
 
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
         let request = super::acks::AckRequest {
             unit: self.unit.clone(),
             at: ack.at,
@@ -178,18 +177,8 @@ impl UnitIo for RedisUnit {
             clear_head: ack.clear_head,
             touch: ack.touch,
             trim: ack.trim,
-            reply,
         };
-        let stopped = || {
-            Arc::new(Error::TaskFailed {
-                task: "acknowledgement batcher",
-                reason: "it stopped before answering".to_owned(),
-            })
-        };
-        match self.s.acks.send(request) {
-            Ok(()) => answer.await.unwrap_or_else(|_| Err(stopped())),
-            Err(_) => Err(stopped()),
-        }
+        super::acks::acknowledge(&self.s, request).await
     }
 
     async fn fail(

@@ -916,4 +916,4 @@ fn is_fenced_write(err: &HandlerError) -> bool {
 
 #[cfg(test)]
 #[path = "worker_tests.rs"]
-mod tests;
+pub(super) mod tests;

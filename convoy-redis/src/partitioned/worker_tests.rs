@@ -149,8 +149,15 @@ impl Dispatch for NoHandler {
 }
 
 /// What one test's worker shares, with `reap_idle` and this instance's
-/// lease deadline well ahead.
+/// lease deadline well ahead, never connected (the scripted I/O answers
+/// everything).
 fn shared(reap_idle: Duration) -> Arc<Shared> {
+    shared_on("redis://127.0.0.1:1/", reap_idle)
+}
+
+/// What one subscription `g` of category `c` (one shard, this instance
+/// `e0` alive as `alive`) shares, connecting to the Redis at `url`.
+pub(in crate::partitioned) fn shared_on(url: &str, reap_idle: Duration) -> Arc<Shared> {
     let config = Config::default();
     let none = BrokerFacts {
         name: "test",
@@ -184,11 +191,8 @@ fn shared(reap_idle: Duration) -> Arc<Shared> {
     ));
     let mut settings = Settings::of(&config, &plan.subscriptions[0]);
     settings.reap_idle = reap_idle;
-    // Never connected: the scripted I/O answers everything.
-    let url = "redis://127.0.0.1:1/";
     let client = redis::Client::open(url).expect("a URL");
     let (exits, _) = mpsc::unbounded_channel();
-    let (acks, _) = mpsc::unbounded_channel();
     let liveness = Liveness::new(Arc::from(vec!["alive".to_owned()]), 3_600_000);
     liveness.new_incarnation([0]);
     liveness.set_deadline(0, Some(mono_ms()));
@@ -203,7 +207,7 @@ fn shared(reap_idle: Duration) -> Arc<Shared> {
         exits,
         shards: 1,
         liveness,
-        acks,
+        acks: super::super::acks::Lanes::new(1),
         outage,
     })
 }
