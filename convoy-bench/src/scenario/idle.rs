@@ -168,7 +168,7 @@ pub async fn run(env: &mut Env, args: &IdleArgs) -> Result<Section> {
     );
     section.param(
         "creating P partitions",
-        "one event per key raised in units of work of 10,000 and published by convoy's outbox processor (the publish script, 512 records per call) before the engine starts",
+        "one event per key raised in units of work of 10,000 and published by convoy's outbox processor (batches of up to 2,048 records, one publish script per shard) before the engine starts",
     );
     section.param(
         "baseline",

@@ -167,7 +167,7 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
     section.note("longest pause: the longest time between two consecutive handled events (of any key) during the run; a stall shows here.");
     section.note("Redis calls/event: every command Redis ran (INFO commandstats deltas, commands called inside Lua scripts included) per event; round trips/event: convoy's script runs (each per-event step is one script; the wake-up read and heartbeat commands are left out), the baseline's commands.");
     section.note("Redis CPU / consumer CPU µs/event: used_cpu_user+sys of redis-server, and of this process (engines or baseline consumers), over the run, per event.");
-    section.note("publish events/s: convoy's outbox processor (publish script, 512 records per call) vs pipelined XADDs of the same envelopes.");
+    section.note("publish events/s: convoy's outbox processor (batches of up to 2,048 records, one publish script per shard a batch spans) vs XADDs of the same envelopes, pipelined 1,000 at a time.");
     section.note("per-key order: the handler keeps each key's last seq and flags a decrease; the baseline is unordered, its figure shows what happens without convoy.");
     Ok(section)
 }

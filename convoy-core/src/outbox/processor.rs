@@ -15,8 +15,12 @@ use crate::key::check_key;
 use crate::metrics;
 use crate::tracing;
 
-/// How many records one publish call carries.
-const BATCH: usize = 512;
+/// How many records one batch carries at most (a broker call per shard the
+/// batch spans). A backlog goes out in batches this large, so the fixed
+/// cost of a batch (a round trip, each shard's dedup and epoch checks) is
+/// shared by many records; a light load publishes each batch as it
+/// commits, whatever its size.
+const BATCH: usize = 2048;
 
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);

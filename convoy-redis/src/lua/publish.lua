@@ -40,6 +40,13 @@
 -- Returns {1, the number of records written, then per category count
 -- touched: its key, its new value, what the batch added} or {-1, the
 -- stored epoch}.
+-- Lua's unpack takes about 8000 values at most: a long list goes to its
+-- command in chunks (of whole pairs for ZADD).
+local function in_chunks(command, key, list)
+  for from = 1, #list, 4000 do
+    redis.call(command, key, unpack(list, from, math.min(from + 3999, #list)))
+  end
+end
 local ttl = ARGV[1]
 local epoch = tonumber(ARGV[3])
 local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -114,7 +121,7 @@ while a <= #ARGV do
   a = a + 3 + n
 end
 for _, index in ipairs(indexes) do
-  redis.call('SADD', index, unpack(adds[index]))
+  in_chunks('SADD', index, adds[index])
 end
 -- Each count's new value and what this batch added: the publisher keeps
 -- the last value it saw, and a later value below it means the shard lost
@@ -126,7 +133,7 @@ for k, c in pairs(counts) do
   out[#out + 1] = c
 end
 if #sent > 0 then
-  redis.call('ZADD', KEYS[1], unpack(sent))
+  in_chunks('ZADD', KEYS[1], sent)
 end
 if not forever then
   redis.call('PEXPIRE', KEYS[1], ttl)

@@ -684,6 +684,33 @@ async fn xlen(c: &mut Conn, stream: &str) -> i64 {
     }
 }
 
+/// A batch of more records in one shard than Lua can unpack at once (about
+/// 8000 values: the dedup set's `ZADD` takes two per record, the index's
+/// `SADD` one per key) is written whole: those lists go in chunks.
+#[tokio::test]
+async fn a_batch_longer_than_lua_can_unpack_is_published_whole() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    const RECORDS: u64 = 8_100;
+    let batch: Vec<_> = (1..=RECORDS)
+        .map(|seq| publication(seq, &format!("k{seq}")))
+        .collect();
+    assert_eq!(
+        publish(&mut c, 1, &batch).await.expect("published"),
+        RECORDS
+    );
+    let count = |v: Value| match v {
+        Value::Int(n) => n as u64,
+        other => panic!("a count: {other:?}"),
+    };
+    let index = convoy_core::names::partition_index(0, "cat");
+    assert_eq!(count(cmd(&mut c, &["SCARD", &index]).await), RECORDS);
+    let sent = convoy_core::names::producer_sent(0, "pg/x");
+    assert_eq!(count(cmd(&mut c, &["ZCARD", &sent]).await), RECORDS);
+    // Sent again, every record is known.
+    assert_eq!(publish(&mut c, 1, &batch).await.expect("re-sent"), 0);
+}
+
 #[tokio::test]
 async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_publisher() {
     let server = RedisServer::start().expect("redis-server");
