@@ -35,7 +35,7 @@
 //! | `connection.rs` | the shared connection and the blocking-read connections |
 //! | `unit.rs` | a unit (handler, scope, key) and every name derived from it |
 //! | `scripts/` | one typed binding per Lua script of `lua/` |
-//! | `partitioned/` | the partitioned consumer: coordinator, unit workers, batched acks |
+//! | `partitioned/` | the partitioned consumer: coordinator, unit workers, acks committed in groups |
 //! | `plain.rs` | the ordinary consumer group |
 //! | `wake.rs` | following the wake streams |
 //! | `state.rs` | process-manager instances (the broker's state store) |

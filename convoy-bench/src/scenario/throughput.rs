@@ -46,6 +46,9 @@ struct Side {
     timed_out: bool,
     publish_seconds: f64,
     publish_calls: u64,
+    /// CPU while publishing (the publisher: convoy's outbox processor, or
+    /// the baseline's pipelined `XADD`s).
+    publish_cpu: CpuUse,
     stats: CommandStatsSummary,
     cpu: CpuUse,
     order: String,
@@ -74,6 +77,11 @@ impl Side {
     /// CPU (share of a core over the run) as µs per handled event.
     fn cpu_us_per_event(&self, share: f64) -> f64 {
         share * self.seconds * 1e6 / self.handled.max(1) as f64
+    }
+
+    /// CPU while publishing (share of a core) as µs per published event.
+    fn publish_cpu_us_per_event(&self, share: f64, n: usize) -> f64 {
+        share * self.publish_seconds * 1e6 / n.max(1) as f64
     }
 }
 
@@ -167,7 +175,7 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
     section.note("longest pause: the longest time between two consecutive handled events (of any key) during the run; a stall shows here.");
     section.note("Redis calls/event: every command Redis ran (INFO commandstats deltas, commands called inside Lua scripts included) per event; round trips/event: convoy's script runs (each per-event step is one script; the wake-up read and heartbeat commands are left out), the baseline's commands.");
     section.note("Redis CPU / consumer CPU µs/event: used_cpu_user+sys of redis-server, and of this process (engines or baseline consumers), over the run, per event.");
-    section.note("publish events/s: convoy's outbox processor (batches of up to 2,048 records, one publish script per shard a batch spans) vs XADDs of the same envelopes, pipelined 1,000 at a time.");
+    section.note("publish events/s: convoy's outbox processor (batches of up to 2,048 records, one publish script per shard a batch spans) vs XADDs of the same envelopes, pipelined 1,000 at a time; convoy's includes raising the events in units of work of 10,000 into the in-memory outbox. publish Redis CPU / publisher CPU µs/event: redis-server's and this process's CPU while publishing, per published event.");
     section.note("per-key order: the handler keeps each key's last seq and flags a decrease; the baseline is unordered, its figure shows what happens without convoy.");
     Ok(section)
 }
@@ -230,6 +238,18 @@ fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, ta
         c.publish_calls as f64 / n as f64,
         b.publish_calls as f64 / n as f64,
     ));
+    section.rows.push(Row::new(
+        case,
+        "publish Redis CPU µs/event",
+        c.publish_cpu_us_per_event(c.publish_cpu.redis, n),
+        b.publish_cpu_us_per_event(b.publish_cpu.redis, n),
+    ));
+    section.rows.push(Row::new(
+        case,
+        "publisher CPU µs/event",
+        c.publish_cpu_us_per_event(c.publish_cpu.process, n),
+        b.publish_cpu_us_per_event(b.publish_cpu.process, n),
+    ));
     section.rows.push(
         Row::new(
             case,
@@ -254,9 +274,11 @@ async fn convoy_side(
     let events = model::spread(k, n);
     let publisher = harness::publisher(&env.url)?;
     let published = env.stats().await?;
+    let publish_cpu = CpuMark::now(&mut env.admin).await?;
     let t = Instant::now();
     harness::publish(&publisher, &events).await?;
     let publish_seconds = t.elapsed().as_secs_f64();
+    let publish_cpu = publish_cpu.since(&mut env.admin).await?;
     let publish_calls = env.stats().await?.since(&published).total_calls();
     drop(events);
     let before = env.stats().await?;
@@ -280,6 +302,7 @@ async fn convoy_side(
         timed_out: !done,
         publish_seconds,
         publish_calls,
+        publish_cpu,
         stats: summary(&stats, handled),
         cpu,
         order,
@@ -299,9 +322,11 @@ async fn baseline_side(
     let state = ProbeState::new();
     let events = model::spread(k, n);
     let published = env.stats().await?;
+    let publish_cpu = CpuMark::now(&mut env.admin).await?;
     let t = Instant::now();
     baseline::prepublish(&mut env.admin, &events).await?;
     let publish_seconds = t.elapsed().as_secs_f64();
+    let publish_cpu = publish_cpu.since(&mut env.admin).await?;
     let publish_calls = env.stats().await?.since(&published).total_calls();
     drop(events);
     baseline::create_group(&mut env.admin, "0").await?;
@@ -336,6 +361,7 @@ async fn baseline_side(
         timed_out: !done,
         publish_seconds,
         publish_calls,
+        publish_cpu,
         stats: summary(&stats, handled),
         cpu,
         order,

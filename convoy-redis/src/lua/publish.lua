@@ -3,7 +3,10 @@
 -- splits a batch by shard and writes the wake-ups after, as hints.
 --
 -- KEYS[1]          the producer's published set in the shard: a sorted set
---                  of the seqs it published that may still be sent again
+--                  of the seqs it published that may still be sent again,
+--                  one member per call: the seqs the call wrote, joined by
+--                  commas, scored by the largest (a member of one seq, as
+--                  an older convoy wrote, reads the same)
 -- KEYS[2]          the producer's epoch as the shard saw it (the newest
 --                  publisher's fencing token)
 -- KEYS[3i..3i+2]   record i: its stream, its category's partition index in
@@ -22,10 +25,12 @@
 -- after a larger row of another), so "not above the mark" would drop it.
 -- A batch starts at the producer's oldest pending record, so every seq
 -- below the batch's first was settled in the outbox and can never be sent
--- again: those members are dropped from the set, which therefore holds
--- about one batch. A record whose seq is in the set was published before
--- (a re-sent batch after a lost reply or a crash) and is skipped. A record
--- always goes to the same shard, so the shard's set is the one that knows.
+-- again: the members whose seqs are all below it are dropped from the set,
+-- which therefore holds about one batch. A record whose seq is in the set
+-- was published before (a re-sent batch after a lost reply or a crash) and
+-- is skipped. A record always goes to the same shard, so the shard's set is
+-- the one that knows. One member per call, not per seq: adding 128 members
+-- to a sorted set cost Redis more than the 128 XADDs.
 --
 -- A publisher whose epoch is below the stored one was replaced (a stalled
 -- relay whose leadership passed to another replica) and is refused. An
@@ -41,7 +46,7 @@
 -- touched: its key, its new value, what the batch added} or {-1, the
 -- stored epoch}.
 -- Lua's unpack takes about 8000 values at most: a long list goes to its
--- command in chunks (of whole pairs for ZADD).
+-- command in chunks.
 local function in_chunks(command, key, list)
   for from = 1, #list, 4000 do
     redis.call(command, key, unpack(list, from, math.min(from + 3999, #list)))
@@ -78,10 +83,15 @@ local i = 0
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
 local max = tonumber(top[2] or '-1')
+-- The seqs published from the floor up, read once, when a record first
+-- needs a lookup (a re-sent batch, or a row that committed late).
+local known = nil
 local sent = {}
+local sent_max = -1
 -- Index entries and counts once per distinct key (or category) of the
 -- batch: the script is atomic, so doing them at the end is the same as
--- doing them with each record. One SADD per index, with all its keys.
+-- doing them with each record. One SADD per index, with all its keys
+-- (indexed: per index, the keys seen).
 local indexed = {}
 local adds = {}
 local indexes = {}
@@ -94,28 +104,40 @@ while a <= #ARGV do
   local index = KEYS[3 * i + 4]
   local published = KEYS[3 * i + 5]
   i = i + 1
-  if seq > max or not redis.call('ZSCORE', KEYS[1], ARGV[a]) then
-    local fields = {}
-    for j = 1, n do
-      fields[j] = ARGV[a + 2 + j]
-    end
-    redis.call('XADD', stream, '*', unpack(fields))
-    if key ~= '' then
-      local id = index .. '\0' .. key
-      if not indexed[id] then
-        indexed[id] = true
-        local keys = adds[index]
-        if not keys then
-          keys = {}
-          adds[index] = keys
-          indexes[#indexes + 1] = index
+  local fresh = seq > max
+  if not fresh then
+    if not known then
+      known = {}
+      local calls = redis.call('ZRANGE', KEYS[1], ARGV[2], '+inf', 'BYSCORE')
+      for _, member in ipairs(calls) do
+        for published_seq in string.gmatch(member, '%d+') do
+          known[published_seq] = true
         end
+      end
+    end
+    fresh = not known[ARGV[a]]
+  end
+  if fresh then
+    redis.call('XADD', stream, '*', unpack(ARGV, a + 3, a + 2 + n))
+    if key ~= '' then
+      local seen = indexed[index]
+      if not seen then
+        seen = {}
+        indexed[index] = seen
+        adds[index] = {}
+        indexes[#indexes + 1] = index
+      end
+      if not seen[key] then
+        seen[key] = true
+        local keys = adds[index]
         keys[#keys + 1] = key
       end
       counts[published] = (counts[published] or 0) + 1
     end
     sent[#sent + 1] = ARGV[a]
-    sent[#sent + 1] = ARGV[a]
+    if seq > sent_max then
+      sent_max = seq
+    end
     written = written + 1
   end
   a = a + 3 + n
@@ -133,7 +155,7 @@ for k, c in pairs(counts) do
   out[#out + 1] = c
 end
 if #sent > 0 then
-  in_chunks('ZADD', KEYS[1], sent)
+  redis.call('ZADD', KEYS[1], sent_max, table.concat(sent, ','))
 end
 if not forever then
   redis.call('PEXPIRE', KEYS[1], ttl)

@@ -73,8 +73,9 @@ pub(super) trait UnitIo {
         held: (At, usize),
     ) -> Result<ReadReply, Error>;
 
-    /// A fenced acknowledgement (batched with other units' by the
-    /// instance's acknowledgement batcher); an error may have run.
+    /// A fenced acknowledgement (committed in one call with other units'
+    /// acknowledgements of the same moment, see [`super::acks`]); an error
+    /// may have run.
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>>;
 
     /// Records a failure of the head `entry` after the `known` failures
