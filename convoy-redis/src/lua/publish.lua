@@ -9,16 +9,18 @@
 --                  an older convoy wrote, reads the same)
 -- KEYS[2]          the producer's epoch as the shard saw it (the newest
 --                  publisher's fencing token)
--- KEYS[3i..3i+2]   record i: its stream, its category's partition index in
---                  the shard, its category's count of partitioned publishes
---                  in the shard (for lag)
+-- then per category c of the records (1 to C): its partition index in the
+--                  shard, its count of partitioned publishes in the shard
+--                  (for lag), as KEYS[2c+1] and KEYS[2c+2]
+-- then per record: its stream
 -- ARGV[1]          producer keys TTL (ms); 0 keeps them for good (an
 --                  elected relay's, whose successor must refuse a
 --                  predecessor however late it wakes)
 -- ARGV[2]          the whole batch's first seq (see below)
 -- ARGV[3]          the publisher's epoch
--- then per record: seq, partition key ('' when unpartitioned), field count,
---                  fields and values
+-- ARGV[4]          C, the number of categories
+-- then per record: seq, category number c, partition key ('' when
+--                  unpartitioned), field count, fields and values
 --
 -- Deduplication is by each record's own seq, not by a high-water mark: a
 -- durable outbox commits rows out of seq order (a row of one key may commit
@@ -70,16 +72,17 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if forever and #ARGV == 3 then
+if forever and #ARGV == 4 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
-local a = 4
+local a = 5
 local written = 0
-local i = 0
+-- The key of the record before the first.
+local i = 2 + 2 * tonumber(ARGV[4])
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
 local max = tonumber(top[2] or '-1')
@@ -98,12 +101,13 @@ local indexes = {}
 local counts = {}
 while a <= #ARGV do
   local seq = tonumber(ARGV[a])
-  local key = ARGV[a + 1]
-  local n = tonumber(ARGV[a + 2])
-  local stream = KEYS[3 * i + 3]
-  local index = KEYS[3 * i + 4]
-  local published = KEYS[3 * i + 5]
+  local c = tonumber(ARGV[a + 1])
+  local key = ARGV[a + 2]
+  local n = tonumber(ARGV[a + 3])
   i = i + 1
+  local stream = KEYS[i]
+  local index = KEYS[2 * c + 1]
+  local published = KEYS[2 * c + 2]
   local fresh = seq > max
   if not fresh then
     if not known then
@@ -118,7 +122,7 @@ while a <= #ARGV do
     fresh = not known[ARGV[a]]
   end
   if fresh then
-    redis.call('XADD', stream, '*', unpack(ARGV, a + 3, a + 2 + n))
+    redis.call('XADD', stream, '*', unpack(ARGV, a + 4, a + 3 + n))
     if key ~= '' then
       local seen = indexed[index]
       if not seen then
@@ -140,7 +144,7 @@ while a <= #ARGV do
     end
     written = written + 1
   end
-  a = a + 3 + n
+  a = a + 4 + n
 end
 for _, index in ipairs(indexes) do
   in_chunks('SADD', index, adds[index])

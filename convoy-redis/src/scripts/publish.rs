@@ -87,9 +87,18 @@ impl Publish<'_> {
     }
 
     /// The script's invocation: every key and value of the shard's records.
+    /// Each category's index and count are named once, and each record
+    /// gives its category's number.
     fn invocation(&self) -> Invocation {
         let mut inv = Invocation::new(&SCRIPTS.publish);
         let shard = self.shard;
+        let mut categories: Vec<&str> = Vec::new();
+        for r in self.batch {
+            let category = r.publication.envelope.category.as_str();
+            if !categories.contains(&category) {
+                categories.push(category);
+            }
+        }
         inv.key(names::producer_sent(shard, &self.producer.name))
             .key(names::producer_epoch(shard, &self.producer.name))
             .arg(if self.producer.epoch > 0 {
@@ -98,15 +107,20 @@ impl Publish<'_> {
                 PRODUCER_TTL_MS
             })
             .arg(self.floor)
-            .arg(self.producer.epoch);
+            .arg(self.producer.epoch)
+            .arg(categories.len());
+        for category in &categories {
+            inv.key(names::partition_index(shard, category))
+                .key(names::published(shard, category));
+        }
         for r in self.batch {
             let p = r.publication;
-            let category = &p.envelope.category;
-            inv.key(&r.stream)
-                .key(names::partition_index(shard, category))
-                .key(names::published(shard, category));
+            let category = p.envelope.category.as_str();
+            let number = categories.iter().position(|c| *c == category).unwrap_or(0) + 1;
+            inv.key(&r.stream);
             let fields = p.envelope.fields();
             inv.arg(p.seq)
+                .arg(number)
                 .arg(r.partition.unwrap_or(""))
                 .arg(fields.len() * 2);
             for (k, v) in &fields {

@@ -711,6 +711,101 @@ async fn a_batch_longer_than_lua_can_unpack_is_published_whole() {
     assert_eq!(publish(&mut c, 1, &batch).await.expect("re-sent"), 0);
 }
 
+/// A call whose records are of several categories names each category's
+/// index and count once: every record lands in its own category's stream,
+/// index and count, in order.
+#[tokio::test]
+async fn a_batch_of_interleaved_categories_indexes_and_counts_each_record_in_its_own() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let of = |seq: u64, category: &str, key: &str| {
+        let mut p = publication(seq, key);
+        p.envelope.category = category.into();
+        p
+    };
+    let batch = [
+        of(1, "a", "x"),
+        of(2, "b", "y"),
+        of(3, "a", "z"),
+        of(4, "b", "y"),
+    ];
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    };
+    let routed: Vec<crate::routing::Routed<'_>> = batch
+        .iter()
+        .map(|p| crate::routing::Routed {
+            publication: p,
+            stream: format!(
+                "{{0}}{}:{}",
+                p.envelope.category,
+                p.envelope.partition_key.as_deref().unwrap_or_default()
+            ),
+            partition: p.envelope.partition_key.as_deref(),
+        })
+        .collect();
+    let published = super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor: 1,
+        batch: &routed,
+    }
+    .run(&mut c, None)
+    .await
+    .expect("published");
+    assert_eq!(published.written, 4);
+    let mut counts = published.counts.clone();
+    counts.sort();
+    assert_eq!(
+        counts,
+        [
+            (convoy_core::names::published(0, "a"), 2, 2),
+            (convoy_core::names::published(0, "b"), 2, 2)
+        ]
+    );
+    let members = |v: Value| match v {
+        Value::Array(items) => {
+            let mut keys: Vec<String> = items
+                .into_iter()
+                .filter_map(|i| redis::from_redis_value(i).ok())
+                .collect();
+            keys.sort();
+            keys
+        }
+        other => panic!("a set: {other:?}"),
+    };
+    let index_a = convoy_core::names::partition_index(0, "a");
+    let index_b = convoy_core::names::partition_index(0, "b");
+    assert_eq!(
+        members(cmd(&mut c, &["SMEMBERS", &index_a]).await),
+        ["x", "z"]
+    );
+    assert_eq!(members(cmd(&mut c, &["SMEMBERS", &index_b]).await), ["y"]);
+    assert_eq!(xlen(&mut c, "{0}a:x").await, 1);
+    assert_eq!(xlen(&mut c, "{0}a:z").await, 1);
+    assert_eq!(xlen(&mut c, "{0}b:y").await, 2);
+}
+
+/// The dedup set as an earlier convoy left it (a member per seq) drops a
+/// record it names just as a member per call does.
+#[tokio::test]
+async fn a_dedup_set_of_one_member_per_seq_still_drops_what_it_names() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let sent = convoy_core::names::producer_sent(0, "pg/x");
+    cmd(&mut c, &["ZADD", &sent, "7", "7", "9", "9"]).await;
+    let batch = [
+        publication(7, "a"),
+        publication(8, "a"),
+        publication(9, "a"),
+    ];
+    assert_eq!(publish(&mut c, 1, &batch).await.expect("published"), 1);
+    assert_eq!(xlen(&mut c, "{0}cat:a").await, 1);
+    // And the call's member, next to them, drops 8 the same way.
+    assert_eq!(publish(&mut c, 1, &batch).await.expect("re-sent"), 0);
+}
+
 #[tokio::test]
 async fn publish_drops_a_resent_record_by_its_own_seq_and_refuses_a_replaced_publisher() {
     let server = RedisServer::start().expect("redis-server");
