@@ -341,6 +341,39 @@ async fn a_command_handler_commits_its_events_in_its_own_transaction() {
     );
 }
 
+/// A commit that writes keyed rows notifies the outbox's channel once (the
+/// notification goes with the key locks, in one statement); a rolled back
+/// transaction and a domain with `notify = false` never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_notifies_the_relay_and_a_rollback_or_notify_false_never_does() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("listener");
+    listener
+        .listen("convoy_public_convoy_outbox")
+        .await
+        .expect("LISTEN");
+    let quiet = Duration::from_millis(500);
+    let d = publisher(env.config(), "loud");
+    commit_events(&d, &pool, &[Posted::new("a", 0), Posted::new("b", 0)], true).await;
+    tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification for the commit")
+        .expect("the listener's connection");
+    commit_events(&d, &pool, &[Posted::new("a", 1)], false).await;
+    let mut config = env.config();
+    config.outbox.notify = false;
+    let silent = publisher(config, "silent");
+    commit_events(&silent, &pool, &[Posted::new("a", 2)], true).await;
+    assert!(
+        tokio::time::timeout(quiet, listener.recv()).await.is_err(),
+        "no notification for a rollback nor with notify = false"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_notify_the_relay_finds_committed_rows_by_polling() {
     let env = PgEnv::start();

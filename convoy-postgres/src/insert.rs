@@ -15,9 +15,9 @@ use convoy_core::error::Error;
 /// them in the same order and so cannot deadlock on them): a second
 /// transaction raising for a key waits here until the first ends, so its
 /// rows get larger ids and, within a key, id order is commit order. Then
-/// the rows, in raise order, and (unless `[outbox] notify = false`) a
-/// notification that PostgreSQL delivers to the relay when (and only if)
-/// the transaction commits.
+/// the rows, in raise order. With the locks (in the same statement), unless
+/// `[outbox] notify = false`, a notification that PostgreSQL delivers to
+/// the relay when (and only if) the transaction commits.
 pub(super) async fn insert(
     conn: &mut PgConnection,
     tables: &Tables,
@@ -38,18 +38,40 @@ pub(super) async fn insert(
         .collect();
     locks.sort_unstable();
     locks.dedup();
-    if !locks.is_empty() {
-        // The ids are sorted here, and `unnest ... WITH ORDINALITY` with an
-        // explicit ORDER BY makes PostgreSQL take the locks in that order.
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(l) FROM (
-                SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-            ) s",
-        )
-        .bind(&locks)
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_error(ctx("locking the partition keys")))?;
+    // One round trip for the locks and the notification (which PostgreSQL
+    // only queues now and delivers at commit, so where it stands in the
+    // transaction does not matter).
+    match (locks.is_empty(), notify) {
+        (true, false) => {}
+        (true, true) => {
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(&tables.channel)
+                .execute(&mut *conn)
+                .await
+                .map_err(pg_error(ctx("notifying the relay")))?;
+        }
+        (false, _) => {
+            // The ids are sorted here, and `unnest ... WITH ORDINALITY`
+            // with an explicit ORDER BY makes PostgreSQL take the locks in
+            // that order.
+            sqlx::query(
+                "SELECT count(pg_advisory_xact_lock(l)),
+                        CASE WHEN $2 THEN (SELECT pg_notify($3, '')) END
+                 FROM (
+                    SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+                 ) s",
+            )
+            .bind(&locks)
+            .bind(notify)
+            .bind(&tables.channel)
+            .execute(&mut *conn)
+            .await
+            .map_err(pg_error(ctx(if notify {
+                "locking the partition keys and notifying the relay"
+            } else {
+                "locking the partition keys"
+            })))?;
+        }
     }
     let mut categories = Vec::with_capacity(envelopes.len());
     let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(envelopes.len());
@@ -78,13 +100,5 @@ pub(super) async fn insert(
         .execute(&mut *conn)
         .await
         .map_err(missing_table(&tables.qualified, ctx("inserting the rows")))?;
-    if !notify {
-        return Ok(());
-    }
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(&tables.channel)
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_error(ctx("notifying the relay")))?;
     Ok(())
 }
