@@ -15,9 +15,10 @@ use convoy_core::error::Error;
 /// them in the same order and so cannot deadlock on them): a second
 /// transaction raising for a key waits here until the first ends, so its
 /// rows get larger ids and, within a key, id order is commit order. Then
-/// the rows, in raise order. With the locks (in the same statement), unless
-/// `[outbox] notify = false`, a notification that PostgreSQL delivers to
-/// the relay when (and only if) the transaction commits.
+/// the rows, in raise order. Unless `[outbox] notify = false`, with the
+/// locks the shared *flush* lock, and a notification that PostgreSQL
+/// delivers to the relay when (and only if) the transaction commits,
+/// unless the relay is busy (see [`crate::pace`]).
 pub(super) async fn insert(
     conn: &mut PgConnection,
     tables: &Tables,
@@ -38,40 +39,38 @@ pub(super) async fn insert(
         .collect();
     locks.sort_unstable();
     locks.dedup();
-    // One round trip for the locks and the notification (which PostgreSQL
-    // only queues now and delivers at commit, so where it stands in the
-    // transaction does not matter).
-    match (locks.is_empty(), notify) {
-        (true, false) => {}
-        (true, true) => {
-            sqlx::query("SELECT pg_notify($1, '')")
-                .bind(&tables.channel)
-                .execute(&mut *conn)
-                .await
-                .map_err(pg_error(ctx("notifying the relay")))?;
-        }
-        (false, _) => {
-            // The ids are sorted here, and `unnest ... WITH ORDINALITY`
-            // with an explicit ORDER BY makes PostgreSQL take the locks in
-            // that order.
-            sqlx::query(
-                "SELECT count(pg_advisory_xact_lock(l)),
-                        CASE WHEN $2 THEN (SELECT pg_notify($3, '')) END
-                 FROM (
-                    SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-                 ) s",
-            )
-            .bind(&locks)
-            .bind(notify)
-            .bind(&tables.channel)
-            .execute(&mut *conn)
+    if notify {
+        // Held until the transaction ends: the relay going idle waits for
+        // this transaction if it skips its notification (see
+        // `crate::pace`). A shared lock the relay only ever holds for one
+        // statement, and never waits for the key locks: taken in the same
+        // statement as those, in any order.
+        locks_and(
+            conn,
+            &locks,
+            "SELECT pg_advisory_xact_lock_shared($2)",
+            Some(tables.flush_lock),
+        )
+        .await
+        .map_err(pg_error(ctx("locking the partition keys")))?;
+        // Notify (PostgreSQL delivers it at commit) unless the relay is
+        // busy, reading every millisecond anyway. The test lets go of the
+        // lock at once: a writer never keeps the relay from getting busy.
+        sqlx::query(
+            "SELECT pg_notify($1, '') FROM (
+                SELECT CASE WHEN pg_try_advisory_lock_shared($2)
+                    THEN pg_advisory_unlock_shared($2) ELSE false END AS idle
+             ) relay WHERE relay.idle",
+        )
+        .bind(&tables.channel)
+        .bind(tables.busy_lock)
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_error(ctx("notifying the relay")))?;
+    } else if !locks.is_empty() {
+        locks_and(conn, &locks, "SELECT 1", None)
             .await
-            .map_err(pg_error(ctx(if notify {
-                "locking the partition keys and notifying the relay"
-            } else {
-                "locking the partition keys"
-            })))?;
-        }
+            .map_err(pg_error(ctx("locking the partition keys")))?;
     }
     let mut categories = Vec::with_capacity(envelopes.len());
     let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(envelopes.len());
@@ -101,4 +100,27 @@ pub(super) async fn insert(
         .await
         .map_err(missing_table(&tables.qualified, ctx("inserting the rows")))?;
     Ok(())
+}
+
+/// Takes the transaction-scoped advisory lock of every id of `locks` in
+/// their (sorted) order, in one statement with `also` (bound to `$2`).
+async fn locks_and(
+    conn: &mut PgConnection,
+    locks: &[i64],
+    also: &'static str,
+    also_arg: Option<i64>,
+) -> Result<(), sqlx::Error> {
+    // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
+    // PostgreSQL take the locks in that order.
+    let sql = format!(
+        "SELECT (SELECT count(pg_advisory_xact_lock(l)) FROM (
+            SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+         ) s), ({also})"
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(locks)
+        .bind(also_arg)
+        .execute(&mut *conn)
+        .await
+        .map(|_| ())
 }

@@ -62,6 +62,7 @@
 
 mod applied;
 mod insert;
+mod pace;
 mod relay;
 mod schema;
 
@@ -111,6 +112,8 @@ struct Inner {
     /// `pg/{the relay table's producer uuid}`, read at the first relay or
     /// migration; the same for every replica.
     producer: std::sync::OnceLock<String>,
+    /// The relay's session for its busy lock (see [`pace`]).
+    publisher: tokio::sync::Mutex<pace::PublisherSession>,
 }
 
 impl std::fmt::Debug for PgOutbox {
@@ -190,6 +193,7 @@ impl PgOutbox {
                 tables: Tables::new(&config.schema, &config.table),
                 config: config.clone(),
                 producer: std::sync::OnceLock::new(),
+                publisher: tokio::sync::Mutex::default(),
             }),
         })
     }
@@ -525,5 +529,13 @@ impl OutboxStore for PgOutbox {
 
     fn poll_interval(&self) -> Duration {
         PgOutbox::poll_interval(self)
+    }
+
+    fn publisher_busy(&self) -> BoxFuture<'_, bool> {
+        Box::pin(PgOutbox::publisher_busy(self))
+    }
+
+    fn publisher_idle(&self) -> BoxFuture<'_, bool> {
+        Box::pin(PgOutbox::publisher_idle(self))
     }
 }

@@ -69,6 +69,11 @@ pub(crate) struct Tables {
     pub(crate) channel: String,
     /// The advisory lock of the relay's leadership.
     pub(crate) leader_lock: i64,
+    /// The advisory lock the relay holds while busy (see [`crate::pace`]).
+    pub(crate) busy_lock: i64,
+    /// The advisory lock notifying writers hold (shared) while they may
+    /// have skipped their notification (see [`crate::pace`]).
+    pub(crate) flush_lock: i64,
     /// The advisory lock taken while migrating.
     migrate_lock: i64,
 }
@@ -82,6 +87,8 @@ impl Tables {
             table: table.to_owned(),
             channel: format!("convoy_{schema}_{table}"),
             leader_lock: lock_id(&["convoy-relay", schema, table]),
+            busy_lock: lock_id(&["convoy-relay-busy", schema, table]),
+            flush_lock: lock_id(&["convoy-relay-flush", schema, table]),
             migrate_lock: lock_id(&["convoy-migrate", schema, table]),
             qualified,
         }

@@ -182,6 +182,27 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn poll_interval(&self) -> std::time::Duration {
         std::time::Duration::from_secs(1)
     }
+
+    /// The publisher is busy: it reads again within a few milliseconds for
+    /// as long as it finds records, so commits may skip their notification
+    /// from now on (a notification can cost a shared store throughput:
+    /// PostgreSQL commits notifying transactions one at a time). Returns
+    /// whether the store told its writers so; called again while busy, it
+    /// keeps that true (or returns false once it cannot). Default: false,
+    /// every commit notifies.
+    fn publisher_busy(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { false })
+    }
+
+    /// The publisher found nothing for a while and is about to wait for a
+    /// notification: commits notify again from now on. Returns true once
+    /// every commit that skipped its notification is over (committed or
+    /// rolled back), so one more read finds all of them; false while one
+    /// may still be under way (the publisher reads again soon and asks
+    /// again). Default: true.
+    fn publisher_idle(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
+    }
 }
 
 /// The default [`OutboxStore::producer`] suffix: one per process, so the

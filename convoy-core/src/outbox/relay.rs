@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::OutboxProcessor;
-#[cfg(doc)]
 use super::OutboxStore;
 use crate::backoff::{Backoff, sleep_or_stop};
 use crate::broker::Producer;
@@ -27,6 +26,72 @@ use crate::tracing;
 /// housekeeping (reading the statistics is not free: a count of the
 /// backlog).
 pub(crate) const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
+
+/// How soon a busy publisher reads again after a read that found nothing.
+const BUSY_POLL: Duration = Duration::from_millis(1);
+/// Reads in a row that find nothing before a busy publisher goes idle.
+const IDLE_AFTER: u32 = 3;
+
+/// Where the publisher stands with the store's writers (see
+/// [`OutboxStore::publisher_busy`]): busy, it reads again every
+/// millisecond and commits may skip their notification; idle, it waits for
+/// one (or the poll interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// Waiting for notifications: every commit notifies.
+    Idle,
+    /// Reading every millisecond; the last `empty` reads found nothing.
+    Busy { empty: u32 },
+    /// Going idle: commits notify again, but one that skipped its
+    /// notification may still be under way.
+    Settling,
+    /// Every commit that skipped its notification is over: one more read
+    /// finds all of them.
+    LastLook,
+}
+
+impl Pace {
+    /// After a read of `published` records (the outbox was empty at its
+    /// end): the next pace, and how long to wait before reading again.
+    /// Idle is reached from busy only through settling and a last look, so
+    /// a commit that skipped its notification is never left to the poll.
+    async fn next(self, published: usize, store: &dyn OutboxStore) -> (Pace, Duration) {
+        let settle = || async {
+            if store.publisher_idle().await {
+                (Pace::LastLook, Duration::ZERO)
+            } else {
+                (Pace::Settling, BUSY_POLL)
+            }
+        };
+        // Commits may have skipped their notification since the last
+        // settling.
+        let skipped = matches!(self, Pace::Busy { .. } | Pace::Settling);
+        let busy = |empty| async move {
+            if store.publisher_busy().await {
+                (Pace::Busy { empty }, BUSY_POLL)
+            } else if skipped {
+                settle().await
+            } else {
+                (Pace::Idle, store.poll_interval())
+            }
+        };
+        match self {
+            Pace::Busy { empty } => {
+                let empty = if published > 0 { 0 } else { empty + 1 };
+                if empty < IDLE_AFTER {
+                    busy(empty).await
+                } else {
+                    settle().await
+                }
+            }
+            // Records keep coming: busy again rather than wait for a
+            // moment with no commit under way.
+            Pace::Settling | Pace::Idle | Pace::LastLook if published > 0 => busy(0).await,
+            Pace::Settling => settle().await,
+            Pace::Idle | Pace::LastLook => (Pace::Idle, store.poll_interval()),
+        }
+    }
+}
 
 /// How one publisher among several processes is chosen for an outbox they
 /// share.
@@ -178,6 +243,7 @@ pub(crate) async fn publish(
     let mut newest = producer.epoch;
     let mut backoff = Backoff::reconnect();
     let mut housekeeping: Option<Instant> = None;
+    let mut pace = Pace::Idle;
     loop {
         if housekeeping.is_none_or(|at| at.elapsed() >= HOUSEKEEPING_EVERY) {
             housekeeping = Some(Instant::now());
@@ -192,10 +258,14 @@ pub(crate) async fn publish(
         let wait = match processor.drain_as(producer).await {
             Ok(published) => {
                 backoff.reset();
-                if published == 0 {
+                let (next, wait) = pace.next(published, store.as_ref()).await;
+                pace = next;
+                // Going to wait: a last look at what the broker counts
+                // (not on every read of a busy publisher).
+                if published == 0 && pace == Pace::Idle {
                     processor.recheck_published().await;
                 }
-                store.poll_interval()
+                wait
             }
             Err(Error::PublisherReplaced { newer, .. }) => {
                 tracing::warn!(
@@ -229,9 +299,17 @@ pub(crate) async fn publish(
             _ = tokio::time::sleep(wait) => {}
         }
     }
+    if pace != Pace::Idle {
+        // Commits notify again (whoever publishes next waits for them).
+        store.publisher_idle().await;
+    }
     watch_stop.cancel();
     if let Some(w) = watcher {
         let _ = w.await;
     }
     newest
 }
+
+#[cfg(test)]
+#[path = "relay_tests.rs"]
+mod tests;

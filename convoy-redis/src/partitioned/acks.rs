@@ -284,7 +284,7 @@ pub(crate) async fn acknowledge(shared: &Arc<Shared>, request: AckRequest) -> Ou
             Err(_) => return Err(ended()),
         },
     };
-    let outcome = send(&shared, &own, others).await;
+    let outcome = send(shared, &own, others).await;
     // The slot goes on to a waiting worker before this one handles its
     // next event.
     drop(slot);

@@ -1,0 +1,139 @@
+//! The publisher's pace, driven by a store whose answers are scripted: a
+//! busy publisher reaches idle only by settling and a last look.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::super::{MemoryOutbox, OutboxRecord, OutboxStats};
+use super::*;
+use crate::envelope::Envelope;
+
+/// A memory outbox whose `publisher_busy` and `publisher_idle` answer from
+/// scripts (true once a script runs out).
+#[derive(Default)]
+struct Scripted {
+    inner: MemoryOutbox,
+    busy: Mutex<VecDeque<bool>>,
+    idle: Mutex<VecDeque<bool>>,
+}
+
+impl Scripted {
+    fn new(busy: &[bool], idle: &[bool]) -> Self {
+        Scripted {
+            inner: MemoryOutbox::new(),
+            busy: Mutex::new(busy.iter().copied().collect()),
+            idle: Mutex::new(idle.iter().copied().collect()),
+        }
+    }
+}
+
+fn next_of(script: &Mutex<VecDeque<bool>>) -> bool {
+    script
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .pop_front()
+        .unwrap_or(true)
+}
+
+impl OutboxStore for Scripted {
+    fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.append(envelopes)
+    }
+    fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.pending(limit)
+    }
+    fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.mark_published(seqs)
+    }
+    fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.mark_abandoned(seq, reason)
+    }
+    fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.record_failure(seq)
+    }
+    fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.records()
+    }
+    fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
+        self.inner.stats()
+    }
+    fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.abandoned(limit)
+    }
+    fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.retry(seq)
+    }
+    fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.discard(seq)
+    }
+    fn publisher_busy(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { next_of(&self.busy) })
+    }
+    fn publisher_idle(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { next_of(&self.idle) })
+    }
+}
+
+const POLL: Duration = Duration::from_secs(1);
+
+/// The paces after reads of `published` records each, with their waits.
+async fn run(store: &dyn OutboxStore, reads: &[usize]) -> Vec<(Pace, Duration)> {
+    let mut pace = Pace::Idle;
+    let mut out = Vec::new();
+    for &published in reads {
+        let (next, wait) = pace.next(published, store).await;
+        pace = next;
+        out.push((next, wait));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_store_whose_commits_always_notify_keeps_the_publisher_idle() {
+    let store = MemoryOutbox::new();
+    let paces = run(&store, &[5, 0, 3]).await;
+    assert_eq!(paces, [(Pace::Idle, POLL); 3]);
+}
+
+#[tokio::test]
+async fn a_busy_publisher_goes_idle_only_after_settling_and_a_last_look() {
+    // Busy taken; three empty reads; settling refused once, then granted.
+    let store = Scripted::new(&[true, true, true], &[false, true]);
+    let paces = run(&store, &[5, 0, 0, 0, 0, 0]).await;
+    assert_eq!(
+        paces,
+        [
+            (Pace::Busy { empty: 0 }, BUSY_POLL),
+            (Pace::Busy { empty: 1 }, BUSY_POLL),
+            (Pace::Busy { empty: 2 }, BUSY_POLL),
+            (Pace::Settling, BUSY_POLL),
+            (Pace::LastLook, Duration::ZERO),
+            (Pace::Idle, POLL),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_busy_publisher_that_loses_busy_settles_before_it_waits() {
+    // Busy, then the store cannot keep it (its session ended): commits
+    // that skipped their notification may be under way.
+    let store = Scripted::new(&[true, false], &[true]);
+    let paces = run(&store, &[5, 2, 0]).await;
+    assert_eq!(
+        paces,
+        [
+            (Pace::Busy { empty: 0 }, BUSY_POLL),
+            (Pace::LastLook, Duration::ZERO),
+            (Pace::Idle, POLL),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn records_arriving_while_settling_make_the_publisher_busy_again() {
+    let store = Scripted::new(&[true, true, true, true], &[false]);
+    let paces = run(&store, &[5, 0, 0, 0, 4]).await;
+    assert_eq!(paces[3], (Pace::Settling, BUSY_POLL));
+    assert_eq!(paces[4], (Pace::Busy { empty: 0 }, BUSY_POLL));
+}

@@ -1,0 +1,175 @@
+//! When commits notify the relay.
+//!
+//! `NOTIFY` is what lets the relay sleep until a commit, but PostgreSQL
+//! commits notifying transactions one at a time (each holds the notify
+//! queue's lock through its WAL flush), which costs concurrent writers most
+//! of their throughput. So a commit notifies only while the relay may be
+//! asleep; while it is busy (reading every millisecond, see the runtime's
+//! relay loop) it finds the rows by itself. Two advisory locks of the
+//! outbox say which, without a write:
+//!
+//! - **busy**: the leading relay holds it (exclusive, on a session of its
+//!   own) while it is busy. A writer tries it (shared) and lets go at once:
+//!   taken, the relay is not busy, so the writer notifies; refused, it
+//!   does not.
+//! - **flush**: every notifying writer holds it (shared) from before that
+//!   test until its transaction ends, so a writer that skipped its
+//!   notification holds it until its rows are committed or gone.
+//!
+//! Going idle, the relay first releases *busy* (from then on every commit
+//! notifies), then tries *flush* exclusively, and lets go at once: taken,
+//! no writer that could have seen it busy is still under way, so one more
+//! read finds every row committed without a notification and it may wait.
+//! Refused, it reads again a moment later and tries again. The relay only
+//! ever tries these locks (it never waits for them while holding one), and
+//! a writer waits for *flush* only during that one statement, so no one
+//! waits on anyone for long and no cycle of waits can form.
+//!
+//! Whatever fails (the relay's session drops, the relay stalls and
+//! PostgreSQL ends its idle session, PostgreSQL restarts), *busy* is
+//! released with the session and every commit notifies again: the cost of
+//! a failure is throughput, never a row left waiting for the poll.
+
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection};
+
+use super::{PgOutbox, pg_error};
+use crate::tracing;
+use convoy_core::error::Error;
+
+/// The relay's session for the *busy* and *flush* locks.
+#[derive(Default)]
+pub(super) struct PublisherSession {
+    conn: Option<PgConnection>,
+    /// Whether this session holds *busy*.
+    busy: bool,
+    /// When the session last ran a statement.
+    used: Option<Instant>,
+}
+
+impl PgOutbox {
+    /// See [`convoy_core::outbox::OutboxStore::publisher_busy`]: takes (or
+    /// keeps) *busy*. False without notifications (`notify = false`), or
+    /// when the lock or the session cannot be had.
+    pub(super) async fn publisher_busy(&self) -> bool {
+        if !self.inner.config.notify {
+            return false;
+        }
+        let mut s = self.inner.publisher.lock().await;
+        // PostgreSQL ends the session when it idles past the leader
+        // timeout (a stalled relay must not keep writers from notifying):
+        // a busy relay touches it well within.
+        let keep_alive = self.leader_timeout() / 4;
+        if s.busy && s.used.is_some_and(|at| at.elapsed() < keep_alive) {
+            return true;
+        }
+        let busy_lock = self.inner.tables.busy_lock;
+        let was_busy = s.busy;
+        let result = async {
+            let conn = self.publisher_conn(&mut s).await?;
+            if was_busy {
+                sqlx::query("SELECT 1")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(pg_error("outbox relay: keeping its session"))?;
+                Ok(true)
+            } else {
+                sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+                    .bind(busy_lock)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(pg_error("outbox relay: taking the busy lock"))
+            }
+        }
+        .await;
+        match result {
+            Ok(busy) => {
+                s.busy = busy;
+                s.used = Some(Instant::now());
+                busy
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "outbox relay: every commit notifies for now");
+                // Closing the session releases the lock.
+                *s = PublisherSession::default();
+                false
+            }
+        }
+    }
+
+    /// See [`convoy_core::outbox::OutboxStore::publisher_idle`]: releases
+    /// *busy*, then tries *flush*.
+    pub(super) async fn publisher_idle(&self) -> bool {
+        if !self.inner.config.notify {
+            return true;
+        }
+        let mut s = self.inner.publisher.lock().await;
+        let tables = &self.inner.tables;
+        let was_busy = s.busy;
+        let result = async {
+            let conn = self.publisher_conn(&mut s).await?;
+            if was_busy {
+                sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(tables.busy_lock)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(pg_error("outbox relay: releasing the busy lock"))?;
+            }
+            sqlx::query_scalar::<_, bool>(
+                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN pg_advisory_unlock($1) ELSE false END",
+            )
+            .bind(tables.flush_lock)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(pg_error("outbox relay: trying the flush lock"))
+        }
+        .await;
+        s.busy = false;
+        match result {
+            Ok(settled) => {
+                s.used = Some(Instant::now());
+                settled
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "outbox relay: cannot tell yet whether every commit notifies");
+                *s = PublisherSession::default();
+                false
+            }
+        }
+    }
+
+    /// The relay's session, opened (with the leader's idle timeout) when
+    /// there is none.
+    async fn publisher_conn<'a>(
+        &self,
+        s: &'a mut PublisherSession,
+    ) -> Result<&'a mut PgConnection, Error> {
+        if s.conn.is_none() {
+            let mut c = PgConnection::connect_with(&self.inner.options)
+                .await
+                .map_err(pg_error("outbox relay: connecting its busy session"))?;
+            let sql = format!(
+                "SET idle_session_timeout = {}",
+                self.leader_timeout()
+                    .max(Duration::from_millis(1))
+                    .as_millis()
+            );
+            sqlx::query(AssertSqlSafe(sql))
+                .execute(&mut c)
+                .await
+                .map_err(pg_error("outbox relay: setting idle_session_timeout"))?;
+            s.busy = false;
+            s.conn = Some(c);
+        }
+        s.conn.as_mut().ok_or_else(|| Error::TaskFailed {
+            task: "outbox relay",
+            reason: "its busy session was not kept".to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "pace_tests.rs"]
+mod tests;

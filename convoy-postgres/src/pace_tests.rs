@@ -1,0 +1,137 @@
+//! When commits notify, against a real PostgreSQL: a commit skips its
+//! notification only while the relay holds *busy*; going idle waits for a
+//! commit that skipped one; a relay session that dies leaves every commit
+//! notifying.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+
+use super::super::PgOutbox;
+use convoy_core::envelope::{Envelope, Priority};
+use convoy_testkit::PgServer;
+
+/// Within this a notification sent at commit has arrived.
+const DELIVERED: Duration = Duration::from_secs(5);
+/// Nothing arrived within this: no notification was sent.
+const QUIET: Duration = Duration::from_millis(400);
+
+async fn outbox(server: &PgServer) -> PgOutbox {
+    let outbox = PgOutbox::connect_lazy(&server.url()).expect("outbox");
+    outbox.migrate().await.expect("migrate");
+    outbox
+}
+
+async fn listen(outbox: &PgOutbox) -> PgListener {
+    let mut l = PgListener::connect_with(outbox.pool())
+        .await
+        .expect("listener");
+    l.listen(&outbox.inner.tables.channel)
+        .await
+        .expect("LISTEN");
+    l
+}
+
+fn envelope(key: &str) -> Envelope {
+    Envelope {
+        id: format!("m-{key}"),
+        type_name: "T".into(),
+        category: "c".into(),
+        partition_key: Some(key.into()),
+        time_ms: 0,
+        priority: Priority::Normal,
+        correlation_id: None,
+        payload: "{}".into(),
+        origin: None,
+    }
+}
+
+/// A transaction that writes one row of `key`, left open.
+async fn write(outbox: &PgOutbox, key: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = outbox.pool().begin().await.expect("begin");
+    outbox
+        .insert_in(&mut tx, &[envelope(key)])
+        .await
+        .expect("insert");
+    tx
+}
+
+async fn notified(l: &mut PgListener, within: Duration) -> bool {
+    tokio::time::timeout(within, l.recv()).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_skips_its_notification_only_while_the_relay_is_busy() {
+    let server = PgServer::start().expect("postgres");
+    let outbox = outbox(&server).await;
+    let mut l = listen(&outbox).await;
+    write(&outbox, "a").await.commit().await.expect("commit");
+    assert!(
+        notified(&mut l, DELIVERED).await,
+        "the relay is idle: notified"
+    );
+    assert!(outbox.publisher_busy().await, "nobody else holds busy");
+    write(&outbox, "b").await.commit().await.expect("commit");
+    assert!(
+        !notified(&mut l, QUIET).await,
+        "the relay is busy: no notification"
+    );
+    assert!(outbox.publisher_idle().await, "no commit under way");
+    write(&outbox, "c").await.commit().await.expect("commit");
+    assert!(notified(&mut l, DELIVERED).await, "idle again: notified");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn going_idle_waits_for_a_commit_that_skipped_its_notification() {
+    let server = PgServer::start().expect("postgres");
+    let outbox = outbox(&server).await;
+    assert!(outbox.publisher_busy().await);
+    let skipped = write(&outbox, "a").await;
+    assert!(
+        !outbox.publisher_idle().await,
+        "a transaction that skipped its notification is under way"
+    );
+    // Still refused while it is open, however often the relay asks.
+    assert!(!outbox.publisher_idle().await);
+    skipped.commit().await.expect("commit");
+    assert!(
+        outbox.publisher_idle().await,
+        "it is over: one more read finds it"
+    );
+    // A writer that started after the relay went idle notifies (any open
+    // writer keeps the relay from settling: it cannot tell which kind).
+    let mut l = listen(&outbox).await;
+    let tx = write(&outbox, "b").await;
+    assert!(!outbox.publisher_idle().await);
+    tx.commit().await.expect("commit");
+    assert!(notified(&mut l, DELIVERED).await);
+    assert!(outbox.publisher_idle().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_relay_whose_session_ends_leaves_every_commit_notifying() {
+    let server = PgServer::start().expect("postgres");
+    let outbox = outbox(&server).await;
+    let mut l = listen(&outbox).await;
+    assert!(outbox.publisher_busy().await);
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+         WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
+    )
+    .fetch_one(outbox.pool())
+    .await
+    .expect("terminate the relay's session");
+    assert_eq!(ended, 1);
+    write(&outbox, "a").await.commit().await.expect("commit");
+    assert!(
+        notified(&mut l, DELIVERED).await,
+        "busy went with the session"
+    );
+    // The relay finds out, and takes busy again on a new session.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut busy = outbox.publisher_busy().await;
+    if !busy {
+        busy = outbox.publisher_busy().await;
+    }
+    assert!(busy, "busy again on a new session");
+}
