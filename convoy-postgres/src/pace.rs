@@ -32,8 +32,8 @@
 
 use std::time::{Duration, Instant};
 
+use sqlx::Connection;
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Connection};
 
 use super::{PgOutbox, pg_error};
 use crate::tracing;
@@ -66,6 +66,7 @@ impl PgOutbox {
             return true;
         }
         let busy_lock = self.inner.tables.busy_lock;
+        let idle_timeout = self.leader_timeout().max(Duration::from_millis(1));
         let was_busy = s.busy;
         let result = async {
             let conn = self.publisher_conn(&mut s).await?;
@@ -74,13 +75,19 @@ impl PgOutbox {
                     .execute(&mut *conn)
                     .await
                     .map_err(pg_error("outbox relay: keeping its session"))?;
-                Ok(true)
+                Ok::<bool, Error>(true)
             } else {
-                sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
-                    .bind(busy_lock)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(pg_error("outbox relay: taking the busy lock"))
+                // Held, the session ends if it idles past the leader
+                // timeout (a stalled relay); released, it may idle.
+                let row: (String, bool) = sqlx::query_as(
+                    "SELECT set_config('idle_session_timeout', $2, false), pg_try_advisory_lock($1)",
+                )
+                .bind(busy_lock)
+                .bind(idle_timeout.as_millis().to_string())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(pg_error("outbox relay: taking the busy lock"))?;
+                Ok(row.1)
             }
         }
         .await;
@@ -111,8 +118,10 @@ impl PgOutbox {
         let result = async {
             let conn = self.publisher_conn(&mut s).await?;
             if was_busy {
-                sqlx::query("SELECT pg_advisory_unlock($1)")
-                    .bind(tables.busy_lock)
+                sqlx::query(
+                    "SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', '0', false)",
+                )
+                .bind(tables.busy_lock)
                     .execute(&mut *conn)
                     .await
                     .map_err(pg_error("outbox relay: releasing the busy lock"))?;
@@ -140,26 +149,15 @@ impl PgOutbox {
         }
     }
 
-    /// The relay's session, opened (with the leader's idle timeout) when
-    /// there is none.
+    /// The relay's session, opened when there is none.
     async fn publisher_conn<'a>(
         &self,
         s: &'a mut PublisherSession,
     ) -> Result<&'a mut PgConnection, Error> {
         if s.conn.is_none() {
-            let mut c = PgConnection::connect_with(&self.inner.options)
+            let c = PgConnection::connect_with(&self.inner.options)
                 .await
                 .map_err(pg_error("outbox relay: connecting its busy session"))?;
-            let sql = format!(
-                "SET idle_session_timeout = {}",
-                self.leader_timeout()
-                    .max(Duration::from_millis(1))
-                    .as_millis()
-            );
-            sqlx::query(AssertSqlSafe(sql))
-                .execute(&mut c)
-                .await
-                .map_err(pg_error("outbox relay: setting idle_session_timeout"))?;
             s.busy = false;
             s.conn = Some(c);
         }

@@ -135,3 +135,27 @@ async fn a_busy_relay_whose_session_ends_leaves_every_commit_notifying() {
     }
     assert!(busy, "busy again on a new session");
 }
+
+/// A relay that stops using its session while busy (stalled) loses it
+/// after the leader timeout, and with it busy: commits notify again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_busy_relay_loses_busy_after_the_leader_timeout() {
+    let server = PgServer::start().expect("postgres");
+    let outbox = PgOutbox::from_config(&convoy_core::config::OutboxConfig {
+        postgres_url: Some(server.url()),
+        leader_timeout_ms: 300,
+        ..Default::default()
+    })
+    .expect("outbox");
+    outbox.migrate().await.expect("migrate");
+    let mut l = listen(&outbox).await;
+    assert!(outbox.publisher_busy().await);
+    write(&outbox, "a").await.commit().await.expect("commit");
+    assert!(!notified(&mut l, QUIET).await, "busy: no notification");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    write(&outbox, "b").await.commit().await.expect("commit");
+    assert!(
+        notified(&mut l, DELIVERED).await,
+        "the idle session ended, and busy with it"
+    );
+}

@@ -25,7 +25,7 @@
 //! leader_timeout_ms = 5000         # a stalled relay's leadership lapses after this
 //! poll_interval_ms = 1000          # fallback poll; commits wake the relay at once
 //! migrate = true                   # create/upgrade the tables at engine start
-//! notify = true                    # NOTIFY the relay on commit (false: poll only)
+//! notify = true                    # NOTIFY an idle relay on commit (false: poll only)
 //! max_connections = 8
 //!
 //! [server.retry]
@@ -140,11 +140,11 @@ pub struct OutboxConfig {
     pub poll_interval_ms: u64,
     /// Create or upgrade the tables when the engine starts.
     pub migrate: bool,
-    /// Wake the relay with `NOTIFY` on every commit that writes outbox rows
-    /// (commit-to-publish in milliseconds). PostgreSQL serialises the
-    /// commits of notifying transactions on a global lock, which costs
-    /// throughput under many concurrent writers: with `false` the relay
-    /// relies on `poll_interval_ms` instead.
+    /// Wake an idle relay with `NOTIFY` when a commit writes outbox rows
+    /// (commit-to-publish in milliseconds); while the relay is busy,
+    /// commits skip it, since PostgreSQL serialises the commits of
+    /// notifying transactions on a global lock. With `false` no commit
+    /// notifies and the relay relies on `poll_interval_ms` instead.
     pub notify: bool,
     /// Connections of the outbox's pool.
     pub max_connections: u32,
