@@ -340,6 +340,6 @@ async fn send(shared: &Shared, own: &AckRequest, others: Vec<Queued>) -> Outcome
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 #[path = "acks_tests.rs"]
 mod tests;

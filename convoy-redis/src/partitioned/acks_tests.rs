@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::super::worker::tests::shared_on;
 use super::*;
+use crate::scripts::tests::calls;
 use convoy_testkit::RedisServer;
 
 /// A worker that is not answered within this is waiting for a slot that
@@ -41,20 +42,6 @@ fn request(i: usize) -> AckRequest {
     }
 }
 
-/// How many `EVALSHA` calls the server has run.
-async fn evalsha_calls(c: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(c)
-        .await
-        .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Fifty workers acknowledging at once (one thread: each runs until it
 /// waits) make three calls: the first two take the two slots, the other
 /// 48 queue, and the first slot freed goes to one of them with all 48.
@@ -65,7 +52,7 @@ async fn acknowledgements_that_arrive_together_share_calls() {
     let shared = shared_on(&server.url(), Duration::from_secs(60));
     // Connected, and the script loaded.
     assert!(acknowledge(&shared, request(100)).await.is_ok());
-    let before = evalsha_calls(&mut admin).await;
+    let before = calls(&mut admin, "evalsha").await;
     let outcomes = tokio::time::timeout(
         ANSWERED_WITHIN,
         futures::future::join_all((0..50).map(|i| acknowledge(&shared, request(i)))),
@@ -75,7 +62,7 @@ async fn acknowledgements_that_arrive_together_share_calls() {
     for (i, o) in outcomes.into_iter().enumerate() {
         assert!(matches!(o, Ok(Acked::Refused(_))), "ack {i}: {:?}", o.err());
     }
-    assert_eq!(evalsha_calls(&mut admin).await - before, 3);
+    assert_eq!(calls(&mut admin, "evalsha").await - before, 3);
     let lane = shared.acks.lock(0);
     assert_eq!((lane.in_flight, lane.queue.len()), (0, 0));
 }

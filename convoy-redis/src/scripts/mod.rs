@@ -451,4 +451,4 @@ async fn call_replicated(
 }
 
 #[cfg(all(test, feature = "testing"))]
-mod tests;
+pub(crate) mod tests;

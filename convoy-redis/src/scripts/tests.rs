@@ -97,7 +97,7 @@ async fn read_whole(c: &mut Conn, token: &str, whole: usize) -> ReadReply {
 }
 
 /// `calls` of `command` in `INFO commandstats`.
-async fn calls(c: &mut Conn, command: &str) -> u64 {
+pub(crate) async fn calls(c: &mut (impl redis::aio::ConnectionLike + Send), command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(c)
