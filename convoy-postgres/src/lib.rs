@@ -32,8 +32,8 @@
 //! Every replica runs a relay, but only the one holding a session advisory
 //! lock publishes (the leader); the others poll for the lock. One publisher
 //! keeps per-key order trivially right, and one is enough: publishing is
-//! one script per batch of up to 512 rows, bounded by Redis, not by the
-//! relay. The leader's session sets `idle_session_timeout` to
+//! one script per shard for a batch of up to 2,048 rows, bounded by Redis,
+//! not by the relay. The leader's session sets `idle_session_timeout` to
 //! `leader_timeout_ms` and pings well within it, so a leader that is killed
 //! loses the lock at once (its socket closes) and one that is stalled
 //! (`SIGSTOP`, swapped out) loses it after `leader_timeout_ms`, when
@@ -59,6 +59,14 @@
 //!
 //! Rows stay pending in PostgreSQL (nothing grows in process memory) and
 //! publish, in order, when Redis is back.
+//!
+//! # Wake-ups
+//!
+//! An idle relay waits for `NOTIFY`; a busy one reads every millisecond,
+//! and while it is busy commits skip their notification, which PostgreSQL
+//! would make them commit one at a time for. Two advisory locks decide it,
+//! and the relay waits again only once no commit that skipped its
+//! notification is under way (see the `pace` module).
 
 mod applied;
 mod insert;

@@ -226,7 +226,9 @@ pub(crate) async fn run(processor: Arc<OutboxProcessor>, shutdown: CancellationT
 /// Woken by commits in this process and, while it runs, by the store's
 /// commit notifications ([`OutboxStore::watch_commits`]); otherwise every
 /// [`OutboxStore::poll_interval`], or sooner, with back-off, after a failed
-/// publish.
+/// publish. While records keep coming it reads every millisecond, and a
+/// store that can tell its writers so lets commits skip their notification
+/// meanwhile ([`OutboxStore::publisher_busy`], [`Pace`]).
 pub(crate) async fn publish(
     processor: &OutboxProcessor,
     producer: &Producer,
