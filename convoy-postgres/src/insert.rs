@@ -39,20 +39,30 @@ pub(super) async fn insert(
         .collect();
     locks.sort_unstable();
     locks.dedup();
-    if notify {
-        // Held until the transaction ends: the relay going idle waits for
-        // this transaction if it skips its notification (see
-        // `crate::pace`). A shared lock the relay only ever holds for one
-        // statement, and never waits for the key locks: taken in the same
-        // statement as those, in any order.
-        locks_and(
-            conn,
-            &locks,
-            "SELECT pg_advisory_xact_lock_shared($2)",
-            Some(tables.flush_lock),
+    // With notifications, the shared *flush* lock too, held until the
+    // transaction ends: the relay going idle waits for this transaction if
+    // it skips its notification (see `crate::pace`). The relay holds it
+    // exclusively for one statement at most and never waits for a key
+    // lock, so it goes in the same statement as those, in any order.
+    let flush = notify.then_some(tables.flush_lock);
+    if flush.is_some() || !locks.is_empty() {
+        // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
+        // PostgreSQL take the key locks in that (sorted) order.
+        sqlx::query(
+            "SELECT (SELECT count(pg_advisory_xact_lock(l)) FROM (
+                SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+             ) s),
+             (SELECT count(pg_advisory_xact_lock_shared(f)) FROM (
+                SELECT $2::bigint AS f
+             ) flush WHERE f IS NOT NULL)",
         )
+        .bind(&locks)
+        .bind(flush)
+        .execute(&mut *conn)
         .await
         .map_err(pg_error(ctx("locking the partition keys")))?;
+    }
+    if notify {
         // Notify (PostgreSQL delivers it at commit) unless the relay is
         // busy, reading every millisecond anyway. The test lets go of the
         // lock at once: a writer never keeps the relay from getting busy.
@@ -67,10 +77,6 @@ pub(super) async fn insert(
         .execute(&mut *conn)
         .await
         .map_err(pg_error(ctx("notifying the relay")))?;
-    } else if !locks.is_empty() {
-        locks_and(conn, &locks, "SELECT 1", None)
-            .await
-            .map_err(pg_error(ctx("locking the partition keys")))?;
     }
     let mut categories = Vec::with_capacity(envelopes.len());
     let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(envelopes.len());
@@ -100,27 +106,4 @@ pub(super) async fn insert(
         .await
         .map_err(missing_table(&tables.qualified, ctx("inserting the rows")))?;
     Ok(())
-}
-
-/// Takes the transaction-scoped advisory lock of every id of `locks` in
-/// their (sorted) order, in one statement with `also` (bound to `$2`).
-async fn locks_and(
-    conn: &mut PgConnection,
-    locks: &[i64],
-    also: &'static str,
-    also_arg: Option<i64>,
-) -> Result<(), sqlx::Error> {
-    // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
-    // PostgreSQL take the locks in that order.
-    let sql = format!(
-        "SELECT (SELECT count(pg_advisory_xact_lock(l)) FROM (
-            SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-         ) s), ({also})"
-    );
-    sqlx::query(AssertSqlSafe(sql))
-        .bind(locks)
-        .bind(also_arg)
-        .execute(&mut *conn)
-        .await
-        .map(|_| ())
 }

@@ -111,7 +111,15 @@ async fn going_idle_waits_for_a_commit_that_skipped_its_notification() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_relay_whose_session_ends_leaves_every_commit_notifying() {
     let server = PgServer::start().expect("postgres");
-    let outbox = outbox(&server).await;
+    // A short leader timeout: the relay checks a busy session it holds
+    // every quarter of it (500 ms).
+    let outbox = PgOutbox::from_config(&convoy_core::config::OutboxConfig {
+        postgres_url: Some(server.url()),
+        leader_timeout_ms: 2_000,
+        ..Default::default()
+    })
+    .expect("outbox");
+    outbox.migrate().await.expect("migrate");
     let mut l = listen(&outbox).await;
     assert!(outbox.publisher_busy().await);
     let ended: i64 = sqlx::query_scalar(
@@ -122,13 +130,29 @@ async fn a_busy_relay_whose_session_ends_leaves_every_commit_notifying() {
     .await
     .expect("terminate the relay's session");
     assert_eq!(ended, 1);
+    // The backend exits (and lets go of its locks) a moment after the
+    // signal.
+    for _ in 0..100 {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
+        )
+        .fetch_one(outbox.pool())
+        .await
+        .expect("pg_locks");
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     write(&outbox, "a").await.commit().await.expect("commit");
     assert!(
         notified(&mut l, DELIVERED).await,
         "busy went with the session"
     );
-    // The relay finds out, and takes busy again on a new session.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The relay finds out at its next check, and takes busy again on a
+    // new session.
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let mut busy = outbox.publisher_busy().await;
     if !busy {
         busy = outbox.publisher_busy().await;
