@@ -8,27 +8,44 @@
 -- removed from the stream (so a drained partition is empty and can be
 -- reaped).
 --
--- KEYS[6r+1 .. 6r+6] for request r (from 0): lease, stream, unit state
--- hash, the category's set of registered groups, the group's acknowledged
--- count (for lag: read only summed over the category's shards, so the
--- caller names one shard's counter for every request of a category, and
--- the call runs one INCRBY per counter named), the owner's liveness key in
--- the unit's shard (on a cluster every request of a call is in one shard;
--- on one server a call may span shards)
--- ARGV[1] group, ARGV[2] now (ms), then per request: fence token, the
--- owner's incarnation, flags ('h': the head had failures, clear them; 'a':
--- record the unit's last activity; 't': trim what every group consumed;
--- '-' alone: none), number of ids, the entry ids
+-- Each argument of a call costs Redis about a tenth of a microsecond (read,
+-- then made a Lua string), more than an XACK of one id once a unit has ten,
+-- so a unit costs two keys and two values besides its ids, and what units
+-- share is named once per call:
+--
+-- KEYS[1 .. na]            liveness keys: the owner's liveness key in a
+--                          unit's shard, one per (key, incarnation) pair the
+--                          call's units name
+-- KEYS[na+1 .. na+u]       the units' leases, unit r at na+r
+-- KEYS[na+u+1 .. ns]       shared keys: the groups' acknowledged counts (for
+--                          lag: read only summed over a category's shards,
+--                          so a call adds every unit of a category to one
+--                          counter, one INCRBY per counter named), then the
+--                          categories' sets of registered groups (for trims)
+-- KEYS[ns+1 ..]            per unit: its stream, then its state hash only
+--                          when its flags name 'h' or 'a'
+-- ARGV[1] group, ARGV[2] now (ms), ARGV[3] na, ARGV[4] u, ARGV[5] ns,
+-- ARGV[6 .. 5+na] the incarnation of each liveness pair, then the units in
+-- runs that share a liveness pair and a counter: per run its pair (1 ..
+-- na), its counter (an index into KEYS) and how many units it has, then
+-- per unit its fence token, its spec and its ids. The spec is the number
+-- of ids alone when the unit has no flags, else 'n:flags:groups' with
+-- flags of 'h' (the head had failures, clear them), 'a' (record the unit's
+-- last activity), 't' (trim what every group consumed), and groups the
+-- index into KEYS of the category's groups set (0 without 't').
 --
 -- A trim never removes an entry that is still pending for any consumer of
 -- any group: after a read whose reply was lost, this consumer may have
 -- entries pending below the ones it acknowledges, and they must survive
 -- until it has re-read and handled them.
 --
--- Returns {1, per request: a refusal (see fence.lua) when fenced out, else
+-- Returns {1, per unit: a refusal (see fence.lua) when fenced out, else
 -- the number of entries acknowledged}.
 local group = ARGV[1]
 local now = ARGV[2]
+local na = tonumber(ARGV[3])
+local units = tonumber(ARGV[4])
+local ns = tonumber(ARGV[5])
 -- How many groups a category's set has, read once per call.
 local group_counts = {}
 local function groups_of(key)
@@ -95,52 +112,67 @@ local function trim(stream, groups_key, last)
   end
 end
 
--- Every request's lease and liveness key, read in one MGET: lease of
--- request r at 2r+1, its owner's liveness at 2r+2.
-local fences = {}
-for r = 0, #KEYS / 6 - 1 do
-  fences[2 * r + 1] = KEYS[6 * r + 1]
-  fences[2 * r + 2] = KEYS[6 * r + 6]
-end
-local held = redis.call('MGET', unpack(fences))
+-- Every liveness key and lease, in one MGET.
+local held = redis.call('MGET', unpack(KEYS, 1, na + units))
 
 local out = {1}
 local counts = {}
-local a = 3
+local a = 6 + na
+local k = ns + 1
 local r = 0
-while a <= #ARGV do
-  local token = ARGV[a]
-  local inc = ARGV[a + 1]
-  local flags = ARGV[a + 2]
-  local n = tonumber(ARGV[a + 3])
-  -- The ids are ARGV[first .. last] (unpacked from ARGV, no table).
-  local first, last = a + 4, a + 3 + n
-  a = a + 4 + n
-  local stream, unit, groups_key, acked =
-    KEYS[6 * r + 2], KEYS[6 * r + 3], KEYS[6 * r + 4], KEYS[6 * r + 5]
-  local no = refusal_held(held[2 * r + 2], held[2 * r + 1], token, inc)
-  r = r + 1
-  if no then
-    out[#out + 1] = no
-  else
-    local done = redis.call('XACK', stream, group, unpack(ARGV, first, last))
-    counts[acked] = (counts[acked] or 0) + done
-    -- Most acknowledgements carry no flag ('-').
-    if flags ~= '-' then
-      if string.find(flags, 'h', 1, true) then
-        redis.call('HDEL', unit, 'head', 'attempts')
-      end
-      if string.find(flags, 'a', 1, true) then
-        redis.call('HSET', unit, 'active', now)
-      end
-      if string.find(flags, 't', 1, true) then
-        trim(stream, groups_key, ARGV[last])
-      end
+while r < units do
+  -- A run of units that share a liveness pair and a counter.
+  local pair, counter, m = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local live, inc = held[pair], ARGV[5 + pair]
+  local done_in_run = 0
+  for _ = 1, m do
+    r = r + 1
+    local token = ARGV[a]
+    local spec = ARGV[a + 1]
+    local n = tonumber(spec)
+    local groups_key, flags = nil, ''
+    if n == nil then
+      local g
+      n, flags, g = string.match(spec, '^(%d+):(%a*):(%d+)$')
+      n = tonumber(n)
+      groups_key = KEYS[tonumber(g)]
     end
-    out[#out + 1] = done
+    -- The ids are ARGV[first .. last] (unpacked from ARGV, no table).
+    local first, last = a + 2, a + 1 + n
+    a = last + 1
+    local stream = KEYS[k]
+    local unit = nil
+    k = k + 1
+    if string.find(flags, '[ha]') then
+      unit = KEYS[k]
+      k = k + 1
+    end
+    local no = refusal_held(live, held[na + r], token, inc)
+    if no then
+      out[#out + 1] = no
+    else
+      local done = redis.call('XACK', stream, group, unpack(ARGV, first, last))
+      done_in_run = done_in_run + done
+      if flags ~= '' then
+        if string.find(flags, 'h', 1, true) then
+          redis.call('HDEL', unit, 'head', 'attempts')
+        end
+        if string.find(flags, 'a', 1, true) then
+          redis.call('HSET', unit, 'active', now)
+        end
+        if string.find(flags, 't', 1, true) then
+          trim(stream, groups_key, ARGV[last])
+        end
+      end
+      out[#out + 1] = done
+    end
   end
+  counts[counter] = (counts[counter] or 0) + done_in_run
 end
-for k, c in pairs(counts) do
-  redis.call('INCRBY', k, c)
+for c, n in pairs(counts) do
+  if n > 0 then
+    redis.call('INCRBY', KEYS[c], n)
+  end
 end
 return out

@@ -2,7 +2,10 @@
 //! (the workers of an instance that finish events at the same moment share
 //! the round trip).
 
+use std::fmt::Write as _;
+
 use redis::aio::ConnectionLike;
+use smallvec::{Array, SmallVec};
 
 use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::int;
@@ -31,17 +34,35 @@ pub(crate) struct AckItem<'a> {
 }
 
 impl AckItem<'_> {
-    /// The flags as ack.lua reads them.
+    /// The flags as ack.lua reads them (`""` for none).
     fn flags(&self) -> &'static str {
         match (self.clear_head, self.touch, self.trim) {
-            (false, false, false) => "-",
-            (true, false, false) => "-h",
-            (false, true, false) => "-a",
-            (false, false, true) => "-t",
-            (true, true, false) => "-ha",
-            (true, false, true) => "-ht",
-            (false, true, true) => "-at",
-            (true, true, true) => "-hat",
+            (false, false, false) => "",
+            (true, false, false) => "h",
+            (false, true, false) => "a",
+            (false, false, true) => "t",
+            (true, true, false) => "ha",
+            (true, false, true) => "ht",
+            (false, true, true) => "at",
+            (true, true, true) => "hat",
+        }
+    }
+}
+
+/// Where an item goes in the call: its run (liveness pair, counter), its
+/// groups set (for a trim) and its position among the items.
+type Sent = ((usize, usize), Option<usize>, usize);
+
+/// The position of `item` in `list`, pushing it when it is new.
+fn index_of<A: Array>(list: &mut SmallVec<A>, item: A::Item) -> usize
+where
+    A::Item: PartialEq,
+{
+    match list.iter().position(|x| *x == item) {
+        Some(i) => i,
+        None => {
+            list.push(item);
+            list.len() - 1
         }
     }
 }
@@ -73,51 +94,96 @@ impl Ack<'_> {
         conn: &mut (impl ConnectionLike + Send),
         wait: Option<Replicated>,
     ) -> Result<Vec<Acked>, Error> {
-        let mut inv = Invocation::new(&SCRIPTS.ack);
-        inv.arg(self.group).arg(self.now_ms);
+        // What the units share is named once per call (see ack.lua): the
+        // (liveness key, incarnation) pairs, the acknowledged counters and
+        // the groups sets; the units go in runs that share a pair and a
+        // counter.
+        //
         // The acknowledged counts are only ever read summed over a
         // category's shards (lag is published - acknowledged; a count going
         // back is a loss wherever it shows), so a call adds every unit of a
         // category to the first such unit's counter: one `INCRBY` per
         // category per call instead of one per shard the call spans (on a
         // cluster a call is in one shard anyway).
-        let mut counters: Vec<(&str, &str)> = Vec::new();
-        for item in self.items {
+        let mut pairs: SmallVec<[(&str, &str); 4]> = SmallVec::new();
+        let mut categories: SmallVec<[&str; 4]> = SmallVec::new();
+        let mut counters: SmallVec<[&str; 4]> = SmallVec::new();
+        let mut groups: SmallVec<[&str; 4]> = SmallVec::new();
+        let mut sent: SmallVec<[Sent; 8]> = SmallVec::with_capacity(self.items.len());
+        for (i, item) in self.items.iter().enumerate() {
             let lane = item.unit.lane(item.at);
-            let acked = match counters.iter().find(|(c, _)| *c == lane.category) {
-                Some((_, key)) => *key,
-                None => {
-                    counters.push((&lane.category, &lane.acked));
-                    &lane.acked
-                }
-            };
-            inv.key(&item.unit.lease)
-                .key(item.unit.stream(item.at))
-                .key(&item.unit.state)
-                .key(&lane.groups)
-                .key(acked)
-                .key(item.alive)
-                .arg(item.token)
-                .arg(item.incarnation)
-                .arg(item.flags())
-                .arg(item.ids.len())
-                .arg(item.ids);
+            let pair = index_of(&mut pairs, (item.alive, item.incarnation));
+            let category = index_of(&mut categories, lane.category.as_str());
+            if category == counters.len() {
+                counters.push(&lane.acked);
+            }
+            let set = item
+                .trim
+                .then(|| index_of(&mut groups, lane.groups.as_str()));
+            sent.push(((pair, category), set, i));
+        }
+        // Stable: the units of a run keep their order.
+        sent.sort_by_key(|&(run, _, _)| run);
+        let (na, units) = (pairs.len(), self.items.len());
+        // 1-based KEYS indexes of the shared keys.
+        let counter_at = |c: usize| na + units + 1 + c;
+        let groups_at = |g: usize| na + units + counters.len() + 1 + g;
+        let mut inv = Invocation::new(&SCRIPTS.ack);
+        inv.arg(self.group)
+            .arg(self.now_ms)
+            .arg(na)
+            .arg(units)
+            .arg(na + units + counters.len() + groups.len());
+        for (alive, inc) in &pairs {
+            inv.key(*alive).arg(*inc);
+        }
+        for &(_, _, i) in &sent {
+            inv.key(&self.items[i].unit.lease);
+        }
+        inv.key(counters.as_slice()).key(groups.as_slice());
+        let mut spec = String::new();
+        for (at, &((pair, counter), set, i)) in sent.iter().enumerate() {
+            if at == 0 || sent[at - 1].0 != (pair, counter) {
+                let m = sent[at..]
+                    .iter()
+                    .take_while(|s| s.0 == (pair, counter))
+                    .count();
+                inv.arg(pair + 1).arg(counter_at(counter)).arg(m);
+            }
+            let item = &self.items[i];
+            inv.key(item.unit.stream(item.at));
+            if item.clear_head || item.touch {
+                inv.key(&item.unit.state);
+            }
+            inv.arg(item.token);
+            let flags = item.flags();
+            if flags.is_empty() {
+                inv.arg(item.ids.len());
+            } else {
+                spec.clear();
+                let groups = set.map_or(0, groups_at);
+                // Writing to a String cannot fail.
+                let _ = write!(spec, "{}:{flags}:{groups}", item.ids.len());
+                inv.arg(spec.as_str());
+            }
+            inv.arg(item.ids);
         }
         let reply =
             call_replicated("ack", &inv, conn, "fenced acknowledgement failed", wait).await?;
         if reply.status != Status::Done || reply.values().len() != self.items.len() {
             return Err(reply.unexpected());
         }
-        reply
-            .values()
-            .iter()
-            .map(|v| match int(v) {
-                Some(n) if n >= 0 => Ok(Acked::Acked(n as u64)),
+        // The script answers in the order the units were sent.
+        let mut out = vec![Acked::Acked(0); self.items.len()];
+        for (v, &(_, _, i)) in reply.values().iter().zip(&sent) {
+            out[i] = match int(v) {
+                Some(n) if n >= 0 => Acked::Acked(n as u64),
                 Some(n) => Refusal::from_code(n)
                     .map(Acked::Refused)
-                    .ok_or_else(|| reply.unexpected()),
-                None => Err(reply.unexpected()),
-            })
-            .collect()
+                    .ok_or_else(|| reply.unexpected())?,
+                None => return Err(reply.unexpected()),
+            };
+        }
+        Ok(out)
     }
 }

@@ -1081,3 +1081,156 @@ async fn a_script_the_server_forgot_is_loaded_and_the_call_sent_again() {
         assert!(matches!(acked[..], [Acked::Acked(_)]), "{acked:?}");
     }
 }
+
+/// Reads an integer reply (a missing key as 0).
+async fn int_of(c: &mut Conn, args: &[&str]) -> i64 {
+    match cmd(c, args).await {
+        Value::Int(n) => n,
+        Value::BulkString(b) => String::from_utf8(b)
+            .expect("utf-8")
+            .parse()
+            .expect("a number"),
+        Value::Nil => 0,
+        other => panic!("{args:?} replied {other:?}"),
+    }
+}
+
+/// One call whose units differ in every way the script shares keys by
+/// (shards, so liveness keys; categories, so counters and groups sets;
+/// incarnations; flags, so which units pass their state hash) answers
+/// each unit by its own fence and acts on its own keys: the refused ones
+/// are left as they were, wherever they sit among the others.
+#[tokio::test]
+async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    const SHARDS: u32 = 4;
+    // Categories alternate; shards follow the keys.
+    let units: Vec<Unit> = (0..5)
+        .map(|k| {
+            let category = if k % 2 == 0 { "ca" } else { "cb" };
+            Unit::new(
+                "g",
+                category,
+                &format!("key{k}"),
+                [category],
+                "backfill",
+                false,
+                SHARDS,
+            )
+        })
+        .collect();
+    assert!(
+        units.iter().any(|u| u.shard != units[0].shard),
+        "the units span shards"
+    );
+    let alive: Vec<String> = units
+        .iter()
+        .map(|u| convoy_core::names::alive(u.shard, "g", "a"))
+        .collect();
+    let mut ids: Vec<Vec<String>> = Vec::new();
+    for (u, alive) in units.iter().zip(&alive) {
+        let stream = u.stream(PRIMARY);
+        let mut mine = Vec::new();
+        for _ in 0..3 {
+            let Value::BulkString(id) = cmd(&mut c, &["XADD", stream, "*", "f", "v"]).await else {
+                panic!("XADD")
+            };
+            mine.push(String::from_utf8(id).expect("id"));
+        }
+        ids.push(mine);
+        cmd(&mut c, &["XGROUP", "CREATE", stream, "g", "0"]).await;
+        cmd(
+            &mut c,
+            &["XREADGROUP", "GROUP", "g", "a:1", "STREAMS", stream, ">"],
+        )
+        .await;
+        cmd(&mut c, &["SET", &u.lease, "a:1"]).await;
+        cmd(&mut c, &["SET", alive, "a1"]).await;
+        cmd(&mut c, &["SADD", &u.lanes[0].groups, "g"]).await;
+        cmd(&mut c, &["HSET", &u.state, "head", "x", "attempts", "2"]).await;
+    }
+    // Unit 3's lease went to another owner.
+    cmd(&mut c, &["SET", &units[3].lease, "b:9"]).await;
+    let item = |i: usize, n: usize, inc: &'static str, flags: (bool, bool, bool)| AckItem {
+        unit: &units[i],
+        at: PRIMARY,
+        token: "a:1",
+        incarnation: inc,
+        alive: &alive[i],
+        ids: &ids[i][..n],
+        clear_head: flags.0,
+        touch: flags.1,
+        trim: flags.2,
+    };
+    let items = [
+        item(0, 1, "a1", (false, false, false)),
+        item(1, 2, "a1", (true, true, false)),
+        // A lease taken in an earlier incarnation, with every flag: its
+        // state hash is among the keys, and nothing of it is touched.
+        item(2, 3, "a0", (true, true, true)),
+        item(3, 1, "a1", (true, false, false)),
+        item(4, 3, "a1", (false, false, true)),
+    ];
+    let before = calls(&mut c, "incrby").await;
+    let acked = ack_call(&mut c, &items, None).await.expect("ack");
+    assert_eq!(
+        acked,
+        vec![
+            Acked::Acked(1),
+            Acked::Acked(2),
+            Acked::Refused(Refusal::NotAlive),
+            Acked::Refused(Refusal::FencedOut),
+            Acked::Acked(3),
+        ]
+    );
+    assert_eq!(
+        calls(&mut c, "incrby").await - before,
+        2,
+        "one count per category"
+    );
+    let mut pending = Vec::new();
+    let mut length = Vec::new();
+    let mut head = Vec::new();
+    for u in &units {
+        let stream = u.stream(PRIMARY);
+        let Value::Array(summary) = cmd(&mut c, &["XPENDING", stream, "g"]).await else {
+            panic!("XPENDING")
+        };
+        pending.push(match &summary[0] {
+            Value::Int(n) => *n,
+            other => panic!("XPENDING count {other:?}"),
+        });
+        length.push(int_of(&mut c, &["XLEN", stream]).await);
+        head.push(int_of(&mut c, &["HEXISTS", &u.state, "head"]).await);
+    }
+    assert_eq!(pending, vec![2, 1, 3, 3, 0], "pending entries per unit");
+    assert_eq!(length, vec![3, 3, 3, 3, 0], "only unit 4 trimmed");
+    assert_eq!(head, vec![1, 0, 1, 1, 1], "only unit 1's head cleared");
+    assert_eq!(
+        int_of(&mut c, &["HEXISTS", &units[1].state, "active"]).await,
+        1
+    );
+    assert_eq!(
+        int_of(&mut c, &["HEXISTS", &units[2].state, "active"]).await,
+        0
+    );
+    // Each category counted on one of its units' counters (units of one
+    // category and shard share one).
+    let mut counters: Vec<(usize, &str)> = units
+        .iter()
+        .map(|u| {
+            (
+                usize::from(u.lanes[0].category == "cb"),
+                u.lanes[0].acked.as_str(),
+            )
+        })
+        .collect();
+    counters.sort_unstable();
+    counters.dedup();
+    let mut sums = [0, 0];
+    for (category, key) in counters {
+        sums[category] += int_of(&mut c, &["GET", key]).await;
+    }
+    assert_eq!(sums, [4, 2], "acknowledged per category");
+}
