@@ -17,10 +17,14 @@
 //!   notification holds it until its rows are committed or gone.
 //!
 //! Going idle, the relay first releases *busy* (from then on every commit
-//! notifies), then tries *flush* exclusively, and lets go at once: taken,
-//! no writer that could have seen it busy is still under way, so one more
-//! read finds every row committed without a notification and it may wait.
-//! Refused, it reads again a moment later and tries again. The relay only
+//! notifies), then tries *busy* and *flush* exclusively, and lets go at
+//! once: both taken, no session holds *busy* (a former leader's may, until
+//! PostgreSQL ends it) and no writer that could have seen it held is still
+//! under way, so one more read finds every row committed without a
+//! notification and it may wait. Refused, it reads again a moment later
+//! and tries again, less often the longer it is refused. A new leader
+//! starts this way too: its predecessor may have left writers that skipped
+//! their notification. The relay only
 //! ever tries these locks (it never waits for them while holding one), and
 //! a writer waits for *flush* only during that one statement, so no one
 //! waits on anyone for long and no cycle of waits can form.
@@ -68,29 +72,31 @@ impl PgOutbox {
         let busy_lock = self.inner.tables.busy_lock;
         let idle_timeout = self.leader_timeout().max(Duration::from_millis(1));
         let was_busy = s.busy;
-        let result = async {
-            let conn = self.publisher_conn(&mut s).await?;
-            if was_busy {
-                sqlx::query("SELECT 1")
-                    .execute(&mut *conn)
+        let result = self
+            .within("keeping or taking the busy lock", async {
+                let conn = self.publisher_conn(&mut s).await?;
+                if was_busy {
+                    sqlx::query("SELECT 1")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(pg_error("outbox relay: keeping its session"))?;
+                    Ok::<bool, Error>(true)
+                } else {
+                    // Held, the session ends if it idles past the leader
+                    // timeout (a stalled relay); released, it may idle.
+                    sqlx::query_scalar::<_, bool>(
+                        "SELECT CASE WHEN pg_try_advisory_lock($1) \
+                         THEN set_config('idle_session_timeout', $2, false) IS NOT NULL \
+                         ELSE false END",
+                    )
+                    .bind(busy_lock)
+                    .bind(idle_timeout.as_millis().to_string())
+                    .fetch_one(&mut *conn)
                     .await
-                    .map_err(pg_error("outbox relay: keeping its session"))?;
-                Ok::<bool, Error>(true)
-            } else {
-                // Held, the session ends if it idles past the leader
-                // timeout (a stalled relay); released, it may idle.
-                let row: (String, bool) = sqlx::query_as(
-                    "SELECT set_config('idle_session_timeout', $2, false), pg_try_advisory_lock($1)",
-                )
-                .bind(busy_lock)
-                .bind(idle_timeout.as_millis().to_string())
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(pg_error("outbox relay: taking the busy lock"))?;
-                Ok(row.1)
-            }
-        }
-        .await;
+                    .map_err(pg_error("outbox relay: taking the busy lock"))
+                }
+            })
+            .await;
         match result {
             Ok(busy) => {
                 s.busy = busy;
@@ -107,7 +113,8 @@ impl PgOutbox {
     }
 
     /// See [`convoy_core::outbox::OutboxStore::publisher_idle`]: releases
-    /// *busy*, then tries *flush*.
+    /// *busy*, then tries *busy* and *flush* (neither may be held
+    /// elsewhere).
     pub(super) async fn publisher_idle(&self) -> bool {
         if !self.inner.config.notify {
             return true;
@@ -115,26 +122,34 @@ impl PgOutbox {
         let mut s = self.inner.publisher.lock().await;
         let tables = &self.inner.tables;
         let was_busy = s.busy;
-        let result = async {
-            let conn = self.publisher_conn(&mut s).await?;
-            if was_busy {
-                sqlx::query(
-                    "SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', '0', false)",
-                )
-                .bind(tables.busy_lock)
+        let result = self
+            .within("releasing the busy lock and trying the flush lock", async {
+                let conn = self.publisher_conn(&mut s).await?;
+                if was_busy {
+                    sqlx::query(
+                        "SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', '0', false)",
+                    )
+                    .bind(tables.busy_lock)
                     .execute(&mut *conn)
                     .await
                     .map_err(pg_error("outbox relay: releasing the busy lock"))?;
-            }
-            sqlx::query_scalar::<_, bool>(
-                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN pg_advisory_unlock($1) ELSE false END",
-            )
-            .bind(tables.flush_lock)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(pg_error("outbox relay: trying the flush lock"))
-        }
-        .await;
+                }
+                // Busy must be free too: held by another session (a former
+                // leader's, until PostgreSQL ends it), writers still skip
+                // their notification. CASE tries them in order.
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT CASE WHEN NOT pg_try_advisory_lock($1) THEN false \
+                     WHEN NOT pg_advisory_unlock($1) THEN false \
+                     WHEN pg_try_advisory_lock($2) THEN pg_advisory_unlock($2) \
+                     ELSE false END",
+                )
+                .bind(tables.busy_lock)
+                .bind(tables.flush_lock)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(pg_error("outbox relay: trying the busy and flush locks"))
+            })
+            .await;
         s.busy = false;
         match result {
             Ok(settled) => {
@@ -147,6 +162,26 @@ impl PgOutbox {
                 false
             }
         }
+    }
+
+    /// Runs one step on the relay's session within the leader timeout: a
+    /// PostgreSQL that stops answering must not hold up the relay (the
+    /// caller then closes the session, which releases its locks).
+    async fn within<T>(
+        &self,
+        what: &'static str,
+        step: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let limit = self.leader_timeout().max(Duration::from_millis(100));
+        tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+            Err(Error::TaskFailed {
+                task: "outbox relay",
+                reason: format!(
+                    "{what} took longer than the leader timeout ({} ms); closing its session",
+                    limit.as_millis()
+                ),
+            })
+        })
     }
 
     /// The relay's session, opened when there is none.

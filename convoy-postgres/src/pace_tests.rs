@@ -1,7 +1,7 @@
 //! When commits notify, against a real PostgreSQL: a commit skips its
 //! notification only while the relay holds *busy*; going idle waits for a
-//! commit that skipped one; a relay session that dies leaves every commit
-//! notifying.
+//! commit that skipped one, and for a former leader's *busy*; a relay
+//! session that dies leaves every commit notifying.
 
 use std::time::Duration;
 
@@ -106,6 +106,35 @@ async fn going_idle_waits_for_a_commit_that_skipped_its_notification() {
     tx.commit().await.expect("commit");
     assert!(notified(&mut l, DELIVERED).await);
     assert!(outbox.publisher_idle().await);
+}
+
+/// A new leader cannot settle while its predecessor's session still holds
+/// *busy* (a leader that stalled: PostgreSQL ends that session only after
+/// the leader timeout): writers go on skipping their notification
+/// meanwhile, so the new leader keeps reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_does_not_settle_while_a_former_leader_holds_busy() {
+    let server = PgServer::start().expect("postgres");
+    let former = outbox(&server).await;
+    let leader = outbox(&server).await;
+    let mut l = listen(&leader).await;
+    assert!(former.publisher_busy().await);
+    write(&leader, "a").await.commit().await.expect("commit");
+    assert!(
+        !notified(&mut l, QUIET).await,
+        "the former leader holds busy: commits skip their notification"
+    );
+    assert!(
+        !leader.publisher_idle().await,
+        "busy is held elsewhere: the new leader may not wait for notifications"
+    );
+    assert!(former.publisher_idle().await, "the former leader lets go");
+    assert!(
+        leader.publisher_idle().await,
+        "busy is free and no writer is under way"
+    );
+    write(&leader, "b").await.commit().await.expect("commit");
+    assert!(notified(&mut l, DELIVERED).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

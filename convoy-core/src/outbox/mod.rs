@@ -195,11 +195,12 @@ pub trait OutboxStore: Send + Sync + 'static {
     }
 
     /// The publisher found nothing for a while and is about to wait for a
-    /// notification: commits notify again from now on. Returns true once
-    /// every commit that skipped its notification is over (committed or
-    /// rolled back), so one more read finds all of them; false while one
-    /// may still be under way (the publisher reads again soon and asks
-    /// again). Default: true.
+    /// notification (or has just started publishing: its predecessor may
+    /// have been busy): commits notify again from now on. Returns true
+    /// once no commit may skip its notification any more and every commit
+    /// that skipped one is over (committed or rolled back), so one more
+    /// read finds all of them; false while one may still be under way (the
+    /// publisher reads again soon and asks again). Default: true.
     fn publisher_idle(&self) -> BoxFuture<'_, bool> {
         Box::pin(async { true })
     }

@@ -31,6 +31,14 @@ pub(crate) const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(5);
 const BUSY_POLL: Duration = Duration::from_millis(1);
 /// Reads in a row that find nothing before a busy publisher goes idle.
 const IDLE_AFTER: u32 = 3;
+/// The longest a settling publisher waits between reads (it starts at
+/// [`BUSY_POLL`] and doubles): a writer transaction left open for long
+/// keeps it settling, and a commit that skipped its notification waits at
+/// most this long.
+const SETTLE_MAX: Duration = Duration::from_millis(32);
+/// How often a busy publisher keeps the store's busy mark during a long
+/// read (see [`OutboxStore::publisher_busy`]).
+const KEEP_BUSY_EVERY: Duration = Duration::from_millis(250);
 
 /// Where the publisher stands with the store's writers (see
 /// [`OutboxStore::publisher_busy`]): busy, it reads again every
@@ -43,34 +51,40 @@ enum Pace {
     /// Reading every millisecond; the last `empty` reads found nothing.
     Busy { empty: u32 },
     /// Going idle: commits notify again, but one that skipped its
-    /// notification may still be under way.
-    Settling,
+    /// notification may still be under way (this publisher's, or its
+    /// predecessor's: every term starts here). Asked `tries` times so far.
+    Settling { tries: u32 },
     /// Every commit that skipped its notification is over: one more read
     /// finds all of them.
     LastLook,
 }
 
 impl Pace {
+    /// Where a term starts: whoever published before may have left
+    /// commits that skipped their notification.
+    const START: Pace = Pace::Settling { tries: 0 };
+
     /// After a read of `published` records (the outbox was empty at its
     /// end): the next pace, and how long to wait before reading again.
     /// Idle is reached from busy only through settling and a last look, so
     /// a commit that skipped its notification is never left to the poll.
     async fn next(self, published: usize, store: &dyn OutboxStore) -> (Pace, Duration) {
-        let settle = || async {
+        let settle = |tries: u32| async move {
             if store.publisher_idle().await {
                 (Pace::LastLook, Duration::ZERO)
             } else {
-                (Pace::Settling, BUSY_POLL)
+                let wait = BUSY_POLL.saturating_mul(1 << tries.min(16)).min(SETTLE_MAX);
+                (Pace::Settling { tries: tries + 1 }, wait)
             }
         };
         // Commits may have skipped their notification since the last
         // settling.
-        let skipped = matches!(self, Pace::Busy { .. } | Pace::Settling);
+        let skipped = matches!(self, Pace::Busy { .. } | Pace::Settling { .. });
         let busy = |empty| async move {
             if store.publisher_busy().await {
                 (Pace::Busy { empty }, BUSY_POLL)
             } else if skipped {
-                settle().await
+                settle(0).await
             } else {
                 (Pace::Idle, store.poll_interval())
             }
@@ -81,14 +95,36 @@ impl Pace {
                 if empty < IDLE_AFTER {
                     busy(empty).await
                 } else {
-                    settle().await
+                    settle(0).await
                 }
             }
             // Records keep coming: busy again rather than wait for a
             // moment with no commit under way.
-            Pace::Settling | Pace::Idle | Pace::LastLook if published > 0 => busy(0).await,
-            Pace::Settling => settle().await,
+            Pace::Settling { .. } | Pace::Idle | Pace::LastLook if published > 0 => busy(0).await,
+            Pace::Settling { tries } => settle(tries).await,
             Pace::Idle | Pace::LastLook => (Pace::Idle, store.poll_interval()),
+        }
+    }
+}
+
+/// Runs `drain`; while the publisher is busy, keeps the store's busy mark
+/// alive meanwhile (a long read must not let it lapse: commits would
+/// notify again, and PostgreSQL would end the relay's idle session).
+async fn keeping_busy<T>(
+    pace: Pace,
+    store: &dyn OutboxStore,
+    drain: impl std::future::Future<Output = T>,
+) -> T {
+    if !matches!(pace, Pace::Busy { .. }) {
+        return drain.await;
+    }
+    tokio::pin!(drain);
+    loop {
+        tokio::select! {
+            out = &mut drain => return out,
+            _ = tokio::time::sleep(KEEP_BUSY_EVERY) => {
+                store.publisher_busy().await;
+            }
         }
     }
 }
@@ -245,7 +281,7 @@ pub(crate) async fn publish(
     let mut newest = producer.epoch;
     let mut backoff = Backoff::reconnect();
     let mut housekeeping: Option<Instant> = None;
-    let mut pace = Pace::Idle;
+    let mut pace = Pace::START;
     loop {
         if housekeeping.is_none_or(|at| at.elapsed() >= HOUSEKEEPING_EVERY) {
             housekeeping = Some(Instant::now());
@@ -257,7 +293,8 @@ pub(crate) async fn publish(
             }
         }
         let notified = processor.wake().notified();
-        let wait = match processor.drain_as(producer).await {
+        let drained = keeping_busy(pace, store.as_ref(), processor.drain_as(producer)).await;
+        let wait = match drained {
             Ok(published) => {
                 backoff.reset();
                 let (next, wait) = pace.next(published, store.as_ref()).await;
@@ -280,6 +317,11 @@ pub(crate) async fn publish(
             }
             Err(e) => {
                 tracing::warn!(error = %chain(&e), "outbox publish failed; records stay pending");
+                // Backing off: commits notify again, so one wakes it.
+                if matches!(pace, Pace::Busy { .. }) {
+                    store.publisher_idle().await;
+                    pace = Pace::START;
+                }
                 backoff.next_delay()
             }
         };

@@ -77,9 +77,18 @@ impl OutboxStore for Scripted {
 
 const POLL: Duration = Duration::from_secs(1);
 
-/// The paces after reads of `published` records each, with their waits.
+/// The paces after reads of `published` records each, with their waits,
+/// from idle.
 async fn run(store: &dyn OutboxStore, reads: &[usize]) -> Vec<(Pace, Duration)> {
-    let mut pace = Pace::Idle;
+    run_from(Pace::Idle, store, reads).await
+}
+
+/// The paces after reads of `published` records each, from `pace`.
+async fn run_from(
+    mut pace: Pace,
+    store: &dyn OutboxStore,
+    reads: &[usize],
+) -> Vec<(Pace, Duration)> {
     let mut out = Vec::new();
     for &published in reads {
         let (next, wait) = pace.next(published, store).await;
@@ -107,7 +116,7 @@ async fn a_busy_publisher_goes_idle_only_after_settling_and_a_last_look() {
             (Pace::Busy { empty: 0 }, BUSY_POLL),
             (Pace::Busy { empty: 1 }, BUSY_POLL),
             (Pace::Busy { empty: 2 }, BUSY_POLL),
-            (Pace::Settling, BUSY_POLL),
+            (Pace::Settling { tries: 1 }, BUSY_POLL),
             (Pace::LastLook, Duration::ZERO),
             (Pace::Idle, POLL),
         ]
@@ -134,6 +143,49 @@ async fn a_busy_publisher_that_loses_busy_settles_before_it_waits() {
 async fn records_arriving_while_settling_make_the_publisher_busy_again() {
     let store = Scripted::new(&[true, true, true, true], &[false]);
     let paces = run(&store, &[5, 0, 0, 0, 4]).await;
-    assert_eq!(paces[3], (Pace::Settling, BUSY_POLL));
+    assert_eq!(paces[3], (Pace::Settling { tries: 1 }, BUSY_POLL));
     assert_eq!(paces[4], (Pace::Busy { empty: 0 }, BUSY_POLL));
+}
+
+#[tokio::test]
+async fn settling_reads_less_often_the_longer_it_is_refused() {
+    let store = Scripted::new(&[true], &[false; 8]);
+    let paces = run(&store, &[5, 0, 0, 0, 0, 0, 0, 0, 0, 0]).await;
+    let waits: Vec<u64> = paces[3..]
+        .iter()
+        .map(|(_, wait)| wait.as_millis() as u64)
+        .collect();
+    assert_eq!(waits, [1, 2, 4, 8, 16, 32, 32]);
+    assert_eq!(paces[9].0, Pace::Settling { tries: 7 });
+}
+
+/// A term starts settling: the former leader may have left commits that
+/// skipped their notification, so the new one waits only once they are
+/// over (here: refused once).
+#[tokio::test]
+async fn a_new_term_settles_before_it_waits_for_notifications() {
+    let store = Scripted::new(&[], &[false, true]);
+    let paces = run_from(Pace::START, &store, &[0, 0, 0]).await;
+    assert_eq!(
+        paces,
+        [
+            (Pace::Settling { tries: 1 }, BUSY_POLL),
+            (Pace::LastLook, Duration::ZERO),
+            (Pace::Idle, POLL),
+        ]
+    );
+}
+
+/// A read that takes long keeps a busy publisher's mark alive meanwhile
+/// (the store's session would otherwise lapse); an idle one's read does
+/// not touch it.
+#[tokio::test(start_paused = true)]
+async fn a_long_read_of_a_busy_publisher_keeps_it_busy() {
+    let store = Scripted::new(&[true; 10], &[]);
+    let kept = |store: &Scripted| 10 - store.busy.lock().map_or(0, |s| s.len());
+    let read = || tokio::time::sleep(KEEP_BUSY_EVERY * 4 + KEEP_BUSY_EVERY / 2);
+    keeping_busy(Pace::Busy { empty: 0 }, &store, read()).await;
+    assert_eq!(kept(&store), 4);
+    keeping_busy(Pace::Idle, &store, read()).await;
+    assert_eq!(kept(&store), 4);
 }
