@@ -36,6 +36,12 @@ pub struct ThroughputArgs {
     /// stopped and its rate taken from what it handled.
     #[arg(long, default_value_t = 60)]
     pub case_timeout_secs: u64,
+    /// Rounds per case: each round runs the baseline and then convoy, and
+    /// the case reports the round whose events/s ratio is the median (on a
+    /// machine whose speed drifts, a ratio of two runs minutes apart says
+    /// little). 1 measures the baseline once for all `max_unacked` values.
+    #[arg(long = "throughput-rounds", default_value_t = 1)]
+    pub rounds: usize,
 }
 
 /// What one side of one case measured.
@@ -129,28 +135,51 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
         "trivial: decode, record the key's last seq, return",
     );
     section.param("case timeout", format!("{} s", args.case_timeout_secs));
+    section.param("rounds per case", args.rounds.max(1));
     let timeout = Duration::from_secs(args.case_timeout_secs);
     let mut breakdown = Vec::new();
     let mut server_time = Vec::new();
     for &k in &args.keys {
         for &e in &args.instances {
             let case = format!("K={k} E={e}");
-            progress("throughput", format!("{case}: baseline"));
-            let b = baseline_side(env, args.events, k, e, timeout).await?;
-            progress(
-                "throughput",
-                format!("{case}: baseline {:.0} events/s", b.rate()),
-            );
+            // With one round the baseline is measured once for every
+            // `max_unacked`; with more, once per round beside convoy.
+            let shared = if args.rounds <= 1 {
+                Some(measured_baseline(env, args, &case, k, e, timeout).await?)
+            } else {
+                None
+            };
             for &mu in &args.max_unacked {
                 let case = format!("{case} mu={mu}");
-                progress("throughput", format!("{case}: convoy"));
                 let tuning = base.with_max_unacked(mu);
-                let c = convoy_side(env, args.events, k, e, tuning, timeout).await?;
-                progress(
-                    "throughput",
-                    format!("{case}: convoy {:.0} events/s", c.rate()),
-                );
-                push_rows(&mut section, &case, &c, &b, args.events, k == 64 && e == 1);
+                let mut rounds = Vec::new();
+                for round in 1..=args.rounds.max(1) {
+                    let b = match &shared {
+                        Some(b) => b.clone(),
+                        None => {
+                            let label = format!("{case} round {round}");
+                            measured_baseline(env, args, &label, k, e, timeout).await?
+                        }
+                    };
+                    progress("throughput", format!("{case}: convoy"));
+                    let c = convoy_side(env, args.events, k, e, tuning, timeout).await?;
+                    progress(
+                        "throughput",
+                        format!("{case}: convoy {:.0} events/s", c.rate()),
+                    );
+                    rounds.push((c, b));
+                }
+                let ratios: Vec<f64> = rounds.iter().map(|(c, b)| c.rate() / b.rate()).collect();
+                let (c, b) = &rounds[median_index(&ratios)];
+                push_rows(&mut section, &case, c, b, args.events, k == 64 && e == 1);
+                if ratios.len() > 1 {
+                    let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
+                    section.rows.push(Row::alone(
+                        &case,
+                        "events/s ratio by round",
+                        Cell::Text(format!("{} (the median's round above)", listed.join(", "))),
+                    ));
+                }
                 let mut cells = vec![case.clone()];
                 cells.extend(c.stats.top.iter().cloned());
                 breakdown.push(cells);
@@ -178,6 +207,34 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
     section.note("publish events/s: convoy's outbox processor (batches of up to 2,048 records, one publish script per shard a batch spans) vs XADDs of the same envelopes, pipelined 1,000 at a time; convoy's includes raising the events in units of work of 10,000 into the in-memory outbox. publish Redis CPU / publisher CPU µs/event: redis-server's and this process's CPU while publishing, per published event.");
     section.note("per-key order: the handler keeps each key's last seq and flags a decrease; the baseline is unordered, its figure shows what happens without convoy.");
     Ok(section)
+}
+
+/// The baseline side of a case, with progress lines.
+async fn measured_baseline(
+    env: &mut Env,
+    args: &ThroughputArgs,
+    case: &str,
+    k: usize,
+    e: usize,
+    timeout: Duration,
+) -> Result<Side> {
+    progress("throughput", format!("{case}: baseline"));
+    let b = baseline_side(env, args.events, k, e, timeout).await?;
+    progress(
+        "throughput",
+        format!("{case}: baseline {:.0} events/s", b.rate()),
+    );
+    Ok(b)
+}
+
+/// The index of the median of `values` (the lower one of an even count).
+fn median_index(values: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    order
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0)
 }
 
 fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, targeted: bool) {
