@@ -2,12 +2,15 @@
 //! atomic script (each record's stream entry, index entry and count
 //! together).
 
+use std::borrow::Cow;
+
 use redis::aio::ConnectionLike;
 
 use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::{int, text};
 use crate::routing::Routed;
 use convoy_core::broker::Producer;
+use convoy_core::envelope::fields::{KEY, META, ORIGIN, PAYLOAD};
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -119,14 +122,39 @@ impl Publish<'_> {
             let number = categories.iter().position(|c| *c == category).unwrap_or(0) + 1;
             inv.key(&r.stream);
             let fields = p.envelope.fields();
-            inv.arg(p.seq)
-                .arg(number)
-                .arg(r.partition.unwrap_or(""))
-                .arg(fields.len() * 2);
-            for (k, v) in &fields {
-                inv.arg(*k).arg(v.as_ref());
+            inv.arg(p.seq).arg(number).arg(r.partition.unwrap_or(""));
+            match usual_entry(&fields, r.partition) {
+                Some([meta, payload, origin]) => {
+                    inv.arg("k").arg(meta).arg(payload).arg(origin);
+                }
+                None => {
+                    inv.arg(fields.len() * 2);
+                    for (k, v) in &fields {
+                        inv.arg(*k).arg(v.as_ref());
+                    }
+                }
             }
         }
         inv
+    }
+}
+
+/// The values of convoy's usual entry (`meta`, `payload`, `key` = the
+/// record's partition key, `origin`, in that order), which publish.lua
+/// writes from the values alone; `None` for any other entry.
+fn usual_entry<'a>(
+    fields: &'a [(&'static str, Cow<'_, str>)],
+    partition: Option<&str>,
+) -> Option<[&'a str; 3]> {
+    match fields {
+        [
+            (META, meta),
+            (PAYLOAD, payload),
+            (KEY, key),
+            (ORIGIN, origin),
+        ] if partition == Some(key.as_ref()) => {
+            Some([meta.as_ref(), payload.as_ref(), origin.as_ref()])
+        }
+        _ => None,
     }
 }

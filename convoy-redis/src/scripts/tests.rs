@@ -787,6 +787,91 @@ async fn a_batch_of_interleaved_categories_indexes_and_counts_each_record_in_its
     assert_eq!(xlen(&mut c, "{0}b:y").await, 2);
 }
 
+/// Records of convoy's usual entry (sent as values only) and of any other
+/// shape (sent with their field names: no origin, a key field that is not
+/// the partition) in one call: each entry holds exactly the envelope's
+/// fields, in order, and reads back as the envelope published.
+#[tokio::test]
+async fn entries_of_every_shape_hold_the_envelopes_fields_in_order() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let with_origin = |seq: u64, key: &str| {
+        let mut p = publication(seq, key);
+        p.envelope.origin = Some(convoy_core::envelope::Origin {
+            producer: "pg/x".into(),
+            seq,
+        });
+        p
+    };
+    let batch = [
+        with_origin(1, "a"),
+        publication(2, "b"),
+        with_origin(3, "c"),
+    ];
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    };
+    let mut routed: Vec<crate::routing::Routed<'_>> = batch
+        .iter()
+        .map(|p| crate::routing::Routed {
+            publication: p,
+            stream: format!(
+                "{{0}}cat:{}",
+                p.envelope.partition_key.as_deref().unwrap_or_default()
+            ),
+            partition: p.envelope.partition_key.as_deref(),
+        })
+        .collect();
+    // Record 3 goes to a stream of no partition: its key field is not the
+    // partition's, so it is sent whole.
+    routed[2].stream = "{0}cat".into();
+    routed[2].partition = None;
+    let published = super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor: 1,
+        batch: &routed,
+    }
+    .run(&mut c, None)
+    .await
+    .expect("published");
+    assert_eq!(published.written, 3);
+    for r in &routed {
+        let Value::Array(entries) = cmd(&mut c, &["XRANGE", &r.stream, "-", "+"]).await else {
+            panic!("XRANGE")
+        };
+        assert_eq!(entries.len(), 1, "{}", r.stream);
+        let Value::Array(entry) = &entries[0] else {
+            panic!("an entry")
+        };
+        let stored: Vec<String> = match &entry[1] {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| redis::from_redis_value(i.clone()).expect("a field"))
+                .collect(),
+            other => panic!("fields: {other:?}"),
+        };
+        let expected: Vec<String> = r
+            .publication
+            .envelope
+            .fields()
+            .into_iter()
+            .flat_map(|(k, v)| [k.to_owned(), v.into_owned()])
+            .collect();
+        assert_eq!(stored, expected, "{}", r.stream);
+        let read = convoy_core::envelope::Envelope::from_fields(
+            &r.stream,
+            "1-0",
+            stored
+                .chunks_exact(2)
+                .map(|p| (p[0].as_str(), p[1].as_bytes())),
+        )
+        .expect("reads back");
+        assert_eq!(read, r.publication.envelope);
+    }
+}
+
 /// The dedup set as an earlier convoy left it (a member per seq) drops a
 /// record it names just as a member per call does.
 #[tokio::test]
