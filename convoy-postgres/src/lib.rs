@@ -546,4 +546,8 @@ impl OutboxStore for PgOutbox {
     fn publisher_idle(&self) -> BoxFuture<'_, bool> {
         Box::pin(PgOutbox::publisher_idle(self))
     }
+
+    fn publisher_stopped(&self) -> BoxFuture<'_, ()> {
+        Box::pin(PgOutbox::publisher_stopped(self))
+    }
 }

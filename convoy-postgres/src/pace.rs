@@ -164,6 +164,21 @@ impl PgOutbox {
         }
     }
 
+    /// See [`convoy_core::outbox::OutboxStore::publisher_stopped`]: closes
+    /// the relay's session (a replica that no longer leads keeps no
+    /// connection for it; closing releases *busy* if it was held).
+    pub(super) async fn publisher_stopped(&self) {
+        let mut s = self.inner.publisher.lock().await;
+        if let Some(conn) = std::mem::take(&mut *s).conn {
+            let closed = tokio::time::timeout(self.leader_timeout(), conn.close()).await;
+            if !matches!(closed, Ok(Ok(()))) {
+                tracing::debug!(
+                    "outbox relay: its busy session did not close cleanly; PostgreSQL ends it"
+                );
+            }
+        }
+    }
+
     /// Runs one step on the relay's session within the leader timeout: a
     /// PostgreSQL that stops answering must not hold up the relay (the
     /// caller then closes the session, which releases its locks).

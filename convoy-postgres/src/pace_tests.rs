@@ -137,6 +137,31 @@ async fn a_new_leader_does_not_settle_while_a_former_leader_holds_busy() {
     assert!(notified(&mut l, DELIVERED).await);
 }
 
+/// A relay that stops publishing closes its busy session: a replica that
+/// no longer leads keeps no connection for it (closing releases *busy*
+/// too, so the next leader can take it at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_stops_publishing_closes_its_busy_session() {
+    let server = PgServer::start().expect("postgres");
+    let former = outbox(&server).await;
+    let next = outbox(&server).await;
+    assert!(former.publisher_busy().await);
+    assert!(!next.publisher_busy().await, "busy is the former's");
+    former.publisher_stopped().await;
+    let deadline = std::time::Instant::now() + DELIVERED;
+    while !next.publisher_busy().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the former relay's session still holds busy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        former.inner.publisher.lock().await.conn.is_none(),
+        "no session kept"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_relay_whose_session_ends_leaves_every_commit_notifying() {
     let server = PgServer::start().expect("postgres");

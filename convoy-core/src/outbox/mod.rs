@@ -204,6 +204,13 @@ pub trait OutboxStore: Send + Sync + 'static {
     fn publisher_idle(&self) -> BoxFuture<'_, bool> {
         Box::pin(async { true })
     }
+
+    /// The publisher stopped publishing (shut down, or another replica
+    /// leads now): what it held for [`publisher_busy`](Self::publisher_busy)
+    /// can go (a connection of its own, say). Default: nothing.
+    fn publisher_stopped(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The default [`OutboxStore::producer`] suffix: one per process, so the

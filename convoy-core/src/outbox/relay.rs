@@ -347,6 +347,7 @@ pub(crate) async fn publish(
         // Commits notify again (whoever publishes next waits for them).
         store.publisher_idle().await;
     }
+    store.publisher_stopped().await;
     watch_stop.cancel();
     if let Some(w) = watcher {
         let _ = w.await;
