@@ -232,11 +232,9 @@ pub trait TransactionalOutbox: Send + Sync + 'static {
 /// What a handler knows about the message it handles.
 pub struct Context {
     handler: &'static str,
-    message_id: String,
-    message_type: String,
-    correlation_id: Option<String>,
-    partition_key: Option<String>,
-    origin: Option<Origin>,
+    /// The message being handled (owned: its id, type, key and origin are
+    /// read from it, never copied per attempt).
+    envelope: Envelope,
     fence: Option<Fence>,
     gap: Option<Gap>,
     attempt: u32,
@@ -255,9 +253,9 @@ impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
             .field("handler", &self.handler)
-            .field("message_id", &self.message_id)
-            .field("message_type", &self.message_type)
-            .field("partition_key", &self.partition_key)
+            .field("message_id", &self.envelope.id)
+            .field("message_type", &self.envelope.type_name)
+            .field("partition_key", &self.envelope.partition_key)
             .field("fence", &self.fence)
             .field("position", &self.position)
             .field("attempt", &self.attempt)
@@ -275,13 +273,21 @@ impl Context {
         attempt: u32,
         policy: Arc<KeyPolicy>,
     ) -> Self {
+        Self::of(handler, envelope.clone(), attempt, policy)
+    }
+
+    /// A context for handling `envelope`, which it keeps (what the
+    /// consumers use: nothing of the envelope is copied).
+    #[doc(hidden)]
+    pub fn of(
+        handler: &'static str,
+        envelope: Envelope,
+        attempt: u32,
+        policy: Arc<KeyPolicy>,
+    ) -> Self {
         Context {
             handler,
-            message_id: envelope.id.clone(),
-            message_type: envelope.type_name.clone(),
-            correlation_id: envelope.correlation_id.clone(),
-            partition_key: envelope.partition_key.clone(),
-            origin: envelope.origin.clone(),
+            envelope,
             fence: None,
             gap: None,
             attempt,
@@ -292,6 +298,12 @@ impl Context {
             outbox: None,
             reply: Mutex::new(None),
         }
+    }
+
+    /// The message being handled, as its envelope.
+    #[doc(hidden)]
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
     }
 
     /// Sets where the message sits in its partition stream.
@@ -351,22 +363,22 @@ impl Context {
 
     /// The id of the message being handled.
     pub fn message_id(&self) -> &str {
-        &self.message_id
+        &self.envelope.id
     }
 
     /// The wire type name of the message being handled.
     pub fn message_type(&self) -> &str {
-        &self.message_type
+        &self.envelope.type_name
     }
 
     /// The correlation id carried by the message, if any.
     pub fn correlation_id(&self) -> Option<&str> {
-        self.correlation_id.as_deref()
+        self.envelope.correlation_id.as_deref()
     }
 
     /// The partition key of the message (`None` for unpartitioned messages).
     pub fn partition_key(&self) -> Option<&str> {
-        self.partition_key.as_deref()
+        self.envelope.partition_key.as_deref()
     }
 
     /// The event's identity: the outbox that published it and its record
@@ -374,7 +386,7 @@ impl Context {
     /// an operator). `AppliedEvents` (feature `postgres`) recognises a
     /// re-run by it.
     pub fn origin(&self) -> Option<&Origin> {
-        self.origin.as_ref()
+        self.envelope.origin.as_ref()
     }
 
     /// The fence of the partition being consumed, when consumed from a
@@ -421,7 +433,12 @@ impl Context {
             .pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        pending.push(&event, &self.policy, priority, self.correlation_id.clone())
+        pending.push(
+            &event,
+            &self.policy,
+            priority,
+            self.envelope.correlation_id.clone(),
+        )
     }
 
     /// Keeps what a command handler returned (generated code calls it).

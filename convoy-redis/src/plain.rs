@@ -273,7 +273,7 @@ impl PlainConsumer {
             }) {
                 Ok(env) => {
                     self.plan
-                        .invoke(self.sub(), &env, Attempt::new(attempt))
+                        .invoke(self.sub(), env, Attempt::new(attempt))
                         .await
                 }
                 Err(e) => Err(HandlerError::from(e)),

@@ -94,14 +94,14 @@ impl Domain {
             .get(d.type_name)
             .ok_or_else(|| Error::NoCommandHandler(d.type_name.to_owned()))?;
         let envelope = Envelope::wrap(&command, None, Priority::Normal, None)?;
-        let ctx = Context::new(
+        let ctx = Context::of(
             handler.descriptor().name,
-            &envelope,
+            envelope,
             1,
             self.inner.policy.clone(),
         )
         .with_outbox(self.inner.outbox.transactional());
-        match handler.dispatch(&envelope, &ctx).await {
+        match handler.dispatch(ctx.envelope(), &ctx).await {
             Ok(Dispatched::Handled) => {
                 let reply = ctx
                     .take_reply()

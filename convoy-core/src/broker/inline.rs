@@ -118,7 +118,7 @@ impl InlineBroker {
                 match plan
                     .invoke(
                         sub,
-                        envelope,
+                        envelope.clone(),
                         Attempt {
                             position: Some(position.clone()),
                             ..Attempt::new(attempt)

@@ -378,7 +378,7 @@ impl ConsumerPlan {
     pub async fn invoke(
         &self,
         sub: &Subscription,
-        envelope: &Envelope,
+        envelope: Envelope,
         attempt: Attempt,
     ) -> Result<Dispatched, HandlerError> {
         let Attempt {
@@ -391,18 +391,18 @@ impl ConsumerPlan {
         let span = handle_span(
             self.config.server.observability.handle_span_level.level(),
             sub,
-            envelope,
+            &envelope,
             attempt,
             fence.as_ref().map(|f| f.generation).unwrap_or(0),
         );
-        async {
+        async move {
             if self.registry.message(&envelope.type_name).is_none() {
                 return Err(HandlerError::from(Error::UnknownType {
                     type_name: envelope.type_name.clone(),
                     id: envelope.id.clone(),
                 }));
             }
-            let mut ctx = Context::new(sub.name, envelope, attempt, self.policy.clone())
+            let mut ctx = Context::of(sub.name, envelope, attempt, self.policy.clone())
                 .with_dispatched_at(dispatched_at)
                 .with_outbox(self.outbox.transactional())
                 .with_gap(gap);
@@ -413,7 +413,7 @@ impl ConsumerPlan {
                 ctx = ctx.with_position(p);
             }
             let started = std::time::Instant::now();
-            let out = match sub.handler.dispatch(envelope, &ctx).await {
+            let out = match sub.handler.dispatch(ctx.envelope(), &ctx).await {
                 Ok(out) => out,
                 Err(e) => {
                     sub.metrics.failed(started.elapsed());

@@ -526,7 +526,7 @@ impl<I: UnitIo> Worker<I> {
                     }
                     self.s
                         .plan
-                        .invoke(self.s.sub(), &env, {
+                        .invoke(self.s.sub(), env, {
                             // `Attempt` is non-exhaustive outside convoy-core.
                             let mut at = Attempt::new(attempt);
                             at.fence = Some(self.fence.clone());
