@@ -678,10 +678,43 @@ async fn publish(
 }
 
 async fn xlen(c: &mut Conn, stream: &str) -> i64 {
-    match cmd(c, &["XLEN", stream]).await {
-        Value::Int(n) => n,
-        other => panic!("XLEN: {other:?}"),
+    int_of(c, &["XLEN", stream]).await
+}
+
+/// `batch` routed to shard 0, each record to `{0}{category}:{key}`.
+fn routed(batch: &[convoy_core::broker::Publication]) -> Vec<crate::routing::Routed<'_>> {
+    batch
+        .iter()
+        .map(|p| crate::routing::Routed {
+            publication: p,
+            stream: format!(
+                "{{0}}{}:{}",
+                p.envelope.category,
+                p.envelope.partition_key.as_deref().unwrap_or_default()
+            ),
+            partition: p.envelope.partition_key.as_deref(),
+        })
+        .collect()
+}
+
+/// Publishes `routed` in one call, as producer `pg/x` in epoch 1.
+async fn publish_routed(
+    c: &mut Conn,
+    routed: &[crate::routing::Routed<'_>],
+) -> super::publish::Published {
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    };
+    super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor: 1,
+        batch: routed,
     }
+    .run(c, None)
+    .await
+    .expect("published")
 }
 
 /// A batch of more records in one shard than Lua can unpack at once (about
@@ -729,31 +762,7 @@ async fn a_batch_of_interleaved_categories_indexes_and_counts_each_record_in_its
         of(3, "a", "z"),
         of(4, "b", "y"),
     ];
-    let producer = convoy_core::broker::Producer {
-        name: "pg/x".into(),
-        epoch: 1,
-    };
-    let routed: Vec<crate::routing::Routed<'_>> = batch
-        .iter()
-        .map(|p| crate::routing::Routed {
-            publication: p,
-            stream: format!(
-                "{{0}}{}:{}",
-                p.envelope.category,
-                p.envelope.partition_key.as_deref().unwrap_or_default()
-            ),
-            partition: p.envelope.partition_key.as_deref(),
-        })
-        .collect();
-    let published = super::publish::Publish {
-        producer: &producer,
-        shard: 0,
-        floor: 1,
-        batch: &routed,
-    }
-    .run(&mut c, None)
-    .await
-    .expect("published");
+    let published = publish_routed(&mut c, &routed(&batch)).await;
     assert_eq!(published.written, 4);
     let mut counts = published.counts.clone();
     counts.sort();
@@ -808,34 +817,12 @@ async fn entries_of_every_shape_hold_the_envelopes_fields_in_order() {
         publication(2, "b"),
         with_origin(3, "c"),
     ];
-    let producer = convoy_core::broker::Producer {
-        name: "pg/x".into(),
-        epoch: 1,
-    };
-    let mut routed: Vec<crate::routing::Routed<'_>> = batch
-        .iter()
-        .map(|p| crate::routing::Routed {
-            publication: p,
-            stream: format!(
-                "{{0}}cat:{}",
-                p.envelope.partition_key.as_deref().unwrap_or_default()
-            ),
-            partition: p.envelope.partition_key.as_deref(),
-        })
-        .collect();
+    let mut routed = routed(&batch);
     // Record 3 goes to a stream of no partition: its key field is not the
     // partition's, so it is sent whole.
     routed[2].stream = "{0}cat".into();
     routed[2].partition = None;
-    let published = super::publish::Publish {
-        producer: &producer,
-        shard: 0,
-        floor: 1,
-        batch: &routed,
-    }
-    .run(&mut c, None)
-    .await
-    .expect("published");
+    let published = publish_routed(&mut c, &routed).await;
     assert_eq!(published.written, 3);
     for r in &routed {
         let Value::Array(entries) = cmd(&mut c, &["XRANGE", &r.stream, "-", "+"]).await else {
@@ -1070,6 +1057,28 @@ async fn ack_call(
     .await
 }
 
+/// `n` entries added to `u`'s stream and read by `a:1` (holding the
+/// lease, alive in incarnation `a1` under `alive`): their ids.
+async fn read_by_a(c: &mut Conn, u: &Unit, alive: &str, n: usize) -> Vec<String> {
+    let stream = u.stream(PRIMARY);
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let Value::BulkString(id) = cmd(c, &["XADD", stream, "*", "f", "v"]).await else {
+            panic!("XADD")
+        };
+        ids.push(String::from_utf8(id).expect("id"));
+    }
+    cmd(c, &["XGROUP", "CREATE", stream, "g", "0"]).await;
+    cmd(
+        c,
+        &["XREADGROUP", "GROUP", "g", "a:1", "STREAMS", stream, ">"],
+    )
+    .await;
+    cmd(c, &["SET", &u.lease, "a:1"]).await;
+    cmd(c, &["SET", alive, "a1"]).await;
+    ids
+}
+
 /// One call acknowledging units of one category in several shards (one
 /// server: a call may span shards) adds them all to one shard's
 /// acknowledged count, with one `INCRBY`; the counts summed over the shards
@@ -1104,20 +1113,7 @@ async fn one_call_counts_a_category_once_whatever_the_shards_of_its_units() {
         .collect();
     let mut ids = Vec::new();
     for (u, alive) in units.iter().zip(&alive) {
-        let stream = u.stream(PRIMARY);
-        let id = cmd(&mut c, &["XADD", stream, "*", "f", "v"]).await;
-        let Value::BulkString(id) = id else {
-            panic!("XADD replied {id:?}")
-        };
-        ids.push(vec![String::from_utf8(id).expect("id")]);
-        cmd(&mut c, &["XGROUP", "CREATE", stream, "g", "0"]).await;
-        cmd(
-            &mut c,
-            &["XREADGROUP", "GROUP", "g", "a:1", "STREAMS", stream, ">"],
-        )
-        .await;
-        cmd(&mut c, &["SET", &u.lease, "a:1"]).await;
-        cmd(&mut c, &["SET", alive, "a1"]).await;
+        ids.push(read_by_a(&mut c, u, alive, 1).await);
     }
     let items: Vec<AckItem<'_>> = units
         .iter()
@@ -1215,23 +1211,7 @@ async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
         .collect();
     let mut ids: Vec<Vec<String>> = Vec::new();
     for (u, alive) in units.iter().zip(&alive) {
-        let stream = u.stream(PRIMARY);
-        let mut mine = Vec::new();
-        for _ in 0..3 {
-            let Value::BulkString(id) = cmd(&mut c, &["XADD", stream, "*", "f", "v"]).await else {
-                panic!("XADD")
-            };
-            mine.push(String::from_utf8(id).expect("id"));
-        }
-        ids.push(mine);
-        cmd(&mut c, &["XGROUP", "CREATE", stream, "g", "0"]).await;
-        cmd(
-            &mut c,
-            &["XREADGROUP", "GROUP", "g", "a:1", "STREAMS", stream, ">"],
-        )
-        .await;
-        cmd(&mut c, &["SET", &u.lease, "a:1"]).await;
-        cmd(&mut c, &["SET", alive, "a1"]).await;
+        ids.push(read_by_a(&mut c, u, alive, 3).await);
         cmd(&mut c, &["SADD", &u.lanes[0].groups, "g"]).await;
         cmd(&mut c, &["HSET", &u.state, "head", "x", "attempts", "2"]).await;
     }
@@ -1286,7 +1266,7 @@ async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
             Value::Int(n) => *n,
             other => panic!("XPENDING count {other:?}"),
         });
-        length.push(int_of(&mut c, &["XLEN", stream]).await);
+        length.push(xlen(&mut c, stream).await);
         head.push(int_of(&mut c, &["HEXISTS", &u.state, "head"]).await);
     }
     assert_eq!(pending, vec![2, 1, 3, 3, 0], "pending entries per unit");
