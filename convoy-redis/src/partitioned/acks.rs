@@ -37,7 +37,7 @@ pub(crate) struct AckRequest {
     pub(crate) token: Arc<str>,
     /// The owner's incarnation the worker took the lease in.
     pub(crate) inc: Arc<str>,
-    pub(crate) ids: Vec<String>,
+    pub(crate) ids: Arc<[String]>,
     /// Clear the head's failure count (it had failures).
     pub(crate) clear_head: bool,
     /// Record the unit's last activity.

@@ -35,7 +35,7 @@ fn request(i: usize) -> AckRequest {
         at: PRIMARY,
         token: Arc::from("no-such-token"),
         inc: Arc::from("i1"),
-        ids: vec!["1-0".to_owned()],
+        ids: Arc::from(["1-0".to_owned()]),
         clear_head: false,
         touch: false,
         trim: false,

@@ -35,7 +35,8 @@ pub(super) const BACKFILL_BATCH: usize = 10;
 pub(super) struct AckOf<'a> {
     /// The stream the entries were read from.
     pub(super) at: At,
-    pub(super) ids: &'a [String],
+    /// Shared with the request, not copied (a retry sends the same ids).
+    pub(super) ids: &'a Arc<[String]>,
     /// Clear the head's failure count (it had failures).
     pub(super) clear_head: bool,
     /// Record the unit's last activity.
@@ -174,7 +175,7 @@ impl UnitIo for RedisUnit {
             at: ack.at,
             token: self.token.clone(),
             inc: self.inc.clone(),
-            ids: ack.ids.to_vec(),
+            ids: ack.ids.clone(),
             clear_head: ack.clear_head,
             touch: ack.touch,
             trim: ack.trim,

@@ -367,9 +367,9 @@ impl<I: UnitIo> Worker<I> {
                             let short = batch.len() < PRIMARY_BATCH;
                             self.batch_left = batch.len();
                             let mut outcome = Outcome::Handled { short };
-                            for entry in batch {
+                            for mut entry in batch {
                                 self.batch_left -= 1;
-                                match Box::pin(self.process(at, &entry)).await {
+                                match Box::pin(self.process(at, &mut entry)).await {
                                     Step::Done => last_active = tokio::time::Instant::now(),
                                     Step::Halted => {
                                         outcome = Outcome::Halted;
@@ -469,7 +469,8 @@ impl<I: UnitIo> Worker<I> {
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
-    async fn process(&mut self, at: At, entry: &Entry) -> Step {
+    /// Its id is moved to the handled entries awaiting acknowledgement.
+    async fn process(&mut self, at: At, entry: &mut Entry) -> Step {
         let unit = self.unit.clone();
         let stream = unit.stream(at);
         let retry = self.s.settings.retry.clone();
@@ -488,7 +489,7 @@ impl<I: UnitIo> Worker<I> {
                 // Pending but gone from the stream (deleted by hand, or lost
                 // with Redis state): nothing to run, and never quietly.
                 self.report_missing(stream, std::slice::from_ref(&entry.id));
-                return match self.done(at, &entry.id).await {
+                return match self.done(at, std::mem::take(&mut entry.id)).await {
                     Ok(()) => Step::Done,
                     Err(exit) => Step::Exit(exit),
                 };
@@ -571,7 +572,7 @@ impl<I: UnitIo> Worker<I> {
                 }
                 Ok(_) => {
                     self.gap = None;
-                    return match self.done(at, &entry.id).await {
+                    return match self.done(at, std::mem::take(&mut entry.id)).await {
                         Ok(()) => {
                             self.head = None;
                             Step::Done
@@ -709,12 +710,12 @@ impl<I: UnitIo> Worker<I> {
     }
 
     /// Records a handled entry; acknowledges once `max_unacked` are waiting.
-    async fn done(&mut self, at: At, id: &str) -> Result<(), Exit> {
+    async fn done(&mut self, at: At, id: String) -> Result<(), Exit> {
         if self.unacked_at != Some(at) {
             self.flush().await?;
             self.unacked_at = Some(at);
         }
-        self.unacked.push(id.to_owned());
+        self.unacked.push(id);
         if self.unacked.len() >= self.max_unacked {
             self.flush_trimming(self.batch_left == 0).await?;
         }
@@ -733,14 +734,16 @@ impl<I: UnitIo> Worker<I> {
             // Nothing to acknowledge; settle a trim still owed (acknowledging
             // an acknowledged entry again changes nothing).
             if trim && let Some((at, last)) = self.trim_owed.clone() {
-                return self.ack(at, &[last], true).await;
+                return self.ack(at, &Arc::from([last]), true).await;
             }
             return Ok(());
         }
         let Some(at) = self.unacked_at else {
             return Ok(());
         };
-        let ids = std::mem::take(&mut self.unacked);
+        // The ids go to the request in one allocation; `unacked` keeps its
+        // capacity for the next ones.
+        let ids: Arc<[String]> = self.unacked.drain(..).collect();
         self.ack(at, &ids, trim).await
     }
 
@@ -771,7 +774,7 @@ impl<I: UnitIo> Worker<I> {
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
-    async fn ack(&mut self, at: At, ids: &[String], trim: bool) -> Result<(), Exit> {
+    async fn ack(&mut self, at: At, ids: &Arc<[String]>, trim: bool) -> Result<(), Exit> {
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
             // The last activity only feeds reaping: write it at most a few
