@@ -37,8 +37,10 @@ const IDLE_AFTER: u32 = 3;
 /// most this long.
 const SETTLE_MAX: Duration = Duration::from_millis(32);
 /// How often a busy publisher keeps the store's busy mark during a long
-/// read (see [`OutboxStore::publisher_busy`]).
-const KEEP_BUSY_EVERY: Duration = Duration::from_millis(250);
+/// read (see [`OutboxStore::publisher_busy`]; a call that finds the mark
+/// recently kept costs nothing, and the store's own limit may be as short
+/// as 100 ms).
+const KEEP_BUSY_EVERY: Duration = Duration::from_millis(20);
 
 /// Where the publisher stands with the store's writers (see
 /// [`OutboxStore::publisher_busy`]): busy, it reads again every
@@ -109,7 +111,10 @@ impl Pace {
 
 /// Runs `drain`; while the publisher is busy, keeps the store's busy mark
 /// alive meanwhile (a long read must not let it lapse: commits would
-/// notify again, and PostgreSQL would end the relay's idle session).
+/// notify again, and PostgreSQL would end the relay's idle session). Once
+/// the mark is lost it is not taken again before the read ends: a relay
+/// that stalled may have been replaced meanwhile, and its successor may
+/// already wait for notifications.
 async fn keeping_busy<T>(
     pace: Pace,
     store: &dyn OutboxStore,
@@ -123,7 +128,9 @@ async fn keeping_busy<T>(
         tokio::select! {
             out = &mut drain => return out,
             _ = tokio::time::sleep(KEEP_BUSY_EVERY) => {
-                store.publisher_busy().await;
+                if !store.publisher_busy().await {
+                    return drain.await;
+                }
             }
         }
     }

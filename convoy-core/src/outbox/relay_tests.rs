@@ -189,3 +189,18 @@ async fn a_long_read_of_a_busy_publisher_keeps_it_busy() {
     keeping_busy(Pace::Idle, &store, read()).await;
     assert_eq!(kept(&store), 4);
 }
+
+/// A busy mark lost during a long read is not taken again before the read
+/// ends (the relay may have stalled and been replaced).
+#[tokio::test(start_paused = true)]
+async fn a_busy_mark_lost_during_a_read_is_not_taken_again_in_it() {
+    let store = Scripted::new(&[true, false, true, true, true, true], &[]);
+    let left = |store: &Scripted| store.busy.lock().map_or(0, |s| s.len());
+    keeping_busy(
+        Pace::Busy { empty: 0 },
+        &store,
+        tokio::time::sleep(KEEP_BUSY_EVERY * 5 + KEEP_BUSY_EVERY / 2),
+    )
+    .await;
+    assert_eq!(left(&store), 4, "asked twice: kept, then lost");
+}
