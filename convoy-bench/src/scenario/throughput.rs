@@ -41,7 +41,7 @@ pub struct ThroughputArgs {
     /// machine whose speed drifts, a ratio of two runs minutes apart says
     /// little). 1 measures the baseline once for all `max_unacked` values.
     #[arg(long = "throughput-rounds", default_value_t = 1)]
-    pub rounds: usize,
+    pub throughput_rounds: usize,
 }
 
 /// What one side of one case measured.
@@ -135,7 +135,7 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
         "trivial: decode, record the key's last seq, return",
     );
     section.param("case timeout", format!("{} s", args.case_timeout_secs));
-    section.param("rounds per case", args.rounds.max(1));
+    section.param("rounds per case", args.throughput_rounds.max(1));
     let timeout = Duration::from_secs(args.case_timeout_secs);
     let mut breakdown = Vec::new();
     let mut server_time = Vec::new();
@@ -144,7 +144,7 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
             let case = format!("K={k} E={e}");
             // With one round the baseline is measured once for every
             // `max_unacked`; with more, once per round beside convoy.
-            let shared = if args.rounds <= 1 {
+            let shared = if args.throughput_rounds <= 1 {
                 Some(measured_baseline(env, args, &case, k, e, timeout).await?)
             } else {
                 None
@@ -153,7 +153,7 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
                 let case = format!("{case} mu={mu}");
                 let tuning = base.with_max_unacked(mu);
                 let mut rounds = Vec::new();
-                for round in 1..=args.rounds.max(1) {
+                for round in 1..=args.throughput_rounds.max(1) {
                     let b = match &shared {
                         Some(b) => b.clone(),
                         None => {
