@@ -106,17 +106,20 @@ impl Ack<'_> {
         // category per call instead of one per shard the call spans (on a
         // cluster a call is in one shard anyway).
         let mut pairs: SmallVec<[(&str, &str); 4]> = SmallVec::new();
-        let mut categories: SmallVec<[&str; 4]> = SmallVec::new();
-        let mut counters: SmallVec<[&str; 4]> = SmallVec::new();
+        // Per category: its name and the counter its units add to.
+        let mut counters: SmallVec<[(&str, &str); 4]> = SmallVec::new();
         let mut groups: SmallVec<[&str; 4]> = SmallVec::new();
         let mut sent: SmallVec<[Sent; 8]> = SmallVec::with_capacity(self.items.len());
         for (i, item) in self.items.iter().enumerate() {
             let lane = item.unit.lane(item.at);
             let pair = index_of(&mut pairs, (item.alive, item.incarnation));
-            let category = index_of(&mut categories, lane.category.as_str());
-            if category == counters.len() {
-                counters.push(&lane.acked);
-            }
+            let category = match counters.iter().position(|(c, _)| *c == lane.category) {
+                Some(c) => c,
+                None => {
+                    counters.push((&lane.category, &lane.acked));
+                    counters.len() - 1
+                }
+            };
             let set = item
                 .trim
                 .then(|| index_of(&mut groups, lane.groups.as_str()));
@@ -140,7 +143,10 @@ impl Ack<'_> {
         for &(_, _, i) in &sent {
             inv.key(&self.items[i].unit.lease);
         }
-        inv.key(counters.as_slice()).key(groups.as_slice());
+        for (_, acked) in &counters {
+            inv.key(*acked);
+        }
+        inv.key(groups.as_slice());
         let mut spec = String::new();
         for (at, &((pair, counter), set, i)) in sent.iter().enumerate() {
             if at == 0 || sent[at - 1].0 != (pair, counter) {
