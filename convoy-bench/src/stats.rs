@@ -3,6 +3,7 @@
 //! percentiles.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::StreamExt as _;
@@ -12,10 +13,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Commands the benchmark itself sends while measuring; left out of every
-/// delta.
+/// delta. `MGET` is not among them: convoy's fence check is an `MGET` in
+/// every fenced script, so the benchmark counts its own (lease sampling,
+/// [`lease_owners`]) and subtracts them instead.
 const MEASUREMENT_COMMANDS: &[&str] = &[
     "info",
-    "mget",
     "flushdb",
     "dbsize",
     "ping",
@@ -43,10 +45,26 @@ pub struct CommandCost {
     pub usec: u64,
 }
 
+/// `MGET`s the benchmark itself has sent (lease sampling), so far.
+static OWN_MGETS: AtomicU64 = AtomicU64::new(0);
+
+/// Sends the benchmark's own `MGET` of `keys`, counted in [`OWN_MGETS`].
+async fn own_mget(
+    conn: &mut MultiplexedConnection,
+    keys: &[String],
+) -> Result<Vec<Option<String>>> {
+    OWN_MGETS.fetch_add(1, Ordering::Relaxed);
+    redis::cmd("MGET")
+        .arg(keys)
+        .query_async(conn)
+        .await
+        .context("MGET of lease keys failed")
+}
+
 /// A snapshot (or a delta) of `INFO commandstats`, by lower-case command
 /// name (`xack`, `evalsha`, `client|setinfo`).
 #[derive(Debug, Clone, Default)]
-pub struct CommandStats(pub BTreeMap<String, CommandCost>);
+pub struct CommandStats(pub BTreeMap<String, CommandCost>, u64);
 
 impl CommandStats {
     /// Reads the current counters.
@@ -56,7 +74,11 @@ impl CommandStats {
             .query_async(conn)
             .await
             .context("INFO commandstats failed")?;
-        Ok(Self::parse(&text))
+        let mut stats = Self::parse(&text);
+        // Read after the reply: an MGET the benchmark sent before this
+        // INFO ran is counted on both sides.
+        stats.1 = OWN_MGETS.load(Ordering::Relaxed);
+        Ok(stats)
     }
 
     /// Parses the `INFO commandstats` text.
@@ -79,10 +101,12 @@ impl CommandStats {
             }
             map.insert(name.to_ascii_lowercase(), cost);
         }
-        CommandStats(map)
+        CommandStats(map, 0)
     }
 
-    /// `self - before`, without the benchmark's own measurement commands.
+    /// `self - before`, without the benchmark's own measurement commands
+    /// (its own `MGET`s subtracted from the `MGET` calls; their time, a
+    /// few µs per sample, stays in).
     pub fn since(&self, before: &CommandStats) -> CommandStats {
         let mut out = BTreeMap::new();
         for (name, now) in &self.0 {
@@ -90,15 +114,18 @@ impl CommandStats {
                 continue;
             }
             let then = before.0.get(name).copied().unwrap_or_default();
-            let d = CommandCost {
+            let mut d = CommandCost {
                 calls: now.calls.saturating_sub(then.calls),
                 usec: now.usec.saturating_sub(then.usec),
             };
+            if name == "mget" {
+                d.calls = d.calls.saturating_sub(self.1.saturating_sub(before.1));
+            }
             if d.calls > 0 {
                 out.insert(name.clone(), d);
             }
         }
-        CommandStats(out)
+        CommandStats(out, 0)
     }
 
     /// Every command call, scripts and the commands they called included.
@@ -179,8 +206,11 @@ impl RequestCounter {
                     _ = stopped.cancelled() => break,
                     line = lines.next() => match line {
                         Some(line) => {
+                            // Convoy sends MGET only from scripts, so a
+                            // client's MGET is the benchmark's own.
                             if let Some(cmd) = client_command(&line)
                                 && !MEASUREMENT_COMMANDS.contains(&cmd.as_str())
+                                && cmd != "mget"
                             {
                                 *counts.entry(cmd).or_insert(0) += 1;
                             }
@@ -383,11 +413,7 @@ pub async fn lease_owners(
     let mut unowned = 0;
     for chunk in keys.chunks(1000) {
         let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
-        let tokens: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&lease_keys)
-            .query_async(conn)
-            .await
-            .context("MGET of lease keys failed")?;
+        let tokens = own_mget(conn, &lease_keys).await?;
         for t in tokens {
             match t {
                 Some(token) => {
@@ -415,11 +441,7 @@ pub async fn keys_owned_by(
     let mut out = Vec::new();
     for chunk in keys.chunks(1000) {
         let lease_keys: Vec<String> = chunk.iter().map(|k| lease_key(group, k)).collect();
-        let tokens: Vec<Option<String>> = redis::cmd("MGET")
-            .arg(&lease_keys)
-            .query_async(conn)
-            .await
-            .context("MGET of lease keys failed")?;
+        let tokens = own_mget(conn, &lease_keys).await?;
         for (k, t) in chunk.iter().zip(tokens) {
             if t.is_some_and(|t| t.starts_with(&prefix)) {
                 out.push(k.clone());
@@ -480,6 +502,18 @@ mod tests {
         assert_eq!(d.round_trips(), 4);
         assert_eq!(d.top(1)[0].0, "evalsha");
         assert!(!d.0.contains_key("info"));
+    }
+
+    #[test]
+    fn only_the_benchmarks_own_mgets_are_left_out() {
+        // Convoy's fence check runs MGET inside its scripts: those count.
+        let mut a = CommandStats::parse("cmdstat_mget:calls=10,usec=20\r\n");
+        let mut b = CommandStats::parse("cmdstat_mget:calls=25,usec=60\r\n");
+        a.1 = 3;
+        b.1 = 5;
+        let d = b.since(&a);
+        assert_eq!(d.0["mget"].calls, 15 - 2);
+        assert_eq!(d.total_calls(), 13);
     }
 
     #[test]

@@ -172,6 +172,19 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
                 let ratios: Vec<f64> = rounds.iter().map(|(c, b)| c.rate() / b.rate()).collect();
                 let (c, b) = &rounds[median_index(&ratios)];
                 push_rows(&mut section, &case, c, b, args.events, k == 64 && e == 1);
+                if k == 1 && mu == 1 {
+                    let floor = ping_floor(env).await?;
+                    section.rows.push(Row::alone(
+                        &case,
+                        "Redis CPU µs per PING round trip",
+                        floor.redis,
+                    ));
+                    section.rows.push(Row::alone(
+                        &case,
+                        "consumer CPU µs per PING round trip",
+                        floor.process,
+                    ));
+                }
                 if ratios.len() > 1 {
                     let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}x")).collect();
                     section.rows.push(Row::alone(
@@ -206,7 +219,29 @@ pub async fn run(env: &mut Env, args: &ThroughputArgs) -> Result<Section> {
     section.note("Redis CPU / consumer CPU µs/event: used_cpu_user+sys of redis-server, and of this process (engines or baseline consumers), over the run, per event.");
     section.note("publish events/s: convoy's outbox processor (batches of up to 2,048 records, one publish script per shard a batch spans) vs XADDs of the same envelopes, pipelined 1,000 at a time; convoy's includes raising the events in units of work of 10,000 into the in-memory outbox. publish Redis CPU / publisher CPU µs/event: redis-server's and this process's CPU while publishing, per published event.");
     section.note("per-key order: the handler keeps each key's last seq and flags a decrease; the baseline is unordered, its figure shows what happens without convoy.");
+    if args.keys.contains(&1) && args.max_unacked.contains(&1) {
+        section.note(format!("per PING round trip (K=1 mu=1 only, measured after the case): Redis's and this process's CPU for {PINGS} PINGs sent one at a time from this process's runtime, the floor under anything that waits for one reply per event (a round trip wakes this process's reader on the other core, which costs both sides CPU in the kernel)."));
+    }
     Ok(section)
+}
+
+/// PINGs [`ping_floor`] sends.
+const PINGS: u32 = 5_000;
+
+/// CPU per round trip of one PING at a time, in µs (Redis, this process).
+async fn ping_floor(env: &mut Env) -> Result<CpuUse> {
+    let mark = CpuMark::now(&mut env.admin).await?;
+    let started = Instant::now();
+    for _ in 0..PINGS {
+        let _: String = redis::cmd("PING").query_async(&mut env.admin).await?;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let used = mark.since(&mut env.admin).await?;
+    let per = |share: f64| share * wall * 1e6 / f64::from(PINGS);
+    Ok(CpuUse {
+        process: per(used.process),
+        redis: per(used.redis),
+    })
 }
 
 /// The baseline side of a case, with progress lines.
