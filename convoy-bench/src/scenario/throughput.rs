@@ -371,82 +371,56 @@ fn push_rows(section: &mut Section, case: &str, c: &Side, b: &Side, n: usize, ai
         n,
     );
     let case = label.as_str();
-    section.rows.push(aimed(
-        Row::new(case, "events/s", c.rate(), b.rate()),
-        aims.rate,
-    ));
-    section.rows.push(Row::new(
-        case,
-        "longest pause ms",
-        c.longest_pause_ms,
-        b.longest_pause_ms,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+    // Each figure of both sides, and its target.
+    type Figure = fn(&Side, usize) -> f64;
+    let figures: [(&str, Figure, Option<Aim>); 10] = [
+        ("events/s", |s, _| s.rate(), aims.rate),
+        ("longest pause ms", |s, _| s.longest_pause_ms, None),
+        (
             "Redis calls/event",
-            c.per_event(c.stats.calls),
-            b.per_event(b.stats.calls),
+            |s, _| s.per_event(s.stats.calls),
+            aims.commands,
         ),
-        aims.commands,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+        (
             "round trips/event",
-            c.per_event(c.stats.round_trips),
-            b.per_event(b.stats.round_trips),
+            |s, _| s.per_event(s.stats.round_trips),
+            aims.round_trips,
         ),
-        aims.round_trips,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+        (
             "Redis CPU µs/event",
-            c.cpu_us_per_event(c.cpu.redis),
-            b.cpu_us_per_event(b.cpu.redis),
+            |s, _| s.cpu_us_per_event(s.cpu.redis),
+            aims.redis_cpu,
         ),
-        aims.redis_cpu,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+        (
             "consumer CPU µs/event",
-            c.cpu_us_per_event(c.cpu.process),
-            b.cpu_us_per_event(b.cpu.process),
+            |s, _| s.cpu_us_per_event(s.cpu.process),
+            aims.consumer_cpu,
         ),
-        aims.consumer_cpu,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+        (
             "publish events/s",
-            n as f64 / c.publish_seconds.max(1e-9),
-            n as f64 / b.publish_seconds.max(1e-9),
+            |s, n| n as f64 / s.publish_seconds.max(1e-9),
+            aims.publish_rate,
         ),
-        aims.publish_rate,
-    ));
-    section.rows.push(aimed(
-        Row::new(
-            case,
+        (
             "publish Redis calls/event",
-            c.publish_calls as f64 / n as f64,
-            b.publish_calls as f64 / n as f64,
+            |s, n| s.publish_calls as f64 / n as f64,
+            aims.publish_calls,
         ),
-        aims.publish_calls,
-    ));
-    section.rows.push(Row::new(
-        case,
-        "publish Redis CPU µs/event",
-        c.publish_cpu_us_per_event(c.publish_cpu.redis, n),
-        b.publish_cpu_us_per_event(b.publish_cpu.redis, n),
-    ));
-    section.rows.push(Row::new(
-        case,
-        "publisher CPU µs/event",
-        c.publish_cpu_us_per_event(c.publish_cpu.process, n),
-        b.publish_cpu_us_per_event(b.publish_cpu.process, n),
-    ));
+        (
+            "publish Redis CPU µs/event",
+            |s, n| s.publish_cpu_us_per_event(s.publish_cpu.redis, n),
+            None,
+        ),
+        (
+            "publisher CPU µs/event",
+            |s, n| s.publish_cpu_us_per_event(s.publish_cpu.process, n),
+            None,
+        ),
+    ];
+    for (metric, figure, aim) in figures {
+        let row = Row::new(case, metric, figure(c, n), figure(b, n));
+        section.rows.push(aimed(row, aim));
+    }
     section.rows.push(
         Row::new(
             case,
