@@ -64,7 +64,12 @@ async fn own_mget(
 /// A snapshot (or a delta) of `INFO commandstats`, by lower-case command
 /// name (`xack`, `evalsha`, `client|setinfo`).
 #[derive(Debug, Clone, Default)]
-pub struct CommandStats(pub BTreeMap<String, CommandCost>, u64);
+pub struct CommandStats(
+    pub BTreeMap<String, CommandCost>,
+    /// How many `MGET`s the benchmark had sent itself when this was read
+    /// ([`OWN_MGETS`]); 0 in a parsed text or a delta.
+    u64,
+);
 
 impl CommandStats {
     /// Reads the current counters.

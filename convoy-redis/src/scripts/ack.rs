@@ -58,7 +58,16 @@ fn index_of<A: Array>(list: &mut SmallVec<A>, item: A::Item) -> usize
 where
     A::Item: PartialEq,
 {
-    match list.iter().position(|x| *x == item) {
+    index_of_by(list, item, PartialEq::eq)
+}
+
+/// [`index_of`], with `same` saying which item stands for `item`.
+fn index_of_by<A: Array>(
+    list: &mut SmallVec<A>,
+    item: A::Item,
+    same: impl Fn(&A::Item, &A::Item) -> bool,
+) -> usize {
+    match list.iter().position(|x| same(x, &item)) {
         Some(i) => i,
         None => {
             list.push(item);
@@ -113,13 +122,9 @@ impl Ack<'_> {
         for (i, item) in self.items.iter().enumerate() {
             let lane = item.unit.lane(item.at);
             let pair = index_of(&mut pairs, (item.alive, item.incarnation));
-            let category = match counters.iter().position(|(c, _)| *c == lane.category) {
-                Some(c) => c,
-                None => {
-                    counters.push((&lane.category, &lane.acked));
-                    counters.len() - 1
-                }
-            };
+            let category = index_of_by(&mut counters, (&lane.category, &lane.acked), |a, b| {
+                a.0 == b.0
+            });
             let set = item
                 .trim
                 .then(|| index_of(&mut groups, lane.groups.as_str()));
