@@ -6,6 +6,8 @@
 //!   dropped with the connection after Redis ran the read (through the
 //!   testing kit's `FaultProxy`): the entries it delivered are re-read and
 //!   handled in order, never skipped and trimmed away;
+//! - entries a replaced owner read natively after it lost the lease: moved
+//!   back to the owner and handled first, in order;
 //! - Redis restarted without persistence: fence generations never repeat,
 //!   and the engine reports that Redis lost its state;
 //! - an engine stalled (`SIGSTOP`) across a Redis restart and resumed just
@@ -226,7 +228,9 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
         .engine()
         .spawn();
     let p = publisher(test_config(&sut.url()), "p");
-    let read = script_sha("read").expect("the read script");
+    // A read of new entries is a plain XREADGROUP with the check of
+    // verify.lua behind it in one pipeline: the check's reply ends it.
+    let read = script_sha("verify").expect("the read's check");
     let seen = |n: usize| {
         let rec = rec.clone();
         async move { rec.seen("c0").await.is_ok_and(|s| s.len() >= n) }
@@ -271,6 +275,85 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
     let seen = rec.seen_all().await.expect("seen");
     convoy_runtime::testing::check_order(&published(&all), &seen, 0)
         .expect("every event handled once, in order");
+    engine.shutdown().await.expect("shutdown");
+}
+
+/// A replaced owner that reads natively after it lost the lease (it
+/// stalled past the lease, and reads on waking) moves entries to its own
+/// consumer; its read's check refuses it, so it handles none of them. The
+/// owner's next read moves them back, and they are handled first, in
+/// order. Here the replaced owner's read is a plain `XREADGROUP` under
+/// another consumer name, sent while the owner's connection is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_a_replaced_owner_read_are_moved_back_and_handled_in_order() {
+    let sut = RedisServer::start().expect("redis");
+    let record = RedisServer::start().expect("redis for the record");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
+    let rec = Recorder::new(&record.url(), "stale-read").expect("recorder");
+    let engine = domain(
+        test_config(&proxy.url()),
+        "e0",
+        Recording::new(rec.clone(), "e0", Duration::ZERO),
+    )
+    .engine()
+    .spawn();
+    let p = publisher(test_config(&sut.url()), "p");
+    publish(&p, &[Posted::new("c0", 0)], Priority::Normal).await;
+    wait_until(WAIT, "c0#0 handled", || async {
+        rec.seen("c0").await.is_ok_and(|s| s.len() == 1)
+    })
+    .await;
+
+    proxy.pause();
+    let all: Vec<Posted> = (0..4).map(|seq| Posted::new("c0", seq)).collect();
+    publish(&p, &all[1..], Priority::Normal).await;
+    let group = recording_group(&sut.url());
+    let stream = names::stream("ledger", "c0");
+    let mut c = sut.connection().await.expect("conn");
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg("e9:1")
+        .arg("COUNT")
+        .arg(2)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .expect("the replaced owner's read");
+    let taken: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg(group)
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .arg("e9:1")
+        .query_async(&mut c)
+        .await
+        .expect("XPENDING");
+    assert_eq!(taken.len(), 2, "the replaced owner read c0#1 and c0#2");
+    proxy.resume();
+
+    wait_until(WAIT, "c0#1 .. c0#3 handled", || async {
+        rec.seen("c0").await.is_ok_and(|s| s.len() >= 4)
+    })
+    .await;
+    let seen = rec.seen_all().await.expect("seen");
+    convoy_runtime::testing::check_order(&published(&all), &seen, 0)
+        .expect("every event handled once, in order");
+    let consumers: Vec<redis::Value> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(&stream)
+        .arg(group)
+        .query_async(&mut c)
+        .await
+        .expect("XINFO CONSUMERS");
+    assert_eq!(
+        consumers.len(),
+        1,
+        "the replaced owner's consumer is deleted"
+    );
     engine.shutdown().await.expect("shutdown");
 }
 

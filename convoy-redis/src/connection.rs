@@ -400,6 +400,12 @@ pub(crate) fn refused(e: &RedisError) -> bool {
     }
 }
 
+/// Whether an error reply in a pipeline's results ([`Value::ServerError`])
+/// refused its command without running it (see [`REFUSED_RETRY`]).
+pub(crate) fn refused_reply(e: &redis::ServerError) -> bool {
+    refused_before_running(e.kind())
+}
+
 /// Paces the sending again of a command Redis refused without running it
 /// (see [`REFUSED_RETRY`]): a short back-off, for that long in all.
 pub(crate) struct Refusals {

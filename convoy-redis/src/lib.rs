@@ -71,7 +71,8 @@ pub use broker::RedisBroker;
 
 /// The SHA1 (lowercase hex) of one of convoy's own Lua scripts, by its file
 /// stem in `convoy-redis/src/lua/`: `"read"` (the fenced read),
-/// `"ack"`, `"claim"`, `"fail"`, `"acquire"`, `"release"`, `"reap"`,
+/// `"verify"` (the check in the pipeline of a native read of new entries,
+/// right behind its `XREADGROUP`), `"ack"`, `"claim"`, `"fail"`, `"acquire"`, `"release"`, `"reap"`,
 /// `"publish"`, `"plain_ack"`, `"dead_letter"`, `"save_state"`,
 /// `"head_action"`, `"replay"`. `None` for an unknown name.
 ///

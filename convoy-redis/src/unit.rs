@@ -110,6 +110,13 @@ impl Unit {
         !self.lanes.is_empty() && self.lanes.iter().all(|l| !l.backfill.is_empty())
     }
 
+    /// Whether the unit reads one stream only: one category, priority lanes
+    /// off (a short batch then means drained, and new entries are read
+    /// natively, see `scripts::read`).
+    pub(crate) fn one_stream(&self) -> bool {
+        self.lanes.len() == 1 && !self.backfill_on()
+    }
+
     /// The stream of `at`.
     pub(crate) fn stream(&self, at: At) -> &str {
         let l = self.lane(at);

@@ -207,9 +207,10 @@ pub mod testing {
     //! config.broker.url = proxy.url();
     //! let domain = Domain::builder().config(config).handler(Payments).init()?;
     //!
-    //! // Swallow the reply of the next fenced read that Redis runs.
-    //! let read = script_sha("read").expect("convoy ships read.lua");
-    //! proxy.drop_reply(Match::Script(read), 1);
+    //! // Swallow the reply of the next read of new entries that Redis runs
+    //! // (a plain XREADGROUP, then the check that ends its pipeline).
+    //! let check = script_sha("verify").expect("convoy ships verify.lua");
+    //! proxy.drop_reply(Match::Script(check), 1);
     //!
     //! let engine = domain.engine().spawn();
     //! let mut uow = domain.unit_of_work();

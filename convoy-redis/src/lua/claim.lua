@@ -24,27 +24,9 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   return {1, 0}
 end
 redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')
-local cursor = '0-0'
-local n = 0
-local out = {1, 0}
-repeat
-  local r = redis.call('XAUTOCLAIM', KEYS[2], ARGV[2], ARGV[1], 0, cursor,
-    'COUNT', 1000, 'JUSTID')
-  cursor = r[1]
-  n = n + #r[2]
-  for _, id in ipairs(r[3] or {}) do
-    out[#out + 1] = id
-  end
-until cursor == '0-0'
-out[2] = n
-local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[2], ARGV[2])
-for _, c in ipairs(consumers) do
-  local f = {}
-  for j = 1, #c, 2 do
-    f[c[j]] = c[j + 1]
-  end
-  if f['name'] ~= ARGV[1] and tonumber(f['pending']) == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], f['name'])
-  end
+local n, deleted = claim_all(KEYS[2], ARGV[2], ARGV[1])
+local out = {1, n}
+for _, id in ipairs(deleted) do
+  out[#out + 1] = id
 end
 return out

@@ -42,3 +42,35 @@ local function not_a_stream(key)
   end
   return t
 end
+
+-- Moves every entry of `stream` pending in `group` to `consumer` (entries
+-- of earlier generations, or of a replaced owner's unfenced read), then
+-- deletes the group's other consumers, which have nothing pending left.
+-- Returns how many entries were moved, and the ids that were pending but
+-- whose entries no longer exist (XAUTOCLAIM drops them from the pending
+-- list; the caller reports them, it never skips them silently).
+local function claim_all(stream, group, consumer)
+  local cursor = '0-0'
+  local n = 0
+  local deleted = {}
+  repeat
+    local r = redis.call('XAUTOCLAIM', stream, group, consumer, 0, cursor,
+      'COUNT', 1000, 'JUSTID')
+    cursor = r[1]
+    n = n + #r[2]
+    for _, id in ipairs(r[3] or {}) do
+      deleted[#deleted + 1] = id
+    end
+  until cursor == '0-0'
+  local consumers = redis.call('XINFO', 'CONSUMERS', stream, group)
+  for _, c in ipairs(consumers) do
+    local f = {}
+    for j = 1, #c, 2 do
+      f[c[j]] = c[j + 1]
+    end
+    if f['name'] ~= consumer and tonumber(f['pending']) == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', stream, group, f['name'])
+    end
+  end
+  return n, deleted
+end

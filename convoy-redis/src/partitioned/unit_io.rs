@@ -155,7 +155,7 @@ impl UnitIo for RedisUnit {
         held: (At, usize),
     ) -> Result<ReadReply, Error> {
         let mut c = self.conn().await?;
-        let held = c.is_cluster().then_some(held);
+        let resent = c.is_cluster();
         Read {
             by: self.caller(),
             which,
@@ -164,6 +164,7 @@ impl UnitIo for RedisUnit {
             whole: WHOLE,
             first_lane,
             held,
+            resent,
         }
         .run(&mut c)
         .await

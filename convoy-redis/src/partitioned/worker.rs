@@ -315,9 +315,7 @@ impl<I: UnitIo> Worker<I> {
     /// Drives the phase machine from the reclaim to the worker's end: runs
     /// each action and feeds its outcome back.
     async fn consume(&mut self) -> Exit {
-        let single_stream =
-            self.unit.lanes.len() == 1 && self.unit.lanes.iter().all(|l| l.backfill.is_empty());
-        let mut machine = Machine::new(single_stream);
+        let mut machine = Machine::new(self.unit.one_stream());
         // Spawned halted, or halted by the reclaim (a lane is not a stream).
         let mut action = machine.next(if self.halted.load(Ordering::SeqCst) {
             Outcome::Halted
@@ -394,6 +392,20 @@ impl<I: UnitIo> Worker<I> {
                             // is pending for this consumer, unhandled. Read it
                             // first.
                             tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries delivered by a read whose reply was lost are pending; reading them before anything new");
+                            Outcome::Unseen
+                        }
+                        Ok(ReadReply::Reclaimed { missing }) => {
+                            // A replaced owner read entries natively after it
+                            // lost the lease; they are this consumer's now,
+                            // below anything new: read them first.
+                            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries a replaced owner read after losing the lease were moved back; reading them before anything new");
+                            if !missing.is_empty() {
+                                let stream = self.unit.stream(At {
+                                    lane: 0,
+                                    backfill: false,
+                                });
+                                self.report_missing(stream, &missing);
+                            }
                             Outcome::Unseen
                         }
                         Err(e) => {

@@ -1,11 +1,21 @@
-//! `read.lua`: the fenced read of a unit: its own pending entries, or new
-//! ones, primary lanes before backfill lanes.
+//! The fenced read of a unit: its own pending entries, or new ones,
+//! primary lanes before backfill lanes.
+//!
+//! - `read.lua` reads inside the script, behind the fence check.
+//! - New entries of a unit that reads one stream (one category, priority
+//!   lanes off: every handler's unit unless priority lanes are on) are read
+//!   natively instead: a plain `XREADGROUP`, and `verify.lua` right behind
+//!   it in the same pipeline (one round trip), which checks the fence after
+//!   the read and moves back what a replaced owner read (see the script's
+//!   header). Redis then spends no Lua on the entries: a script's reply
+//!   passed through Lua costs it about as much again as the read itself.
 
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{Caller, Invocation, Refusal, SCRIPTS, Status, call};
-use crate::reply::{Entry, entries, into_text};
+use super::{Caller, Invocation, Refusal, Reply, SCRIPTS, Status, call, load, no_script};
+use crate::connection::{Refusals, refused_reply};
+use crate::reply::{Entry, entries, first_stream_entries, into_text};
 use crate::unit::At;
 use convoy_core::error::Error;
 
@@ -35,12 +45,18 @@ pub(crate) struct Read<'a> {
     /// The lane to look at first (rotates for fairness between the
     /// categories of one unit).
     pub(crate) first_lane: usize,
-    /// For a read of new entries: check that the consumer holds no pending
-    /// entry the caller has not seen, given the entries it holds pending
-    /// (handled, not yet acknowledged) and where. A client that sends a
-    /// read again after a dropped connection (the Redis Cluster client
-    /// does) would otherwise pass over what the first one delivered.
-    pub(crate) held: Option<(At, usize)>,
+    /// The entries the caller holds pending (handled, not yet
+    /// acknowledged), and where. A read of new entries checks that the
+    /// consumer holds nothing else pending: more means a read ran without
+    /// the caller seeing its reply (failed, or sent again by the client
+    /// after a dropped connection, as the Redis Cluster client does), and
+    /// what it delivered would be passed over.
+    pub(crate) held: (At, usize),
+    /// Whether the scripted read checks [`Read::held`] too (the native read
+    /// always does): where the client sends a read again by itself (a
+    /// cluster). Elsewhere a read either answers or fails, and the caller
+    /// re-reads its pending entries after a failure.
+    pub(crate) resent: bool,
 }
 
 /// What [`Read`] found.
@@ -57,10 +73,145 @@ pub(crate) enum ReadReply {
     /// The consumer holds pending entries the caller has not seen (see
     /// [`Read::held`]): read them first.
     Unseen,
+    /// Entries a replaced owner read without the fence (natively, after it
+    /// lost the lease) were moved to the caller's consumer: read its
+    /// pending entries first. `missing`: those that were pending but whose
+    /// entries no longer exist (to report, never to skip quietly).
+    Reclaimed { missing: Vec<String> },
 }
 
 impl Read<'_> {
     pub(crate) async fn run(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<ReadReply, Error> {
+        if self.which == Which::New
+            && self.by.unit.one_stream()
+            && let Some(reply) = self.native(conn).await?
+        {
+            return Ok(reply);
+        }
+        self.scripted(conn).await
+    }
+
+    /// New entries of a unit of one stream: a plain `XREADGROUP` with
+    /// `verify.lua` behind it in one pipeline. `None` when the read needs
+    /// the script: the stream or its group does not exist yet (the script
+    /// creates the group), or the key holds another type than a stream.
+    pub(super) async fn native(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<Option<ReadReply>, Error> {
+        let by = self.by;
+        let stream = &by.unit.lanes[0].primary;
+        let mut inv = Invocation::new(&SCRIPTS.verify);
+        inv.key(&by.unit.lease)
+            .key(stream)
+            .key(by.alive)
+            .arg(by.token)
+            .arg(&by.unit.group)
+            .arg(by.incarnation);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&by.unit.group)
+            .arg(by.token)
+            .arg("COUNT")
+            .arg(self.primary_count)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .add_command(inv.command());
+        // Sent again as a whole when Redis refused it before running it
+        // (a redirection, a replica's READONLY) or did not know the script:
+        // if the read ran the first time, the check sees more pending than
+        // the second read delivered, and the caller re-reads its pending
+        // entries.
+        let mut refusals = Refusals::new();
+        let mut loaded = false;
+        let (read, check) = loop {
+            let replies: Vec<Value> = pipe
+                .query_async(conn)
+                .await
+                .map_err(|e| Error::redis("native read failed", e))?;
+            let mut replies = replies.into_iter();
+            let (Some(read), Some(check), None) = (replies.next(), replies.next(), replies.next())
+            else {
+                return Err(Error::UnexpectedReply {
+                    script: "verify",
+                    reply: "a pipeline of two commands answered with another number of replies"
+                        .to_owned(),
+                });
+            };
+            let refusal = [&read, &check].into_iter().find_map(|v| match v {
+                Value::ServerError(e) if refused_reply(e) => Some(e.clone()),
+                _ => None,
+            });
+            if let Some(e) = refusal {
+                if !refusals.again(&e).await {
+                    return Err(Error::redis("native read failed", e.into()));
+                }
+                continue;
+            }
+            if let Value::ServerError(e) = &check {
+                let e: redis::RedisError = e.clone().into();
+                if !loaded && no_script(&e) {
+                    loaded = true;
+                    load("verify", &inv, conn).await?;
+                    continue;
+                }
+                return Err(Error::redis("checking a native read failed", e));
+            }
+            break (read, check);
+        };
+        let mut check = Reply::parse("verify", check)?;
+        match &check.status {
+            Status::Done => {}
+            Status::Refused(why) => return Ok(Some(ReadReply::Refused(*why))),
+            Status::NotDone => {
+                let missing = (0..check.values().len())
+                    .filter_map(|i| check.take(i).and_then(into_text))
+                    .collect();
+                return Ok(Some(ReadReply::Reclaimed { missing }));
+            }
+            _ => return Err(check.unexpected()),
+        }
+        let batch = match read {
+            Value::ServerError(e) if matches!(e.code(), "NOGROUP" | "WRONGTYPE") => {
+                return Ok(None);
+            }
+            Value::ServerError(e) => return Err(Error::redis("native read failed", e.into())),
+            Value::Nil => Vec::new(),
+            v => first_stream_entries(v)
+                .into_iter()
+                .next()
+                .map(|(_, entries)| entries)
+                .unwrap_or_default(),
+        };
+        let (held_at, held) = self.held;
+        let held = if held_at.lane == 0 && !held_at.backfill {
+            held
+        } else {
+            0
+        };
+        if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
+            return Ok(Some(ReadReply::Unseen));
+        }
+        if batch.is_empty() {
+            return Ok(Some(ReadReply::Empty));
+        }
+        Ok(Some(ReadReply::Entries(
+            At {
+                lane: 0,
+                backfill: false,
+            },
+            batch,
+        )))
+    }
+
+    /// The read inside `read.lua`, behind its fence check.
+    pub(super) async fn scripted(
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<ReadReply, Error> {
@@ -91,7 +242,7 @@ impl Read<'_> {
             .arg(by.incarnation)
             .arg(if backfill_on { "1" } else { "0" });
         match self.held {
-            Some((at, n)) if self.which == Which::New => {
+            (at, n) if self.resent && self.which == Which::New => {
                 // KEYS index (1-based) of the stream holding them.
                 let index = 2 + at.lane + if at.backfill { lanes.len() } else { 0 };
                 inv.arg(n).arg(index);

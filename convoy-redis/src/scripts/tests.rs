@@ -218,9 +218,9 @@ async fn read_holding(
     read_new(c, token, alive, inc, held, count, count).await
 }
 
-/// A read of up to `count` new entries, at most `whole` of them returned
-/// whole, by a caller that holds `held` pending entries (checked when
-/// `Some`).
+/// A read of up to `count` new entries by `read.lua` (not natively), at
+/// most `whole` of them returned whole, by a caller that holds `held`
+/// pending entries (checked when `Some`).
 async fn read_new(
     c: &mut Conn,
     token: &str,
@@ -237,9 +237,10 @@ async fn read_new(
         backfill_count: count,
         whole,
         first_lane: 0,
-        held: held.map(|n| (PRIMARY, n)),
+        held: (PRIMARY, held.unwrap_or(0)),
+        resent: held.is_some(),
     }
-    .run(c)
+    .scripted(c)
     .await
     .expect("read")
 }
@@ -1298,4 +1299,149 @@ async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
         sums[category] += int_of(&mut c, &["GET", key]).await;
     }
     assert_eq!(sums, [4, 2], "acknowledged per category");
+}
+
+/// A native read of up to `count` new entries (a plain `XREADGROUP` checked
+/// by `verify.lua`) by a caller that holds `held` pending entries: `None`
+/// when it needs the script instead.
+async fn read_native(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    held: usize,
+    count: usize,
+) -> Option<ReadReply> {
+    Read {
+        by: by(&unit(), token, alive, inc),
+        which: Which::New,
+        primary_count: count,
+        backfill_count: count,
+        whole: count,
+        first_lane: 0,
+        held: (PRIMARY, held),
+        resent: false,
+    }
+    .native(c)
+    .await
+    .expect("native read")
+}
+
+/// The ids of a read's entries, or what it replied instead.
+fn ids_of(r: Option<ReadReply>) -> Vec<String> {
+    match r {
+        Some(ReadReply::Entries(at, e)) => {
+            assert_eq!(at, PRIMARY);
+            e.into_iter().map(|e| e.id).collect()
+        }
+        other => panic!("entries, not {other:?}"),
+    }
+}
+
+/// The native read is safe without a fence of its own: `verify.lua`,
+/// behind it in the same pipeline, refuses a replaced owner (which then
+/// handles nothing), sees a read whose reply was lost, and moves what a
+/// replaced owner read back to the current owner, whose pending read then
+/// delivers it in order before anything newer; an entry deleted meanwhile
+/// is reported, not skipped quietly.
+#[tokio::test]
+async fn a_native_read_is_checked_after_it_and_a_replaced_owner_s_read_is_moved_back() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    cmd(&mut c, &["SET", ALIVE_B, "b1"]).await;
+    let old = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // No stream yet, then no group: the script reads (and creates it).
+    assert!(
+        read_native(&mut c, &old, ALIVE_A, "a1", 0, 1)
+            .await
+            .is_none()
+    );
+    for i in 1..=6 {
+        cmd(&mut c, &["XADD", STREAM, &format!("1-{i}"), "f", "v"]).await;
+    }
+    assert!(
+        read_native(&mut c, &old, ALIVE_A, "a1", 0, 1)
+            .await
+            .is_none()
+    );
+    cmd(&mut c, &["XGROUP", "CREATE", STREAM, "g", "0"]).await;
+
+    assert_eq!(
+        ids_of(read_native(&mut c, &old, ALIVE_A, "a1", 0, 1).await),
+        ["1-1"]
+    );
+    // Sent again, its reply lost: 1-2 was delivered too, unseen.
+    assert!(matches!(
+        read_native(&mut c, &old, ALIVE_A, "a1", 0, 1).await,
+        Some(ReadReply::Unseen)
+    ));
+    // Holding both (handled, not acknowledged), the caller reads on.
+    assert_eq!(
+        ids_of(read_native(&mut c, &old, ALIVE_A, "a1", 2, 1).await),
+        ["1-3"]
+    );
+
+    // a stalls past its lease; b takes over and reclaims 1-1 .. 1-3, then
+    // handles and acknowledges them.
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    let new = acquire(&mut c, "b", "b1").await.expect("b takes the unit");
+    let u = unit();
+    let claimed = Claim {
+        by: by(&u, &new, ALIVE_B, "b1"),
+        stream: STREAM,
+    }
+    .run(&mut c)
+    .await
+    .expect("claim");
+    assert_eq!(
+        claimed,
+        Claimed::Done {
+            count: 3,
+            gone: vec![]
+        }
+    );
+    let handled: Vec<String> = (1..=3).map(|i| format!("1-{i}")).collect();
+    assert_eq!(
+        ack(&mut c, &new, ALIVE_B, "b1", &handled, false).await,
+        vec![Acked::Acked(3)]
+    );
+    // a wakes and reads natively: the read moves 1-4 and 1-5 to a's
+    // consumer, and the check refuses a, which handles neither.
+    cmd(&mut c, &["SET", ALIVE_A, "a2"]).await;
+    assert_eq!(
+        read_native(&mut c, &old, ALIVE_A, "a2", 0, 2)
+            .await
+            .as_ref()
+            .and_then(refusal),
+        Some(Refusal::FencedOut)
+    );
+    assert_eq!(consumers(&mut c).await, 2);
+    cmd(&mut c, &["XDEL", STREAM, "1-4"]).await;
+    // b's next read (1-6) finds them: moved to b, 1-4 reported as gone.
+    match read_native(&mut c, &new, ALIVE_B, "b1", 0, 1).await {
+        Some(ReadReply::Reclaimed { missing }) => assert_eq!(missing, ["1-4"]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(consumers(&mut c).await, 1, "a's consumer is deleted");
+    // b reads its pending entries first: 1-5 before 1-6.
+    let pending = Read {
+        by: by(&u, &new, ALIVE_B, "b1"),
+        which: Which::Pending,
+        primary_count: 10,
+        backfill_count: 10,
+        whole: 10,
+        first_lane: 0,
+        held: (PRIMARY, 0),
+        resent: false,
+    }
+    .run(&mut c)
+    .await
+    .expect("pending read");
+    assert_eq!(ids_of(Some(pending)), ["1-5", "1-6"]);
+    // Nothing else is pending anywhere, and nothing new is left.
+    assert!(matches!(
+        read_native(&mut c, &new, ALIVE_B, "b1", 2, 1).await,
+        Some(ReadReply::Empty)
+    ));
 }
