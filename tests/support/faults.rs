@@ -81,13 +81,15 @@ impl fmt::Display for Target {
     }
 }
 
-/// The scripts a reply fault may hit.
+/// The scripts a reply fault may hit (`verify`: the check behind a native
+/// read of new entries, which ends its pipeline).
 pub const SCRIPTS: &[&str] = &[
-    "read", "ack", "claim", "fail", "acquire", "release", "reap", "publish",
+    "read", "verify", "ack", "claim", "fail", "acquire", "release", "reap", "publish",
 ];
 /// The plain commands a reply fault may hit (heartbeat pipeline, wake-up
-/// reads, discovery: `SSCAN` of the shards' partition indexes).
-pub const COMMANDS: &[&str] = &["SET", "XREAD", "SSCAN"];
+/// reads, native reads of new entries, discovery: `SSCAN` of the shards'
+/// partition indexes).
+pub const COMMANDS: &[&str] = &["SET", "XREAD", "XREADGROUP", "SSCAN"];
 
 /// One fault of a schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
