@@ -43,6 +43,26 @@ local function not_a_stream(key)
   return t
 end
 
+-- What the consumers of `group` hold pending in `stream` (XPENDING's
+-- summary, a line per consumer that holds any): how many `consumer`
+-- holds, and whether any other consumer holds one. A stream or group that
+-- does not exist (or a key of another type) holds nothing.
+local function pending_of(stream, group, consumer)
+  local p = redis.pcall('XPENDING', stream, group)
+  if type(p) ~= 'table' or p.err then
+    return 0, false
+  end
+  local own, others = 0, false
+  for _, c in ipairs(p[4] or {}) do
+    if c[1] == consumer then
+      own = tonumber(c[2])
+    else
+      others = true
+    end
+  end
+  return own, others
+end
+
 -- Moves every entry of `stream` pending in `group` to `consumer` (entries
 -- of earlier generations, or of a replaced owner's unfenced read), then
 -- deletes the group's other consumers, which have nothing pending left.
@@ -73,4 +93,18 @@ local function claim_all(stream, group, consumer)
     end
   end
   return n, deleted
+end
+
+-- The reply of a read whose check found entries another consumer of the
+-- group held pending in `stream` (a replaced owner's unfenced read; the
+-- reclaim at takeover leaves none): they are moved to `consumer`, which
+-- held `own` there, and the caller reads its pending entries before
+-- anything new. {2, stream, entries moved, ids whose entries are gone...}.
+local function moved_back(stream, group, consumer, own)
+  local n, deleted = claim_all(stream, group, consumer)
+  local out = {2, stream, math.max(n - own, 0)}
+  for _, id in ipairs(deleted) do
+    out[#out + 1] = id
+  end
+  return out
 end

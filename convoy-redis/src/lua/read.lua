@@ -32,7 +32,9 @@
 --
 -- A stream without the group (new, or re-created by a publish after a
 -- reap) gets the group at id 0, so nothing published is skipped.
--- Returns {refusal} (see fence.lua) when fenced out; {0} (see ARGV[10]);
+-- Returns {refusal} (see fence.lua) when fenced out; {2, ...} (see
+-- moved_back in fence.lua) when another consumer held entries pending;
+-- {0} (see ARGV[10]);
 -- {-4, stream, type}
 -- when a lane's key holds something other than a stream; else
 -- {1, lane, entries}: lane i in 1..n is primary stream i, n+i its
@@ -42,6 +44,18 @@
 local no = refusal(KEYS[1], ARGV[1], KEYS[#KEYS], ARGV[8])
 if no then
   return {no}
+end
+
+-- Entries another consumer of the group holds pending in one of the
+-- unit's streams: what a replaced owner read natively after it lost the
+-- lease (see verify.lua), whose check may not have run on the owner's
+-- side (its reply lost with the read's, or a redirection on a cluster).
+-- Moved to this consumer before anything is read, one stream per call.
+for i = 2, #KEYS - 1 do
+  local own, others = pending_of(KEYS[i], ARGV[2], ARGV[1])
+  if others then
+    return moved_back(KEYS[i], ARGV[2], ARGV[1], own)
+  end
 end
 
 local function unseen(stream, at)

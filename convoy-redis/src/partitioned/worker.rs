@@ -394,17 +394,18 @@ impl<I: UnitIo> Worker<I> {
                             tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries delivered by a read whose reply was lost are pending; reading them before anything new");
                             Outcome::Unseen
                         }
-                        Ok(ReadReply::Reclaimed { missing }) => {
+                        Ok(ReadReply::Reclaimed {
+                            stream,
+                            moved,
+                            missing,
+                        }) => {
                             // A replaced owner read entries natively after it
                             // lost the lease; they are this consumer's now,
                             // below anything new: read them first.
-                            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), "entries a replaced owner read after losing the lease were moved back; reading them before anything new");
+                            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), stream = %Escaped(&stream), moved, "entries a replaced owner read after losing the lease were moved back; reading them before anything new");
+                            convoy_core::metrics::reclaimed(self.group(), moved);
                             if !missing.is_empty() {
-                                let stream = self.unit.stream(At {
-                                    lane: 0,
-                                    backfill: false,
-                                });
-                                self.report_missing(stream, &missing);
+                                self.report_missing(&stream, &missing);
                             }
                             Outcome::Unseen
                         }

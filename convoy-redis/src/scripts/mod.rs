@@ -12,6 +12,7 @@
 //! | status | meaning |
 //! | --- | --- |
 //! | `1` | done |
+//! | `2` | a read's check moved entries another consumer held pending (a replaced owner's unfenced read) to the caller: read its pending entries first |
 //! | `0` | nothing done (the unit is held, not idle, the state changed) |
 //! | `-1` | refused by the fence: another owner holds the lease |
 //! | `-2` | refused by the fence: the lease is gone |
@@ -179,6 +180,8 @@ pub(crate) enum Status {
     Done,
     /// `0`.
     NotDone,
+    /// `2` (the reads).
+    MovedBack,
     /// `-1`, `-2`, `-3`.
     Refused(Refusal),
     /// `-4`.
@@ -202,6 +205,7 @@ impl Reply {
                 Some(Value::Int(1)) => Some(Status::Done),
                 Some(Value::Int(0)) => Some(Status::NotDone),
                 Some(Value::Int(-4)) => Some(Status::NotAStream),
+                Some(Value::Int(2)) => Some(Status::MovedBack),
                 Some(Value::Int(code)) => Refusal::from_code(*code).map(Status::Refused),
                 Some(v @ (Value::BulkString(_) | Value::SimpleString(_))) => {
                     text(v).map(Status::Word)

@@ -14,7 +14,7 @@ use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::{Caller, Invocation, Refusal, Reply, SCRIPTS, Status, call, load, no_script};
-use crate::connection::{Refusals, refused_reply};
+use crate::connection::refused_reply;
 use crate::reply::{Entry, entries, first_stream_entries, into_text};
 use crate::unit::At;
 use convoy_core::error::Error;
@@ -29,7 +29,7 @@ pub(crate) enum Which {
 }
 
 /// Reads a batch of the caller's unit.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Read<'a> {
     /// The owner of the unit's lease (its token names the consumer).
     pub(crate) by: Caller<'a>,
@@ -74,10 +74,45 @@ pub(crate) enum ReadReply {
     /// [`Read::held`]): read them first.
     Unseen,
     /// Entries a replaced owner read without the fence (natively, after it
-    /// lost the lease) were moved to the caller's consumer: read its
-    /// pending entries first. `missing`: those that were pending but whose
-    /// entries no longer exist (to report, never to skip quietly).
-    Reclaimed { missing: Vec<String> },
+    /// lost the lease) were moved from `stream` to the caller's consumer
+    /// (`moved` of them): read its pending entries first. `missing`: those
+    /// that were pending but whose entries no longer exist (to report,
+    /// never to skip quietly).
+    Reclaimed {
+        stream: String,
+        moved: u64,
+        missing: Vec<String>,
+    },
+}
+
+/// The [`ReadReply::Reclaimed`] of a read's reply with status `2`:
+/// `{2, stream, moved, gone ids...}`.
+fn moved_back(mut reply: Reply) -> ReadReply {
+    let stream = reply.text(0);
+    let moved = reply.int(1).max(0) as u64;
+    let missing = (2..reply.values().len())
+        .filter_map(|i| reply.take(i).and_then(into_text))
+        .collect();
+    ReadReply::Reclaimed {
+        stream,
+        moved,
+        missing,
+    }
+}
+
+/// What a native read came to.
+#[derive(Debug)]
+pub(crate) enum Native {
+    /// Read and checked.
+    Read(ReadReply),
+    /// The script reads instead: the stream or its group does not exist
+    /// yet (the script creates the group), or the key holds another type
+    /// than a stream. The read did not run.
+    Script,
+    /// Redis refused the read or its check before running it (a
+    /// redirection, a replica's `READONLY`): the script reads instead,
+    /// checking that nothing pending is unseen (the read may have run).
+    Refused,
 }
 
 impl Read<'_> {
@@ -85,23 +120,31 @@ impl Read<'_> {
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<ReadReply, Error> {
-        if self.which == Which::New
-            && self.by.unit.one_stream()
-            && let Some(reply) = self.native(conn).await?
-        {
-            return Ok(reply);
+        if self.which == Which::New && self.by.unit.one_stream() {
+            match self.native(conn).await? {
+                Native::Read(reply) => return Ok(reply),
+                Native::Script => {}
+                // The read may have run without the check: the script then
+                // checks that nothing pending is unseen.
+                Native::Refused => {
+                    return Read {
+                        resent: true,
+                        ..*self
+                    }
+                    .scripted(conn)
+                    .await;
+                }
+            }
         }
         self.scripted(conn).await
     }
 
     /// New entries of a unit of one stream: a plain `XREADGROUP` with
-    /// `verify.lua` behind it in one pipeline. `None` when the read needs
-    /// the script: the stream or its group does not exist yet (the script
-    /// creates the group), or the key holds another type than a stream.
+    /// `verify.lua` behind it in one pipeline.
     pub(super) async fn native(
         &self,
         conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<Option<ReadReply>, Error> {
+    ) -> Result<Native, Error> {
         let by = self.by;
         let stream = &by.unit.lanes[0].primary;
         let mut inv = Invocation::new(&SCRIPTS.verify);
@@ -123,12 +166,10 @@ impl Read<'_> {
             .arg(stream)
             .arg(">")
             .add_command(inv.command());
-        // Sent again as a whole when Redis refused it before running it
-        // (a redirection, a replica's READONLY) or did not know the script:
-        // if the read ran the first time, the check sees more pending than
-        // the second read delivered, and the caller re-reads its pending
+        // Sent again as a whole when Redis did not know the script: the
+        // read ran the first time, so the check sees more pending than the
+        // second read delivered, and the caller re-reads its pending
         // entries.
-        let mut refusals = Refusals::new();
         let mut loaded = false;
         let (read, check) = loop {
             let replies: Vec<Value> = pipe
@@ -144,15 +185,14 @@ impl Read<'_> {
                         .to_owned(),
                 });
             };
-            let refusal = [&read, &check].into_iter().find_map(|v| match v {
-                Value::ServerError(e) if refused_reply(e) => Some(e.clone()),
-                _ => None,
-            });
-            if let Some(e) = refusal {
-                if !refusals.again(&e).await {
-                    return Err(Error::redis("native read failed", e.into()));
-                }
-                continue;
+            // Refused before running (a redirection, a replica's
+            // READONLY): the cluster client follows a redirection only for
+            // a request that fails as a whole, which this pipeline of
+            // error replies does not, so the script, sent on its own, reads
+            // instead.
+            let refused = |v: &Value| matches!(v, Value::ServerError(e) if refused_reply(e));
+            if refused(&read) || refused(&check) {
+                return Ok(Native::Refused);
             }
             if let Value::ServerError(e) = &check {
                 let e: redis::RedisError = e.clone().into();
@@ -165,21 +205,16 @@ impl Read<'_> {
             }
             break (read, check);
         };
-        let mut check = Reply::parse("verify", check)?;
+        let check = Reply::parse("verify", check)?;
         match &check.status {
             Status::Done => {}
-            Status::Refused(why) => return Ok(Some(ReadReply::Refused(*why))),
-            Status::NotDone => {
-                let missing = (0..check.values().len())
-                    .filter_map(|i| check.take(i).and_then(into_text))
-                    .collect();
-                return Ok(Some(ReadReply::Reclaimed { missing }));
-            }
+            Status::Refused(why) => return Ok(Native::Read(ReadReply::Refused(*why))),
+            Status::MovedBack => return Ok(Native::Read(moved_back(check))),
             _ => return Err(check.unexpected()),
         }
         let batch = match read {
             Value::ServerError(e) if matches!(e.code(), "NOGROUP" | "WRONGTYPE") => {
-                return Ok(None);
+                return Ok(Native::Script);
             }
             Value::ServerError(e) => return Err(Error::redis("native read failed", e.into())),
             Value::Nil => Vec::new(),
@@ -196,12 +231,12 @@ impl Read<'_> {
             0
         };
         if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
-            return Ok(Some(ReadReply::Unseen));
+            return Ok(Native::Read(ReadReply::Unseen));
         }
         if batch.is_empty() {
-            return Ok(Some(ReadReply::Empty));
+            return Ok(Native::Read(ReadReply::Empty));
         }
-        Ok(Some(ReadReply::Entries(
+        Ok(Native::Read(ReadReply::Entries(
             At {
                 lane: 0,
                 backfill: false,
@@ -256,6 +291,7 @@ impl Read<'_> {
         match &reply.status {
             Status::Done => {}
             Status::NotDone => return Ok(ReadReply::Unseen),
+            Status::MovedBack => return Ok(moved_back(reply)),
             Status::Refused(why) => return Ok(ReadReply::Refused(*why)),
             Status::NotAStream => {
                 return Ok(ReadReply::NotAStream {

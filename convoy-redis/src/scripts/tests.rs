@@ -11,7 +11,7 @@ use super::ack::{Ack, AckItem, Acked};
 use super::acquire::{self, Acquire, Acquired};
 use super::claim::{Claim, Claimed};
 use super::fail::{Fail, Failed};
-use super::read::{Read, ReadReply, Which};
+use super::read::{Native, Read, ReadReply, Which};
 use super::reap::{Reap, Reaped};
 use super::release::{Held, Release, Released};
 use super::rest::{Rest, Rested};
@@ -1312,7 +1312,7 @@ async fn read_native(
     held: usize,
     count: usize,
 ) -> Option<ReadReply> {
-    Read {
+    let native = Read {
         by: by(&unit(), token, alive, inc),
         which: Which::New,
         primary_count: count,
@@ -1324,7 +1324,12 @@ async fn read_native(
     }
     .native(c)
     .await
-    .expect("native read")
+    .expect("native read");
+    match native {
+        Native::Read(reply) => Some(reply),
+        Native::Script => None,
+        Native::Refused => panic!("refused before running"),
+    }
 }
 
 /// The ids of a read's entries, or what it replied instead.
@@ -1420,7 +1425,16 @@ async fn a_native_read_is_checked_after_it_and_a_replaced_owner_s_read_is_moved_
     cmd(&mut c, &["XDEL", STREAM, "1-4"]).await;
     // b's next read (1-6) finds them: moved to b, 1-4 reported as gone.
     match read_native(&mut c, &new, ALIVE_B, "b1", 0, 1).await {
-        Some(ReadReply::Reclaimed { missing }) => assert_eq!(missing, ["1-4"]),
+        Some(ReadReply::Reclaimed {
+            stream,
+            moved,
+            missing,
+        }) => {
+            assert_eq!(
+                (stream.as_str(), moved, missing),
+                (STREAM, 1, vec!["1-4".to_owned()])
+            );
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(consumers(&mut c).await, 1, "a's consumer is deleted");
@@ -1434,14 +1448,25 @@ async fn a_native_read_is_checked_after_it_and_a_replaced_owner_s_read_is_moved_
         first_lane: 0,
         held: (PRIMARY, 0),
         resent: false,
-    }
-    .run(&mut c)
-    .await
-    .expect("pending read");
-    assert_eq!(ids_of(Some(pending)), ["1-5", "1-6"]);
+    };
+    let read = pending.run(&mut c).await.expect("pending read");
+    assert_eq!(ids_of(Some(read)), ["1-5", "1-6"]);
     // Nothing else is pending anywhere, and nothing new is left.
     assert!(matches!(
         read_native(&mut c, &new, ALIVE_B, "b1", 2, 1).await,
         Some(ReadReply::Empty)
     ));
+
+    // a reads natively once more (1-7), and b's next read is by the script
+    // (its native read failed, say, before its check ran): the script
+    // moves 1-7 back too, and b's pending read has it after 1-5 and 1-6.
+    cmd(&mut c, &["XADD", STREAM, "1-7", "f", "v"]).await;
+    let refused = read_native(&mut c, &old, ALIVE_A, "a2", 0, 1).await;
+    assert_eq!(refused.as_ref().and_then(refusal), Some(Refusal::FencedOut));
+    match pending.run(&mut c).await.expect("pending read") {
+        ReadReply::Reclaimed { moved, missing, .. } => assert_eq!((moved, missing.len()), (1, 0)),
+        other => panic!("{other:?}"),
+    }
+    let read = pending.run(&mut c).await.expect("pending read");
+    assert_eq!(ids_of(Some(read)), ["1-5", "1-6", "1-7"]);
 }
