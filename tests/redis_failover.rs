@@ -176,6 +176,8 @@ async fn stalled_owner_is_fenced_out() {
     // started another event of the key: its fenced read was refused or its
     // local deadline had passed. (a may later own a key again, at a new
     // generation, as a fair share.)
+    let mut seen = rec.seen_all().await.expect("seen");
+    let mut in_flight = Vec::new();
     for (key, label) in &stale {
         let windows = a_seen.windows_of(key).await.expect("windows");
         assert!(
@@ -189,13 +191,37 @@ async fn stalled_owner_is_fenced_out() {
                 w.event
             );
         }
+        // It may finish the one event it dispatched before the stop (the
+        // guarantee says so: effects outside the fenced acknowledgement are
+        // the handler's to fence). Stopped between that dispatch and the
+        // handler's first line, it reaches the recorder only once resumed,
+        // after b re-ran that event and went on: that late record is left
+        // out of the order check (b's run of the event stays in).
+        let last = windows
+            .iter()
+            .filter(|w| &w.instance == label)
+            .max_by_key(|w| w.start_us)
+            .map(|w| w.event.clone());
+        if let (Some(event), Some(list)) = (last, seen.get_mut(*key)) {
+            let at: Vec<usize> = (0..list.len()).filter(|&i| list[i] == event).collect();
+            if let [first, late] = at[..]
+                && late > first + 1
+            {
+                list.remove(late);
+                in_flight.push(format!("instance a entered event {event} for key {key} "));
+            }
+        }
     }
-    let seen = rec.seen_all().await.expect("seen");
     check_order(&published(&events), &seen, 3).expect("order and no loss");
-    assert_eq!(
-        rec.violations().await.expect("violations"),
-        Vec::<String>::new()
-    );
+    // Overlaps, but for that late record of a stale in-flight event.
+    let overlaps: Vec<String> = rec
+        .violations()
+        .await
+        .expect("violations")
+        .into_iter()
+        .filter(|v| !in_flight.iter().any(|late| v.starts_with(late.as_str())))
+        .collect();
+    assert_eq!(overlaps, Vec::<String>::new());
     let mut c = server.connection().await.expect("conn");
     let gens: BTreeMap<String, String> = c
         .hgetall(names::unit(recording_group(&url), "ledger", "c0"))
