@@ -224,12 +224,8 @@ impl Read<'_> {
                 .map(|(_, entries)| entries)
                 .unwrap_or_default(),
         };
-        let (held_at, held) = self.held;
-        let held = if held_at.lane == 0 && !held_at.backfill {
-            held
-        } else {
-            0
-        };
+        // A unit of one stream holds its entries in that stream.
+        let (_, held) = self.held;
         if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
             return Ok(Native::Read(ReadReply::Unseen));
         }
