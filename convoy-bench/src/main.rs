@@ -81,6 +81,12 @@ struct Cli {
     /// redis.
     #[arg(long, global = true, value_parser = ["redis", "valkey"], conflicts_with = "redis_url")]
     server: Option<String>,
+    /// Worker threads of the benchmark's tokio runtime, which runs convoy's
+    /// engines and the baseline consumers alike. Default: tokio's (one per
+    /// CPU). See docs/performance.md for what a runtime sized to the cores
+    /// the engine really has changes.
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
 }
 
 impl Cli {
@@ -190,7 +196,11 @@ fn main() -> Result<()> {
             ),
         )
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.worker_threads {
+        runtime.worker_threads(usize::from(n));
+    }
+    let runtime = runtime
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
