@@ -412,15 +412,20 @@ impl Broker for RedisBroker {
                     }
                 }
             }
+            // The consumers' connection of their own, connected from the
+            // runtime they run on (the engine's, `[server] engine_threads`):
+            // its reader task runs beside the workers it answers, rather
+            // than on the application's runtime.
+            let redis = Arc::new(self.redis.separate());
             let mut tasks = tokio::task::JoinSet::new();
             for index in 0..plan.subscriptions.len() {
                 let sub = &plan.subscriptions[index];
                 if sub.reads_partitions {
-                    let c = Coordinator::new(self.redis.clone(), plan.clone(), index);
+                    let c = Coordinator::new(redis.clone(), plan.clone(), index);
                     tasks.spawn(c.run(shutdown.clone()));
                 }
                 if sub.reads_base {
-                    let p = PlainConsumer::new(self.redis.clone(), plan.clone(), index);
+                    let p = PlainConsumer::new(redis.clone(), plan.clone(), index);
                     tasks.spawn(p.run(shutdown.clone()));
                 }
             }

@@ -643,6 +643,13 @@ impl Connection {
         }
     }
 
+    /// The same server and settings on a connection of its own, not
+    /// connected yet: it connects on first use, from the runtime it is
+    /// first used on, where its reader task then runs.
+    pub(crate) fn separate(&self) -> Self {
+        self.with_response_timeout(self.response_timeout)
+    }
+
     /// Whether this names a cluster.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.client, Client::Cluster { .. })

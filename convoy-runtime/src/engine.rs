@@ -192,7 +192,8 @@ impl Engine {
             handlers = %if handlers.is_empty() { "none".to_owned() } else { handlers.join(", ") },
             "engine starting"
         );
-        let consumer_task = tokio::spawn(broker.clone().run(plan, token.clone()));
+        let threads = self.domain.config().server.engine_threads;
+        let consumer_task = spawn_consumers(threads, broker.clone().run(plan, token.clone()));
         EngineHandle {
             token,
             outbox_token,
@@ -376,4 +377,95 @@ impl EngineHandle {
             }
         }
     }
+}
+
+/// Starts the consumers: on a runtime of their own with `threads` worker
+/// threads (`[server] engine_threads`), or on the caller's runtime with 0
+/// (or when the engine's runtime cannot start). The handle is the
+/// caller's either way: it ends with the consumers.
+///
+/// The engine's runtime lives until the consumers end or the caller's
+/// runtime shuts down, whichever comes first; then it is shut down too,
+/// dropping whatever it still runs, as the caller's runtime would have
+/// done with the consumers' tasks. Its threads log to the subscriber in
+/// force where the engine was started (a scoped one too).
+fn spawn_consumers(
+    threads: usize,
+    consumers: impl Future<Output = Result<(), Error>> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
+    if threads == 0 {
+        return tokio::spawn(consumers);
+    }
+    match engine_runtime(threads) {
+        Ok((runtime, end)) => {
+            let inner = runtime.spawn(consumers);
+            let watch = Watch(end);
+            tokio::spawn(async move {
+                // Dropped when the consumers ended, or with this task when
+                // the caller's runtime shuts down.
+                let _watch = watch;
+                match inner.await {
+                    Ok(r) => r,
+                    Err(e) => Err(Error::TaskFailed {
+                        task: "consumer task",
+                        reason: e.to_string(),
+                    }),
+                }
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, threads, "cannot start the engine's runtime; the consumers run on the application's");
+            tokio::spawn(consumers)
+        }
+    }
+}
+
+/// Tells the engine runtime's keeper to shut it down, when dropped.
+struct Watch(std::sync::mpsc::Sender<()>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// A runtime of `threads` worker threads named `convoy-engine`, owned by a
+/// keeper thread that shuts it down on the first word (or the hang-up) of
+/// the sender returned with it. Built on the keeper's thread: a runtime is
+/// never dropped on the caller's, which may be a runtime's (where dropping
+/// one panics).
+fn engine_runtime(
+    threads: usize,
+) -> std::io::Result<(tokio::runtime::Handle, std::sync::mpsc::Sender<()>)> {
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    let (end, ended) = std::sync::mpsc::channel::<()>();
+    let (started, handle) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("convoy-engine-keeper".to_owned())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name("convoy-engine")
+                .on_thread_start(move || {
+                    // For the thread's whole life.
+                    std::mem::forget(tracing::dispatcher::set_default(&dispatch));
+                })
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(runtime) => {
+                    if started.send(Ok(runtime.handle().clone())).is_ok() {
+                        let _ = ended.recv();
+                    }
+                    runtime.shutdown_background();
+                }
+                Err(e) => {
+                    let _ = started.send(Err(e));
+                }
+            }
+        })?;
+    let handle = handle
+        .recv()
+        .map_err(|_| std::io::Error::other("the engine runtime's keeper thread ended at once"))??;
+    Ok((handle, end))
 }

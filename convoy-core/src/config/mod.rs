@@ -326,7 +326,7 @@ impl std::fmt::Debug for BrokerConfig {
 }
 
 /// `[server]`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// `[server.partitioning]`.
@@ -343,6 +343,29 @@ pub struct ServerConfig {
     pub instance_id: Option<String>,
     /// `[server.observability]`.
     pub observability: ObservabilityConfig,
+    /// Worker threads of the tokio runtime the engine runs its consumers
+    /// on (their partition workers, handlers and Redis connection), a
+    /// runtime of its own beside the application's. `1`, the default:
+    /// one thread. A consumer's many small tasks wake each other at every
+    /// Redis reply; spread over the threads of a shared multi-threaded
+    /// runtime, those wake-ups cost about as much CPU as everything else
+    /// the engine does per event. Raise it for handlers that burn CPU
+    /// between their awaits; `0` runs the consumers on the application's
+    /// runtime (the one `Engine::spawn` is called on).
+    pub engine_threads: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            partitioning: PartitioningConfig::default(),
+            priority_lanes: PriorityLanesConfig::default(),
+            retry: RetryConfig::default(),
+            instance_id: None,
+            observability: ObservabilityConfig::default(),
+            engine_threads: 1,
+        }
+    }
 }
 
 /// `[server.observability]`: logs (metrics are set up where the recorder

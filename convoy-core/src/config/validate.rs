@@ -147,6 +147,14 @@ impl Config {
                 "[server] instance_id = {id:?} must be non-empty and contain no `:`"
             ));
         }
+        problems.add(in_range(
+            "[server]",
+            "engine_threads",
+            self.server.engine_threads as u64,
+            0,
+            1_024,
+            "threads (0: the application's runtime)",
+        ));
         for (name, h) in &self.handlers {
             if let Some(n) = h.concurrency {
                 let section = format!("[handlers.{name:?}]");

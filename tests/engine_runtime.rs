@@ -1,0 +1,144 @@
+//! Where the engine's consumers run (`[server] engine_threads`): on a
+//! runtime of their own by default, on the application's with 0, and
+//! never beyond the application's runtime.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use convoy_runtime::testing::RedisServer;
+use convoy_runtime::{Aggregate, Domain, Event, HandlerError, event_handler};
+use serde::{Deserialize, Serialize};
+use support::{publish_outbox, test_config, wait_until};
+
+#[derive(Aggregate)]
+#[aggregate(category = "threads")]
+struct Threads;
+
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = Threads)]
+struct Noted {
+    key: String,
+}
+
+/// Records the name of the thread each event was handled on.
+struct Where {
+    seen: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+#[event_handler(part_of = Threads, sequential_by = "key")]
+impl Where {
+    #[handle]
+    async fn noted(&self, _e: Noted) -> Result<(), HandlerError> {
+        let name = std::thread::current().name().map(str::to_owned);
+        self.seen
+            .lock()
+            .map_err(|_| HandlerError::msg("poisoned"))?
+            .push(name);
+        Ok(())
+    }
+}
+
+fn domain(
+    url: &str,
+    engine_threads: Option<usize>,
+    seen: &Arc<Mutex<Vec<Option<String>>>>,
+) -> Domain {
+    let mut config = test_config(url);
+    if let Some(n) = engine_threads {
+        config.server.engine_threads = n;
+    }
+    Domain::builder()
+        .config(config)
+        .handler(Where { seen: seen.clone() })
+        .without_discovery()
+        .init()
+        .expect("init")
+}
+
+/// Raises `n` events over four keys and publishes them.
+async fn raise(domain: &Domain, n: usize) {
+    let mut uow = domain.unit_of_work();
+    for i in 0..n {
+        uow.raise(Noted {
+            key: format!("k{}", i % 4),
+        })
+        .expect("raise");
+    }
+    uow.commit().await.expect("commit");
+    publish_outbox(domain).await;
+}
+
+/// Handles `n` events with `engine_threads` (None: the default) and
+/// returns the names of the threads they ran on.
+async fn handled_on(engine_threads: Option<usize>, n: usize) -> Vec<Option<String>> {
+    let server = RedisServer::start().expect("start redis-server");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let d = domain(&server.url(), engine_threads, &seen);
+    raise(&d, n).await;
+    let engine = d.engine().spawn();
+    wait_until(Duration::from_secs(30), "every event handled", || async {
+        seen.lock().map(|s| s.len() >= n).unwrap_or(false)
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    seen.lock().expect("lock").clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_run_on_the_engine_s_own_runtime_by_default() {
+    let names = handled_on(None, 20).await;
+    assert_eq!(names.len(), 20);
+    assert!(
+        names.iter().all(|n| n.as_deref() == Some("convoy-engine")),
+        "every event is handled on the engine's runtime: {names:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_threads_0_runs_handlers_on_the_application_s_runtime() {
+    let names = handled_on(Some(0), 20).await;
+    assert_eq!(names.len(), 20);
+    assert!(
+        names.iter().all(|n| n.as_deref() != Some("convoy-engine")),
+        "no event is handled on a runtime of the engine's: {names:?}"
+    );
+}
+
+/// The engine's runtime ends with the application's: an engine that was
+/// never shut down stops, rather than running on by itself.
+#[test]
+fn the_engine_s_runtime_ends_with_the_application_s() {
+    let server = RedisServer::start().expect("start redis-server");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let handler_refs = app.block_on(async {
+        let d = domain(&server.url(), None, &seen);
+        raise(&d, 8).await;
+        let engine = d.engine().spawn();
+        wait_until(Duration::from_secs(30), "every event handled", || async {
+            seen.lock().map(|s| s.len() >= 8).unwrap_or(false)
+        })
+        .await;
+        // The handle is dropped without a shutdown; the domain too.
+        drop(engine);
+        drop(d);
+        Arc::strong_count(&seen)
+    });
+    assert!(handler_refs > 1, "the running engine holds its handler");
+    drop(app);
+    // The engine's runtime dropped its tasks, the handler with them.
+    let start = Instant::now();
+    while Arc::strong_count(&seen) > 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the engine still runs after the application's runtime shut down"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
