@@ -1,10 +1,11 @@
 //! Where the engine's consumers run (`[server] engine_threads`): on a
-//! runtime of their own by default, on the application's with 0, and
-//! never beyond the application's runtime.
+//! runtime of their own by default, on the application's with 0; the
+//! engine's runtime outlives the engine (what a handler connected keeps
+//! working) and never the application's runtime.
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use convoy_runtime::testing::RedisServer;
@@ -141,4 +142,55 @@ fn the_engine_s_runtime_ends_with_the_application_s() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Connects to Redis on its first event (the connection's reader task then
+/// runs on the engine's runtime) and keeps the connection.
+struct Connects {
+    url: String,
+    conn: Arc<OnceLock<redis::aio::MultiplexedConnection>>,
+}
+
+#[event_handler(part_of = Threads, sequential_by = "key")]
+impl Connects {
+    #[handle]
+    async fn noted(&self, _e: Noted) -> Result<(), HandlerError> {
+        if self.conn.get().is_none() {
+            let client = redis::Client::open(self.url.as_str()).map_err(HandlerError::transient)?;
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(HandlerError::transient)?;
+            let _ = self.conn.set(conn);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_a_handler_connected_works_after_the_engine_stopped() {
+    let server = RedisServer::start().expect("start redis-server");
+    let conn = Arc::new(OnceLock::new());
+    let d = Domain::builder()
+        .config(test_config(&server.url()))
+        .handler(Connects {
+            url: server.url(),
+            conn: conn.clone(),
+        })
+        .without_discovery()
+        .init()
+        .expect("init");
+    raise(&d, 4).await;
+    let engine = d.engine().spawn();
+    wait_until(Duration::from_secs(30), "the handler connected", || async {
+        conn.get().is_some()
+    })
+    .await;
+    engine.shutdown().await.expect("shutdown");
+    let mut c = conn.get().expect("connected").clone();
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut c)
+        .await
+        .expect("the handler's connection still works after the engine stopped");
+    assert_eq!(pong, "PONG");
 }

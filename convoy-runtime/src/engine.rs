@@ -4,7 +4,10 @@
 //! # Lifecycle
 //!
 //! 1. [`Engine::run_until`] starts the outbox processor and the broker's
-//!    consumers (one per handler).
+//!    consumers (one per handler). The consumers run on a tokio runtime of
+//!    the engine's own (`[server] engine_threads` threads named
+//!    `convoy-engine`, 1 by default; 0 runs them on the caller's), which
+//!    lives as long as the caller's runtime.
 //! 2. When the signal fires, consumers stop taking new events, finish the
 //!    ones in flight, acknowledge them and release their leases.
 //! 3. Events raised by those last handlers are published, then the outbox
@@ -172,7 +175,10 @@ impl Engine {
         }
     }
 
-    /// Starts the engine in the background.
+    /// Starts the engine in the background: the outbox relay on the
+    /// current runtime, the consumers (and the handlers they run) on the
+    /// engine's own runtime (`[server] engine_threads`, see the module's
+    /// lifecycle). Must be called within a tokio runtime.
     pub fn spawn(self) -> EngineHandle {
         self.spawn_with(CancellationToken::new())
     }
@@ -381,14 +387,16 @@ impl EngineHandle {
 
 /// Starts the consumers: on a runtime of their own with `threads` worker
 /// threads (`[server] engine_threads`), or on the caller's runtime with 0
-/// (or when the engine's runtime cannot start). The handle is the
-/// caller's either way: it ends with the consumers.
+/// (or when the engine's runtime cannot start).
 ///
-/// The engine's runtime lives until the consumers end or the caller's
-/// runtime shuts down, whichever comes first; then it is shut down too,
-/// dropping whatever it still runs, as the caller's runtime would have
-/// done with the consumers' tasks. Its threads log to the subscriber in
-/// force where the engine was started (a scoped one too).
+/// The engine's runtime lives as long as the caller's: it is shut down
+/// when the caller's runtime shuts down, dropping what it still runs, as
+/// the caller's runtime would have done with the consumers' tasks. It
+/// outlives the consumers, idle, so that what a handler started there
+/// (the reader task of a client it connected, a task it spawned) keeps
+/// running after the engine stopped, as it would have on the caller's
+/// runtime. Its threads log to the subscriber in force where the engine
+/// was started (a scoped one too).
 fn spawn_consumers(
     threads: usize,
     consumers: impl Future<Output = Result<(), Error>> + Send + 'static,
@@ -398,20 +406,13 @@ fn spawn_consumers(
     }
     match engine_runtime(threads) {
         Ok((runtime, end)) => {
-            let inner = runtime.spawn(consumers);
+            // Dropped with the caller's runtime, never before.
             let watch = Watch(end);
             tokio::spawn(async move {
-                // Dropped when the consumers ended, or with this task when
-                // the caller's runtime shuts down.
                 let _watch = watch;
-                match inner.await {
-                    Ok(r) => r,
-                    Err(e) => Err(Error::TaskFailed {
-                        task: "consumer task",
-                        reason: e.to_string(),
-                    }),
-                }
-            })
+                std::future::pending::<()>().await
+            });
+            runtime.spawn(consumers)
         }
         Err(e) => {
             tracing::warn!(error = %e, threads, "cannot start the engine's runtime; the consumers run on the application's");
