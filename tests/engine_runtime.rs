@@ -23,29 +23,29 @@ struct Noted {
     key: String,
 }
 
-/// Records the name of the thread each event was handled on.
+/// The threads events were handled on: name and id.
+type Seen = Arc<Mutex<Vec<(Option<String>, std::thread::ThreadId)>>>;
+
+/// Records the thread each event was handled on.
 struct Where {
-    seen: Arc<Mutex<Vec<Option<String>>>>,
+    seen: Seen,
 }
 
 #[event_handler(part_of = Threads, sequential_by = "key")]
 impl Where {
     #[handle]
     async fn noted(&self, _e: Noted) -> Result<(), HandlerError> {
-        let name = std::thread::current().name().map(str::to_owned);
+        tracing::info!(target: "engine_runtime_test", "handled here");
+        let thread = std::thread::current();
         self.seen
             .lock()
             .map_err(|_| HandlerError::msg("poisoned"))?
-            .push(name);
+            .push((thread.name().map(str::to_owned), thread.id()));
         Ok(())
     }
 }
 
-fn domain(
-    url: &str,
-    engine_threads: Option<usize>,
-    seen: &Arc<Mutex<Vec<Option<String>>>>,
-) -> Domain {
+fn domain(url: &str, engine_threads: Option<usize>, seen: &Seen) -> Domain {
     let mut config = test_config(url);
     if let Some(n) = engine_threads {
         config.server.engine_threads = n;
@@ -84,7 +84,8 @@ async fn handled_on(engine_threads: Option<usize>, n: usize) -> Vec<Option<Strin
     })
     .await;
     engine.shutdown().await.expect("shutdown");
-    seen.lock().expect("lock").clone()
+    let seen = seen.lock().expect("lock");
+    seen.iter().map(|(name, _)| name.clone()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,4 +194,58 @@ async fn a_client_a_handler_connected_works_after_the_engine_stopped() {
         .await
         .expect("the handler's connection still works after the engine stopped");
     assert_eq!(pong, "PONG");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_s_next_engine_runs_on_the_same_runtime() {
+    let server = RedisServer::start().expect("start redis-server");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let d = domain(&server.url(), None, &seen);
+    for round in 1..=3 {
+        raise(&d, 4).await;
+        let engine = d.engine().spawn();
+        wait_until(
+            Duration::from_secs(30),
+            "the round's events handled",
+            || async { seen.lock().map(|s| s.len() >= 4 * round).unwrap_or(false) },
+        )
+        .await;
+        engine.shutdown().await.expect("shutdown");
+    }
+    let threads: std::collections::BTreeSet<String> = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, id)| format!("{id:?}"))
+        .collect();
+    assert_eq!(
+        threads.len(),
+        1,
+        "three engines of one domain, one after the other, ran on one runtime of one thread: {threads:?}"
+    );
+}
+
+/// A subscriber set for the test's thread alone (`set_default`) receives
+/// the lines handlers write on the engine's threads.
+#[tokio::test(flavor = "current_thread")]
+async fn the_engine_s_threads_log_to_the_scoped_subscriber_they_were_started_under() {
+    let log = convoy_runtime::testing::CapturedLog::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("engine_runtime_test=info")
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_thread_names(true)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let names = handled_on(None, 4).await;
+    assert!(names.iter().all(|n| n.as_deref() == Some("convoy-engine")));
+    let lines = log.lines();
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("convoy-engine") && l.contains("handled here"))
+            .count(),
+        4,
+        "every handler's line, written on the engine's threads: {lines:#?}"
+    );
 }

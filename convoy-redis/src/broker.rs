@@ -145,13 +145,23 @@ impl RedisBroker {
     /// Checks how this process uses `category`'s key against Redis's
     /// record, once per category and use.
     async fn check_key_use(&self, category: &str, used: KeyUse<'_>) -> Result<(), Error> {
+        self.check_key_use_on(&self.redis, category, used).await
+    }
+
+    /// [`Self::check_key_use`] over `redis`.
+    async fn check_key_use_on(
+        &self,
+        redis: &Connection,
+        category: &str,
+        used: KeyUse<'_>,
+    ) -> Result<(), Error> {
         let id = (category.to_owned(), format!("{used:?}"));
         let fresh =
             |at: &Instant| matches!(used, KeyUse::Field(_)) || at.elapsed() < UNKEYED_RECHECK;
         if locked(&self.keys_checked).get(&id).is_some_and(fresh) {
             return Ok(());
         }
-        let mut conn = self.redis.shared().await?;
+        let mut conn = redis.shared().await?;
         layout::check_key_field(&mut conn, category, used).await?;
         locked(&self.keys_checked).insert(id, Instant::now());
         Ok(())
@@ -163,21 +173,32 @@ impl RedisBroker {
     }
 
     /// Checks every subscribed category's shard count against Redis's
-    /// record (recording it where none is).
-    async fn check_subscribed_shards(&self, plan: &ConsumerPlan) -> Result<(), Error> {
+    /// record (recording it where none is), over the consumers' connection
+    /// `redis` (the broker's own is the publisher's: it is not to be
+    /// connected from the engine's runtime).
+    async fn check_subscribed_shards(
+        &self,
+        plan: &ConsumerPlan,
+        redis: &Connection,
+    ) -> Result<(), Error> {
         // Every category this process knows a key for (it may publish
         // them without consuming them), then every subscribed one.
         for (c, field) in plan.key_fields() {
-            self.check_key_use(c, KeyUse::Field(field)).await?;
+            self.check_key_use_on(redis, c, KeyUse::Field(field))
+                .await?;
         }
-        let mut conn = self.redis.shared().await?;
+        let mut conn = redis.shared().await?;
         for sub in &plan.subscriptions {
             for c in &sub.categories {
                 match plan.key_field(c) {
-                    Some(field) => self.check_key_use(c, KeyUse::Field(field)).await?,
+                    Some(field) => {
+                        self.check_key_use_on(redis, c, KeyUse::Field(field))
+                            .await?
+                    }
                     None => {
                         for fields in sub.unkeyed_fields() {
-                            self.check_key_use(c, KeyUse::Unkeyed(fields)).await?;
+                            self.check_key_use_on(redis, c, KeyUse::Unkeyed(fields))
+                                .await?;
                         }
                     }
                 }
@@ -394,12 +415,18 @@ impl Broker for RedisBroker {
         shutdown: CancellationToken,
     ) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(async move {
+            // The consumers' connection of their own, connected from the
+            // runtime they run on (the engine's, `[server] engine_threads`):
+            // its reader task runs beside the workers it answers, rather
+            // than on the application's runtime; and the broker's own (the
+            // publisher's) is never first connected from the engine's.
+            let redis = Arc::new(self.redis.separate());
             // A category whose shard count differs from the one Redis
             // recorded would read other streams than its publishers write:
             // the engine fails to start (Redis being down is waited out).
             let mut backoff = convoy_core::backoff::Backoff::reconnect();
             loop {
-                match self.check_subscribed_shards(&plan).await {
+                match self.check_subscribed_shards(&plan, &redis).await {
                     Ok(()) => break,
                     Err(e @ (Error::Config { .. } | Error::KeyFieldMismatch { .. })) => {
                         return Err(e);
@@ -412,11 +439,6 @@ impl Broker for RedisBroker {
                     }
                 }
             }
-            // The consumers' connection of their own, connected from the
-            // runtime they run on (the engine's, `[server] engine_threads`):
-            // its reader task runs beside the workers it answers, rather
-            // than on the application's runtime.
-            let redis = Arc::new(self.redis.separate());
             let mut tasks = tokio::task::JoinSet::new();
             for index in 0..plan.subscriptions.len() {
                 let sub = &plan.subscriptions[index];

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::engine::EngineRuntimeSlot;
 use crate::uow::UnitOfWork;
 use convoy_core::broker::{Broker, Capabilities, InlineBroker, RaisedCheck};
 use convoy_core::config::Config;
@@ -48,6 +49,9 @@ struct Inner {
     command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
     process_managers: Vec<PmEntry>,
     instance_id: String,
+    /// Where this domain's engines run their consumers (see
+    /// [`crate::engine`]).
+    engine_runtime: EngineRuntimeSlot,
 }
 
 impl std::fmt::Debug for Domain {
@@ -170,6 +174,11 @@ impl Domain {
     }
 
     /// The outbox with the wake-up of its processor.
+    /// Where this domain's engines run their consumers.
+    pub(crate) fn engine_runtime(&self) -> &EngineRuntimeSlot {
+        &self.inner.engine_runtime
+    }
+
     pub(crate) fn outbox_handle(&self) -> &OutboxHandle {
         &self.inner.outbox
     }
@@ -446,6 +455,7 @@ impl DomainBuilder {
                 command_handlers,
                 process_managers,
                 instance_id,
+                engine_runtime: EngineRuntimeSlot::default(),
             }),
         })
     }
