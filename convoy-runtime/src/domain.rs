@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::engine::EngineRuntimeSlot;
+use crate::engine_runtime::EngineRuntimeSlot;
 use crate::uow::UnitOfWork;
 use convoy_core::broker::{Broker, Capabilities, InlineBroker, RaisedCheck};
 use convoy_core::config::Config;
@@ -50,7 +50,7 @@ struct Inner {
     process_managers: Vec<PmEntry>,
     instance_id: String,
     /// Where this domain's engines run their consumers (see
-    /// [`crate::engine`]).
+    /// [`crate::engine_runtime`]).
     engine_runtime: EngineRuntimeSlot,
 }
 
@@ -173,12 +173,12 @@ impl Domain {
         &self.inner.policy
     }
 
-    /// The outbox with the wake-up of its processor.
     /// Where this domain's engines run their consumers.
     pub(crate) fn engine_runtime(&self) -> &EngineRuntimeSlot {
         &self.inner.engine_runtime
     }
 
+    /// The outbox with the wake-up of its processor.
     pub(crate) fn outbox_handle(&self) -> &OutboxHandle {
         &self.inner.outbox
     }

@@ -99,7 +99,7 @@
 //! | | the inline broker: `broker/inline.rs` | [`InlineBroker`]: in-process, no services |
 //! | `convoy-redis` | `src/` (re-exported as [`redis`]) | the Redis broker: connections, units, one typed binding per Lua script, the partitioned and plain consumers, the operators' tools; depends on `convoy-core` only |
 //! | `convoy-postgres` | `src/` (re-exported as `postgres`, feature `postgres`) | the PostgreSQL outbox, its relay and the exactly-once helper; depends on `convoy-core` only |
-//! | `convoy-runtime` | assembly: `domain.rs`, `uow.rs`, `engine.rs`, `signal.rs`; `private.rs` | [`Domain`] and its builder (it picks the broker and the outbox from the configuration), [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`]; the support of the macros' generated code |
+//! | `convoy-runtime` | assembly: `domain.rs`, `uow.rs`, `engine.rs`, `engine_runtime.rs`, `signal.rs`; `private.rs` | [`Domain`] and its builder (it picks the broker and the outbox from the configuration), [`UnitOfWork`] over the outbox, [`Engine`] (with `Domain::engine`), [`shutdown_signal`]; the support of the macros' generated code |
 //!
 //! A broker never imports the domain, the engine or the unit of work, and
 //! `convoy-redis` and `convoy-postgres` never import each other: neither
@@ -149,6 +149,7 @@ pub use convoy_redis as redis;
 // the assembly
 mod domain;
 mod engine;
+mod engine_runtime;
 mod signal;
 mod uow;
 
