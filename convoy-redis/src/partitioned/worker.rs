@@ -44,7 +44,7 @@ use super::super::scripts::release::Released;
 use super::super::scripts::rest::Rested;
 use super::super::unit::{At, Unit};
 use super::phase::{Action, Exit, Machine, Outcome, Timer, idle_timer};
-use super::unit_io::{AckOf, GapOf, PRIMARY_BATCH, RedisUnit, UnitIo};
+use super::unit_io::{AckOf, GapOf, PRIMARY_BATCH, RedisUnit, UnitIo, primary_batch};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::tracing;
 use convoy_core::backoff::{Backoff, jitter};
@@ -89,6 +89,9 @@ struct Worker<I: UnitIo = RedisUnit> {
     unacked_at: Option<At>,
     /// Acknowledge once this many entries are handled (1: after each).
     max_unacked: usize,
+    /// Entries of the primary lane the last read asked for (fewer came
+    /// back: a short batch).
+    batch_asked: usize,
     /// The head had failures recorded in Redis; the next ack clears them.
     failures_recorded: bool,
     /// When the unit's last activity was last written to Redis.
@@ -188,6 +191,7 @@ impl<I: UnitIo> Worker<I> {
             unacked: Vec::new(),
             unacked_at: None,
             max_unacked,
+            batch_asked: PRIMARY_BATCH,
             failures_recorded,
             touched: None,
             batch_left: 0,
@@ -362,7 +366,7 @@ impl<I: UnitIo> Worker<I> {
                         Ok(ReadReply::Entries(at, batch)) => {
                             backoff.reset();
                             self.idle.store(false, Ordering::Relaxed);
-                            let short = batch.len() < PRIMARY_BATCH;
+                            let short = batch.len() < self.batch_asked;
                             self.batch_left = batch.len();
                             let mut outcome = Outcome::Handled { short };
                             for mut entry in batch {
@@ -478,7 +482,10 @@ impl<I: UnitIo> Worker<I> {
             }),
             self.unacked.len(),
         );
-        self.io.read(which, self.rotate, held).await
+        self.batch_asked = primary_batch(self.s.plan.health.owned(), self.max_unacked);
+        self.io
+            .read(which, self.rotate, self.batch_asked, held)
+            .await
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.

@@ -12,6 +12,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::super::Settings;
 use super::super::membership::Liveness;
+use super::super::unit_io::MIN_PRIMARY_BATCH;
 use super::*;
 use crate::connection::{Client, Connection};
 use convoy_core::broker::outage::Outage;
@@ -46,6 +47,8 @@ struct Scripted {
     halted: Mutex<VecDeque<bool>>,
     reaps: Mutex<VecDeque<Reaped>>,
     calls: Arc<Mutex<Vec<(Call, tokio::time::Instant)>>>,
+    /// How many entries each read asked for.
+    counts: Arc<Mutex<Vec<usize>>>,
     stop: CancellationToken,
 }
 
@@ -75,9 +78,13 @@ impl UnitIo for Scripted {
         &self,
         which: Which,
         _first_lane: usize,
+        count: usize,
         _held: (At, usize),
     ) -> Result<ReadReply, Error> {
         self.record(Call::Read(which));
+        if let Ok(mut counts) = self.counts.lock() {
+            counts.push(count);
+        }
         let next = self.reads.lock().ok().and_then(|mut r| r.pop_front());
         next.unwrap_or_else(|| {
             self.stop.cancel();
@@ -261,7 +268,18 @@ async fn drive_woken(
     reaps: Vec<Reaped>,
     wake_at: Option<Duration>,
 ) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
-    let s = shared(reap_idle);
+    drive_on(shared(reap_idle), halted, reads, halts, reaps, wake_at).await
+}
+
+/// [`drive_woken`], on what `s` shares.
+async fn drive_on(
+    s: Arc<Shared>,
+    halted: bool,
+    reads: Vec<Result<ReadReply, Error>>,
+    halts: Vec<bool>,
+    reaps: Vec<Reaped>,
+    wake_at: Option<Duration>,
+) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
     let unit = Arc::new(s.unit("k1"));
     assert_eq!(unit.lanes.len(), 1, "one lane, no backfill");
     let stop = CancellationToken::new();
@@ -308,6 +326,52 @@ fn reads(calls: &[(Call, Duration)]) -> Vec<(Call, Duration)> {
         .copied()
         .filter(|(c, _)| matches!(c, Call::Read(_)))
         .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_of_many_units_reads_fewer_entries_at_a_time() {
+    // A consumer of a few units: a hundred per read.
+    let (_, _, w) = drive(HOUR, false, vec![empty(), empty()], Vec::new(), Vec::new()).await;
+    let counts = w.io.counts.lock().map(|c| c.clone()).unwrap_or_default();
+    assert!(!counts.is_empty());
+    assert!(counts.iter().all(|&n| n == PRIMARY_BATCH), "{counts:?}");
+    // Of 1,024 units: 16 at a time, and a batch of 16 is a full one (the
+    // worker reads on at once rather than wait as if drained).
+    let s = shared(HOUR);
+    for _ in 0..1024 {
+        s.plan.health.unit_started();
+    }
+    let (_, calls, w) = drive_on(
+        s,
+        false,
+        vec![empty(), entries(MIN_PRIMARY_BATCH)],
+        Vec::new(),
+        Vec::new(),
+        None,
+    )
+    .await;
+    let counts = w.io.counts.lock().map(|c| c.clone()).unwrap_or_default();
+    assert!(counts.iter().all(|&n| n == MIN_PRIMARY_BATCH), "{counts:?}");
+    let zero = Duration::ZERO;
+    assert_eq!(
+        reads(&calls),
+        vec![(PENDING, zero), (NEW, zero), (NEW, zero)]
+    );
+}
+
+#[test]
+fn the_read_batch_keeps_the_consumers_read_ahead_bounded() {
+    assert_eq!(primary_batch(0, 1), PRIMARY_BATCH);
+    assert_eq!(primary_batch(64, 1), PRIMARY_BATCH);
+    assert_eq!(primary_batch(128, 1), 50);
+    assert_eq!(primary_batch(256, 1), 25);
+    assert_eq!(primary_batch(1024, 1), MIN_PRIMARY_BATCH);
+    assert_eq!(primary_batch(100_000, 1), MIN_PRIMARY_BATCH);
+    // Never below max_unacked (up to a full batch): one acknowledgement
+    // per read batch stays so.
+    assert_eq!(primary_batch(1024, 40), 40);
+    assert_eq!(primary_batch(1024, 500), PRIMARY_BATCH);
+    assert_eq!(primary_batch(1, 500), PRIMARY_BATCH);
 }
 
 #[tokio::test(start_paused = true)]
