@@ -237,6 +237,17 @@ pub enum Error {
         acked: u32,
     },
 
+    /// An outbox batch sent behind another whose reply had not come yet
+    /// was not written, because the other one did not run first where this
+    /// one would have gone (it failed, or it was sent again after a
+    /// redirection). Nothing of it was written there; its records stay in
+    /// the outbox and go out again, in order, right away. Not a fault of
+    /// its own: the outbox processor handles it.
+    #[error(
+        "an outbox batch was sent behind one that did not run first, and was not written; its events stay in the outbox and are sent again, in order"
+    )]
+    PublishedOutOfTurn,
+
     /// This process would publish or consume a partitioned category
     /// without its recorded partition key, or by another field: its events
     /// would go to (or be read from) other streams than every other

@@ -215,6 +215,13 @@ pub fn producer_epoch(shard: u32, id: &str) -> String {
     format!("{}convoy:producer:{id}:epoch", tag(shard))
 }
 
+/// `{s}convoy:producer:{id}:last`: the id of a producer's last publish
+/// call that ran in a shard (a call sent behind another runs only after
+/// it).
+pub fn producer_last(shard: u32, id: &str) -> String {
+    format!("{}convoy:producer:{id}:last", tag(shard))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

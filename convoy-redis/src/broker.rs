@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::chain::{Calls, InFlight};
 use super::connection::{Client, Conn, Connection, query_each_slot};
 use super::layout;
 use super::loss::PublishMarks;
@@ -46,6 +47,9 @@ pub struct RedisBroker {
     /// What this process's publishes left in each shard's counts, to tell
     /// when a shard lost them.
     marks: Arc<PublishMarks>,
+    /// Publish calls in flight, per producer and shard (a batch sent
+    /// behind another runs only after it).
+    calls: Arc<Calls>,
 }
 
 /// How long an unkeyed use of a category stays checked.
@@ -82,6 +86,7 @@ impl RedisBroker {
             checked: Arc::default(),
             keys_checked: Arc::default(),
             marks: Arc::default(),
+            calls: Arc::default(),
         })
     }
 
@@ -93,6 +98,7 @@ impl RedisBroker {
             checked: Arc::default(),
             keys_checked: Arc::default(),
             marks: Arc::default(),
+            calls: Arc::default(),
         }
     }
 
@@ -280,6 +286,8 @@ impl Broker for RedisBroker {
                         producer,
                         shard,
                         floor: 0,
+                        call: "take-over",
+                        behind: None,
                         batch: &[],
                     }
                     .run(&mut c, wait)
@@ -328,10 +336,31 @@ impl Broker for RedisBroker {
         producer: &'a Producer,
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
+        self.publish_behind(producer, batch, batch.first().map_or(0, |p| p.seq))
+    }
+
+    fn pipelines_publishes(&self) -> bool {
+        true
+    }
+
+    fn publish_behind<'a>(
+        &'a self,
+        producer: &'a Producer,
+        batch: &'a [Publication],
+        floor: u64,
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        if batch.is_empty() {
+            return Box::pin(async { Ok(()) });
+        }
+        // Each shard's call is registered now, before anything is sent: a
+        // call sent while an earlier batch's call to its shard is still in
+        // flight names that one, and runs only after it (see chain.rs).
+        let by_shard = self.routing().by_shard(batch);
+        let calls: Vec<InFlight> = by_shard
+            .keys()
+            .map(|shard| self.calls.register(&producer.name, *shard))
+            .collect();
         Box::pin(async move {
-            if batch.is_empty() {
-                return Ok(());
-            }
             // Each shard's script writes its records or none. A shard that
             // fails (its master failing over) holds up no other: the shards
             // that wrote (and whose wake-ups went out) are reported so only
@@ -340,16 +369,16 @@ impl Broker for RedisBroker {
             let fail = PublishError::nothing;
             let mut conn = self.redis.shared().await.map_err(fail)?;
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
-            let by_shard = self.routing().by_shard(batch);
-            let floor = batch[0].seq;
             let wait = self.replicated();
-            let runs = by_shard.iter().map(|(shard, records)| {
+            let runs = by_shard.iter().zip(&calls).map(|((shard, records), call)| {
                 let mut c = conn.clone();
                 async move {
                     Publish {
                         producer,
                         shard: *shard,
                         floor,
+                        call: &call.id,
+                        behind: call.behind.as_deref(),
                         batch: records,
                     }
                     .run(&mut c, wait)
@@ -358,16 +387,26 @@ impl Broker for RedisBroker {
             });
             let mut failed = None;
             let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
-            for ((shard, records), r) in by_shard.iter().zip(futures::future::join_all(runs).await)
-            {
+            let results = futures::future::join_all(runs).await;
+            // A batch is behind this one: its wake-ups are written without
+            // holding the publisher up (they would wait behind that
+            // batch's script, and the publisher with them).
+            let followed = calls.iter().any(InFlight::followed);
+            drop(calls);
+            for ((shard, records), r) in by_shard.iter().zip(results) {
                 match r {
                     Ok(published) => {
                         self.marks
                             .published(*shard, &published.counts, records, published.written);
                         written.extend(records.iter());
                     }
+                    // A shard's own failure is told before one that only
+                    // followed another's.
                     Err(e) => {
-                        if failed.is_none() {
+                        if failed
+                            .as_ref()
+                            .is_none_or(|f| matches!(f, Error::PublishedOutOfTurn))
+                        {
                             failed = Some(e);
                         }
                     }
@@ -385,7 +424,11 @@ impl Broker for RedisBroker {
             // (its master failing over) does not hold the batch, whose
             // events are in Redis; its wake-ups are written again in the
             // background.
-            if let Err(e) = wake::hint(&mut conn, keys, false).await {
+            if followed {
+                let owned: Vec<(String, String)> =
+                    keys.map(|(c, k)| (c.to_owned(), k.to_owned())).collect();
+                tokio::spawn(wake::hint_later(conn.clone(), owned));
+            } else if let Err(e) = wake::hint(&mut conn, keys, false).await {
                 tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
                 let mut woken = HashSet::new();
                 let owned: Vec<(String, String)> = written

@@ -48,6 +48,6 @@ pub use convoy_core::names::{
     AUDIT_STREAM, CATEGORIES, DEFAULT_SHARDS, MAX_SHARDS, acked, alive, audit, backfill_stream,
     base_backfill_stream, base_groups, base_shard, base_stream, category_dlq, groups, instances,
     key_field, lease, partition_dlq, partition_index, partition_stream, paused, pm_state,
-    producer_epoch, producer_sent, published, scope, shard_in, shard_of, shards, tag, unit,
-    wake_stream,
+    producer_epoch, producer_last, producer_sent, published, scope, shard_in, shard_of, shards,
+    tag, unit, wake_stream,
 };

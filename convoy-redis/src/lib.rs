@@ -32,6 +32,7 @@
 //! | file | what |
 //! | --- | --- |
 //! | `broker.rs` | [`RedisBroker`]: the `Broker` implementation, publishing |
+//! | `chain.rs` | the order of a producer's publish calls sent behind one another |
 //! | `connection.rs` | the shared connection and the blocking-read connections |
 //! | `unit.rs` | a unit (handler, scope, key) and every name derived from it |
 //! | `scripts/` | one typed binding per Lua script of `lua/` |
@@ -49,6 +50,7 @@
 pub mod acl;
 pub mod admin;
 mod broker;
+mod chain;
 mod connection;
 pub mod keys;
 mod layout;

@@ -298,6 +298,32 @@ pub trait Broker: Send + Sync + 'static {
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>>;
 
+    /// Whether the outbox processor may hand this broker a batch while the
+    /// producer's previous one is still in flight
+    /// ([`Broker::publish_behind`]), overlapping one batch's round trip
+    /// with the next one's preparation. Default: no.
+    fn pipelines_publishes(&self) -> bool {
+        false
+    }
+
+    /// [`Broker::publish`] of a batch handed over while the producer's
+    /// previous batches may still be in flight: `floor` is the producer's
+    /// oldest record not settled yet (theirs included), below which every
+    /// seq was settled. A broker that says it pipelines
+    /// ([`Broker::pipelines_publishes`]) writes nothing of this batch where
+    /// an earlier batch still in flight did not run first (it fails there
+    /// with [`Error::PublishedOutOfTurn`]), so no record goes out ahead of
+    /// an earlier one of its key. Default: [`Broker::publish`].
+    fn publish_behind<'a>(
+        &'a self,
+        producer: &'a Producer,
+        batch: &'a [Publication],
+        floor: u64,
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        let _ = floor;
+        self.publish(producer, batch)
+    }
+
     /// Called by an outbox processor while it has nothing to publish (about
     /// once a second): a broker that replicates asynchronously looks again
     /// at what it published last and reports what a failover lost since,

@@ -85,6 +85,24 @@ impl OutboxStore for MemoryOutbox {
         Box::pin(async { Ok(v) })
     }
 
+    fn pending_excluding<'a>(
+        &'a self,
+        limit: usize,
+        in_flight: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
+        let v = self.with(|i| {
+            i.records
+                .values()
+                .filter(|r| {
+                    r.status == OutboxStatus::Pending && in_flight.binary_search(&r.seq).is_err()
+                })
+                .take(limit)
+                .cloned()
+                .collect()
+        });
+        Box::pin(async { Ok(v) })
+    }
+
     fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
         self.with(|i| {
             for s in seqs {

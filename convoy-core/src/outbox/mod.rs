@@ -84,6 +84,22 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// record of a partition key comes after the ones of that key that
     /// committed before it, and nothing pending is below the first.
     fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
+    /// [`OutboxStore::pending`], leaving out the records `in_flight` (their
+    /// seqs, sorted: a batch the processor is still publishing). The
+    /// default reads that many more and drops them; a store that can skip
+    /// them in its read overrides it.
+    fn pending_excluding<'a>(
+        &'a self,
+        limit: usize,
+        in_flight: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
+        Box::pin(async move {
+            let mut records = self.pending(limit + in_flight.len()).await?;
+            records.retain(|r| in_flight.binary_search(&r.seq).is_err());
+            records.truncate(limit);
+            Ok(records)
+        })
+    }
 
     /// Marks records published.
     fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>>;

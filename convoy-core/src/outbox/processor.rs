@@ -6,10 +6,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{OutboxRecord, OutboxStore};
-use crate::broker::{Broker, KeyUse, Producer, Publication};
+use crate::broker::{Broker, KeyUse, Producer, Publication, PublishError};
 use crate::config::PriorityLanesConfig;
 use crate::envelope::Origin;
 use crate::error::{Error, chain};
+use crate::future::BoxFuture;
 use crate::key::Escaped;
 use crate::key::check_key;
 use crate::metrics;
@@ -123,6 +124,21 @@ impl OutboxProcessor {
     /// on its predecessor's batches are refused, so no record is published
     /// by both.
     pub async fn process_batch_as(&self, producer: &Producer) -> Result<usize, Error> {
+        let Prepared { batch, settled } = self.prepare(producer, &[]).await?;
+        if batch.is_empty() {
+            return Ok(settled);
+        }
+        let result = self.broker.publish(producer, &batch).await;
+        self.settle(&batch, settled, result).await
+    }
+
+    /// Reads the next batch of pending records, leaving out `in_flight`
+    /// (sorted seqs of a batch still being published), checks them and
+    /// abandons those with an invalid key, leaves pending the records a
+    /// writer published unkeyed where the category has a key (failing if
+    /// nothing else is left). An empty batch with nothing settled: nothing
+    /// is pending.
+    async fn prepare(&self, producer: &Producer, in_flight: &[u64]) -> Result<Prepared, Error> {
         if producer.epoch > 0 && !self.has_taken_over(producer) {
             self.broker.take_over(producer).await?;
             *self
@@ -130,9 +146,17 @@ impl OutboxProcessor {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(producer.clone());
         }
-        let records = self.store.pending(BATCH).await?;
+        let records = if in_flight.is_empty() {
+            self.store.pending(BATCH).await?
+        } else {
+            self.store.pending_excluding(BATCH, in_flight).await?
+        };
+        let nothing = |settled| Prepared {
+            batch: Vec::new(),
+            settled,
+        };
         if records.is_empty() {
-            return Ok(0);
+            return Ok(nothing(0));
         }
         let mut batch: Vec<Publication> = Vec::with_capacity(records.len());
         let mut settled = 0;
@@ -154,7 +178,7 @@ impl OutboxProcessor {
             });
         }
         if batch.is_empty() {
-            return Ok(settled);
+            return Ok(nothing(settled));
         }
         // A category the broker records as partitioned by a field is never
         // published without a key for an event that carries the field (a
@@ -180,17 +204,7 @@ impl OutboxProcessor {
             }
             batch = kept;
         }
-        let result = self.publish_batch(producer, &batch, settled).await;
-        if result.is_err() {
-            // Redis may have lost the take-over (a restart from an
-            // everysec AOF, a failover): take over again before the next
-            // read.
-            *self
-                .taken_over
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        }
-        result
+        Ok(Prepared { batch, settled })
     }
 
     /// The categories of `batch`'s unkeyed publications that the broker
@@ -237,15 +251,28 @@ impl OutboxProcessor {
         Ok(refused)
     }
 
-    /// Publishes `batch` and settles what went
-    /// out; `settled` records were settled before (abandoned).
-    async fn publish_batch(
+    /// Settles what went out of `batch` by its publish's `result`; returns
+    /// how many records were settled, `settled` (abandoned) included, or
+    /// the publish's error.
+    async fn settle(
         &self,
-        producer: &Producer,
         batch: &[Publication],
         settled: usize,
+        result: Result<(), PublishError>,
     ) -> Result<usize, Error> {
-        match self.broker.publish(producer, batch).await {
+        if result
+            .as_ref()
+            .is_err_and(|e| !matches!(e.error, Error::PublishedOutOfTurn))
+        {
+            // Redis may have lost the take-over (a restart from an
+            // everysec AOF, a failover): take over again before the next
+            // read.
+            *self
+                .taken_over
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        match result {
             Ok(()) => {
                 let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
                 self.store.mark_published(&seqs).await?;
@@ -265,10 +292,15 @@ impl OutboxProcessor {
                 seqs.dedup();
                 self.store.mark_published(&seqs).await?;
                 metrics::outbox_published(seqs.len());
-                metrics::outbox_publish_failed();
+                if !matches!(e.error, Error::PublishedOutOfTurn) {
+                    metrics::outbox_publish_failed();
+                }
                 let first_unwritten = batch.iter().find(|p| seqs.binary_search(&p.seq).is_err());
                 if let Some(p) = first_unwritten
-                    && !matches!(e.error, Error::PublisherReplaced { .. })
+                    && !matches!(
+                        e.error,
+                        Error::PublisherReplaced { .. } | Error::PublishedOutOfTurn
+                    )
                 {
                     self.store.record_failure(p.seq).await?;
                 }
@@ -300,14 +332,68 @@ impl OutboxProcessor {
 
     /// Publishes everything pending now as `producer`; stops at the first
     /// broker error.
+    ///
+    /// With a broker that pipelines publishes, the next batch is read,
+    /// checked and handed over while the previous one is in flight (its
+    /// records left out of the read), so a batch's round trip and Redis's
+    /// work on it overlap the preparation of the next. The broker writes
+    /// nothing of a batch where the one before it did not run first; when a
+    /// batch fails, the one behind it is settled for what it wrote and the
+    /// pipeline stops, and the rest goes out again in order.
     pub async fn drain_as(&self, producer: &Producer) -> Result<usize, Error> {
         let mut n = 0;
-        loop {
-            let k = self.process_batch_as(producer).await?;
-            if k == 0 {
-                return Ok(n);
+        if !self.broker.pipelines_publishes() {
+            loop {
+                let k = self.process_batch_as(producer).await?;
+                if k == 0 {
+                    return Ok(n);
+                }
+                n += k;
             }
-            n += k;
+        }
+        let mut in_flight: Option<Flight<'_>> = None;
+        loop {
+            let seqs = in_flight.as_ref().map_or(&[][..], |f| &f.seqs[..]);
+            let prepared = match self.prepare(producer, seqs).await {
+                Ok(p) => p,
+                Err(e) => {
+                    if let Some(f) = in_flight.take() {
+                        // What it wrote is settled; the read's error is told.
+                        let _ = f.finish(self).await;
+                    }
+                    return Err(e);
+                }
+            };
+            n += prepared.settled;
+            if prepared.batch.is_empty() {
+                match in_flight.take() {
+                    // Nothing more while a batch was in flight: settle it,
+                    // then read again from the oldest pending record.
+                    Some(f) => n += finished(f.finish(self).await)?,
+                    None if prepared.settled == 0 => return Ok(n),
+                    None => {}
+                }
+                continue;
+            }
+            // Every seq below the oldest record in flight or in this batch
+            // was settled (the read leaves out only what is in flight).
+            let floor = in_flight.as_ref().map_or(prepared.batch[0].seq, |f| {
+                f.first().min(prepared.batch[0].seq)
+            });
+            let next = Flight::launch(self, producer, prepared.batch, floor).await;
+            if let Some(f) = in_flight.take() {
+                let done = f.finish(self).await;
+                if done.is_err() {
+                    // The batch behind it ran only where this one did:
+                    // settle what it wrote, and start again from the oldest
+                    // pending record.
+                    n += next.finish(self).await.unwrap_or(0);
+                    finished(done)?;
+                    continue;
+                }
+                n += finished(done)?;
+            }
+            in_flight = Some(next);
         }
     }
 
@@ -364,6 +450,76 @@ impl OutboxProcessor {
     }
 }
 
+/// A finished batch's settled records; an error other than that of a
+/// batch that only followed a failed one is returned (the drain stops
+/// there), which settles nothing more.
+fn finished(done: Result<usize, Error>) -> Result<usize, Error> {
+    match done {
+        Ok(k) => Ok(k),
+        Err(Error::PublishedOutOfTurn) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// A batch read and checked, ready to publish.
+struct Prepared {
+    batch: Vec<Publication>,
+    /// Records settled while preparing it (abandoned).
+    settled: usize,
+}
+
+/// A batch handed to the broker whose publish has not finished.
+struct Flight<'a> {
+    publish: BoxFuture<'a, (Vec<Publication>, Result<(), PublishError>)>,
+    /// Its result, when it finished on its first poll.
+    ready: Option<(Vec<Publication>, Result<(), PublishError>)>,
+    /// Its records' seqs, sorted (left out of the next read).
+    seqs: Vec<u64>,
+}
+
+impl<'a> Flight<'a> {
+    /// Hands `batch` to the broker and polls the publish once, so its
+    /// calls are on their way before the next batch is prepared.
+    async fn launch(
+        processor: &'a OutboxProcessor,
+        producer: &'a Producer,
+        batch: Vec<Publication>,
+        floor: u64,
+    ) -> Flight<'a> {
+        let mut seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
+        seqs.sort_unstable();
+        let broker = &processor.broker;
+        let mut publish: BoxFuture<'a, _> = Box::pin(async move {
+            let result = broker.publish_behind(producer, &batch, floor).await;
+            (batch, result)
+        });
+        let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(publish.as_mut().poll(cx)));
+        let ready = match polled.await {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        };
+        Flight {
+            publish,
+            ready,
+            seqs,
+        }
+    }
+
+    /// Its oldest record.
+    fn first(&self) -> u64 {
+        self.seqs.first().copied().unwrap_or(u64::MAX)
+    }
+
+    /// Waits for the publish and settles what it wrote.
+    async fn finish(self, processor: &OutboxProcessor) -> Result<usize, Error> {
+        let (batch, result) = match self.ready {
+            Some(out) => out,
+            None => self.publish.await,
+        };
+        processor.settle(&batch, 0, result).await
+    }
+}
+
 /// The top-level field names of a JSON object payload (none for another
 /// shape).
 fn payload_fields(payload: &str) -> Vec<String> {
@@ -376,3 +532,7 @@ fn payload_fields(payload: &str) -> Vec<String> {
         Err(_) => Vec::new(),
     }
 }
+
+#[cfg(test)]
+#[path = "processor_tests.rs"]
+mod tests;

@@ -9,16 +9,22 @@
 --                  an older convoy wrote, reads the same)
 -- KEYS[2]          the producer's epoch as the shard saw it (the newest
 --                  publisher's fencing token)
+-- KEYS[3]          the producer's last call in the shard (its id)
 -- then per category c of the records (1 to C): its partition index in the
 --                  shard, its count of partitioned publishes in the shard
---                  (for lag), as KEYS[2c+1] and KEYS[2c+2]
+--                  (for lag), as KEYS[2c+2] and KEYS[2c+3]
 -- then per record: its stream
 -- ARGV[1]          producer keys TTL (ms); 0 keeps them for good (an
 --                  elected relay's, whose successor must refuse a
 --                  predecessor however late it wakes)
--- ARGV[2]          the whole batch's first seq (see below)
+-- ARGV[2]          the producer's oldest record not settled yet (see
+--                  below): the batch's first, or an earlier one of a batch
+--                  still in flight
 -- ARGV[3]          the publisher's epoch
 -- ARGV[4]          C, the number of categories
+-- ARGV[5]          the id of this call (unique per publisher process)
+-- ARGV[6]          the id of the call this one was sent behind, while that
+--                  one's reply had not come ('' for none)
 -- then per record: seq, category number c, partition key ('' when
 --                  unpartitioned), then its fields: 'k' and the values of
 --                  convoy's usual entry (meta, payload, key: the partition
@@ -30,10 +36,10 @@
 -- Deduplication is by each record's own seq, not by a high-water mark: a
 -- durable outbox commits rows out of seq order (a row of one key may commit
 -- after a larger row of another), so "not above the mark" would drop it.
--- A batch starts at the producer's oldest pending record, so every seq
--- below the batch's first was settled in the outbox and can never be sent
+-- Every seq below ARGV[2] was settled in the outbox and can never be sent
 -- again: the members whose seqs are all below it are dropped from the set,
--- which therefore holds about one batch. A record whose seq is in the set
+-- which therefore holds about one batch (two while a batch is sent behind
+-- another). A record whose seq is in the set
 -- was published before (a re-sent batch after a lost reply or a crash) and
 -- is skipped. A record always goes to the same shard, so the shard's set is
 -- the one that knows. One member per call, not per seq: adding 128 members
@@ -49,9 +55,19 @@
 -- successor may still send out of the published set (a trim happens only
 -- in an accepted batch, whose rows below its first were settled before
 -- the successor read).
+--
+-- A publisher may send a batch behind one whose reply has not come yet
+-- (pipelined, on one connection). Redis runs them in the order sent, but
+-- the first may still fail where the second does not (an error reply, a
+-- redirection followed again, a script loaded in between), and a record
+-- written ahead of an earlier record of its key would reorder the key. So
+-- a call sent behind another names it (ARGV[6]), and runs only if that one
+-- was the producer's last call to run in the shard (KEYS[3]); else it
+-- writes nothing and returns {0}, and its records are sent again, in
+-- order, after the earlier ones.
 -- Returns {1, the number of records written, then per category count
--- touched: its key, its new value, what the batch added} or {-1, the
--- stored epoch}.
+-- touched: its key, its new value, what the batch added}, {-1, the stored
+-- epoch} or {0} (the call it was sent behind did not run).
 -- Lua's unpack takes about 8000 values at most: a long list goes to its
 -- command in chunks.
 local function in_chunks(command, key, list)
@@ -65,6 +81,9 @@ local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
 if epoch < stored then
   return {-1, stored}
 end
+if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
+  return {0}
+end
 local forever = ttl == '0'
 if epoch > stored then
   if forever then
@@ -77,17 +96,22 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if forever and #ARGV == 4 then
+if forever then
+  redis.call('SET', KEYS[3], ARGV[5])
+else
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ttl)
+end
+if forever and #ARGV == 6 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
-local a = 5
+local a = 7
 local written = 0
 -- The key of the record before the first.
-local i = 2 + 2 * tonumber(ARGV[4])
+local i = 3 + 2 * tonumber(ARGV[4])
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
 local max = tonumber(top[2] or '-1')
@@ -115,8 +139,8 @@ while a <= #ARGV do
   end
   i = i + 1
   local stream = KEYS[i]
-  local index = KEYS[2 * c + 1]
-  local published = KEYS[2 * c + 2]
+  local index = KEYS[2 * c + 2]
+  local published = KEYS[2 * c + 3]
   local fresh = seq > max
   if not fresh then
     if not known then

@@ -39,9 +39,14 @@ pub(crate) struct Publish<'a> {
     pub(crate) producer: &'a Producer,
     /// The shard every record's stream is in.
     pub(crate) shard: u32,
-    /// The whole batch's first seq: the producer's oldest pending record
-    /// (every seq below it is settled).
+    /// The producer's oldest record not settled yet (every seq below it
+    /// is): the batch's first, or an earlier one of a batch in flight.
     pub(crate) floor: u64,
+    /// This call's id, unique per publisher process.
+    pub(crate) call: &'a str,
+    /// The call this one is sent behind while that one's reply has not
+    /// come: this one runs only after it ran.
+    pub(crate) behind: Option<&'a str>,
     /// The shard's routed records, in the batch's order.
     pub(crate) batch: &'a [Routed<'a>],
 }
@@ -80,6 +85,7 @@ impl Publish<'_> {
                     counts,
                 })
             }
+            Status::NotDone => Err(Error::PublishedOutOfTurn),
             Status::Refused(Refusal::FencedOut) => Err(Error::PublisherReplaced {
                 producer: self.producer.name.clone(),
                 epoch: self.producer.epoch,
@@ -104,6 +110,7 @@ impl Publish<'_> {
         }
         inv.key(names::producer_sent(shard, &self.producer.name))
             .key(names::producer_epoch(shard, &self.producer.name))
+            .key(names::producer_last(shard, &self.producer.name))
             .arg(if self.producer.epoch > 0 {
                 0
             } else {
@@ -111,7 +118,9 @@ impl Publish<'_> {
             })
             .arg(self.floor)
             .arg(self.producer.epoch)
-            .arg(categories.len());
+            .arg(categories.len())
+            .arg(self.call)
+            .arg(self.behind.unwrap_or(""));
         for category in &categories {
             inv.key(names::partition_index(shard, category))
                 .key(names::published(shard, category));

@@ -671,6 +671,8 @@ async fn publish(
         producer: &producer,
         shard: 0,
         floor: batch.first().map_or(0, |r| r.publication.seq),
+        call: "test",
+        behind: None,
         batch: &batch,
     }
     .run(c, None)
@@ -711,11 +713,94 @@ async fn publish_routed(
         producer: &producer,
         shard: 0,
         floor: 1,
+        call: "test",
+        behind: None,
         batch: routed,
     }
     .run(c, None)
     .await
     .expect("published")
+}
+
+/// One call of producer `pg/x` (epoch 1) in shard 0: `batch` from `floor`,
+/// as call `call`, sent behind `behind`.
+async fn publish_call(
+    c: &mut Conn,
+    batch: &[convoy_core::broker::Publication],
+    floor: u64,
+    call: &str,
+    behind: Option<&str>,
+) -> Result<u64, convoy_core::error::Error> {
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    };
+    let routed = routed(batch);
+    super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor,
+        call,
+        behind,
+        batch: &routed,
+    }
+    .run(c, None)
+    .await
+    .map(|p| p.written)
+}
+
+/// A batch sent behind another whose reply had not come runs only if that
+/// one was the producer's last call to run in the shard: behind a call
+/// that failed (never ran), it writes nothing and is refused as out of
+/// turn, so none of its records can land ahead of an earlier one of its
+/// key. Sent again behind the call that ran, or behind none, it is
+/// written. A floor below the batch (an earlier batch still in flight)
+/// keeps that batch's seqs in the dedup set, so a re-sent one is dropped.
+#[tokio::test]
+async fn a_batch_sent_behind_a_call_that_did_not_run_writes_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let first: Vec<_> = (1..=3).map(|seq| publication(seq, "k")).collect();
+    let second: Vec<_> = (4..=6).map(|seq| publication(seq, "k")).collect();
+    let stream = "{0}cat:k";
+    assert_eq!(
+        publish_call(&mut c, &first, 1, "a", None).await.expect("a"),
+        3
+    );
+    // Behind "b", which never ran: refused, nothing written.
+    let e = publish_call(&mut c, &second, 1, "c", Some("b"))
+        .await
+        .expect_err("out of turn");
+    assert!(
+        matches!(e, convoy_core::error::Error::PublishedOutOfTurn),
+        "{e}"
+    );
+    assert_eq!(xlen(&mut c, stream).await, 3);
+    // Behind "a", the last call that ran: written, with the floor of the
+    // batch in flight before it (1), so "a"'s seqs stay known.
+    assert_eq!(
+        publish_call(&mut c, &second, 1, "d", Some("a"))
+            .await
+            .expect("d"),
+        3
+    );
+    assert_eq!(xlen(&mut c, stream).await, 6);
+    assert_eq!(
+        publish_call(&mut c, &first, 1, "e", None)
+            .await
+            .expect("a re-sent"),
+        0,
+        "the first batch, sent again, is dropped: its seqs were not trimmed"
+    );
+    // Behind "d", which is no longer the last call to run ("e" ran since).
+    let e = publish_call(&mut c, &second, 4, "f", Some("d"))
+        .await
+        .expect_err("out of turn");
+    assert!(
+        matches!(e, convoy_core::error::Error::PublishedOutOfTurn),
+        "{e}"
+    );
+    assert_eq!(xlen(&mut c, stream).await, 6);
 }
 
 /// A batch of more records in one shard than Lua can unpack at once (about

@@ -1,0 +1,214 @@
+//! The processor's pipelined drain, against a broker that answers each
+//! publish after a few scheduler turns (a round trip) and can fail one
+//! call: the next batch is handed over while the previous one is in
+//! flight, and a failed batch loses, duplicates and reorders nothing.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::broker::{Capabilities, ConsumerPlan};
+use crate::envelope::Envelope;
+use crate::outbox::MemoryOutbox;
+
+/// A broker that pipelines: each publish takes a few scheduler turns; the
+/// call numbered `fail` (from 0) fails, the call numbered `refuse` is
+/// refused as out of turn although the one before it ran (its commands
+/// left first), and a call handed over while another was in flight runs
+/// only if that one ran (as the Redis broker's script refuses a call sent
+/// behind one that did not run).
+#[derive(Default)]
+struct Piped {
+    /// Each call's seqs and floor, in the order handed over.
+    calls: Mutex<Vec<(Vec<u64>, u64)>>,
+    /// Per call: whether it ran (`None` while in flight).
+    ran: Mutex<Vec<Option<bool>>>,
+    /// Seqs written, in the order written.
+    written: Mutex<Vec<u64>>,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    fail: Mutex<Option<usize>>,
+    refuse: Option<usize>,
+}
+
+impl Piped {
+    fn outcome(&self, number: usize, ran: bool) {
+        self.ran.lock().unwrap_or_else(|e| e.into_inner())[number] = Some(ran);
+    }
+}
+
+impl Broker for Piped {
+    fn name(&self) -> &str {
+        "piped"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+    fn publish<'a>(
+        &'a self,
+        producer: &'a Producer,
+        batch: &'a [Publication],
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        self.publish_behind(producer, batch, batch.first().map_or(0, |p| p.seq))
+    }
+    fn pipelines_publishes(&self) -> bool {
+        true
+    }
+    fn publish_behind<'a>(
+        &'a self,
+        _producer: &'a Producer,
+        batch: &'a [Publication],
+        floor: u64,
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        let number = {
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            calls.push((batch.iter().map(|p| p.seq).collect(), floor));
+            self.ran
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(None);
+            calls.len() - 1
+        };
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let behind = (now > 1).then(|| number - 1);
+        Box::pin(async move {
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            if *self.fail.lock().unwrap_or_else(|e| e.into_inner()) == Some(number) {
+                self.outcome(number, false);
+                return Err(PublishError::nothing(Error::Shutdown));
+            }
+            let before_ran = behind.is_none_or(|b| {
+                self.ran.lock().unwrap_or_else(|e| e.into_inner())[b] == Some(true)
+            });
+            if self.refuse == Some(number) || !before_ran {
+                self.outcome(number, false);
+                return Err(PublishError::nothing(Error::PublishedOutOfTurn));
+            }
+            self.outcome(number, true);
+            self.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(batch.iter().map(|p| p.seq));
+            Ok(())
+        })
+    }
+    fn run(
+        self: Arc<Self>,
+        _plan: Arc<ConsumerPlan>,
+        _shutdown: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A processor of a memory outbox holding `n` records over 8 keys,
+/// publishing to `broker`.
+async fn processor(broker: Arc<Piped>, n: usize) -> (OutboxProcessor, Arc<MemoryOutbox>) {
+    let store = Arc::new(MemoryOutbox::new());
+    let envelopes = (0..n)
+        .map(|i| Envelope {
+            id: format!("e{i}"),
+            type_name: "Ticked".into(),
+            category: "tick".into(),
+            partition_key: Some(format!("k{}", i % 8)),
+            time_ms: 0,
+            priority: crate::envelope::Priority::Normal,
+            correlation_id: None,
+            payload: "{}".into(),
+            origin: None,
+        })
+        .collect();
+    store.append(envelopes).await.expect("append");
+    let p = OutboxProcessor::new(
+        store.clone(),
+        broker,
+        PriorityLanesConfig::default(),
+        "e0",
+        Arc::new(Notify::new()),
+    );
+    (p, store)
+}
+
+#[tokio::test]
+async fn the_next_batch_is_handed_over_while_the_previous_one_is_in_flight() {
+    let broker = Arc::new(Piped::default());
+    let (p, store) = processor(broker.clone(), 2 * BATCH + 100).await;
+    assert_eq!(p.drain().await.expect("drained"), 2 * BATCH + 100);
+    assert_eq!(broker.most_in_flight.load(Ordering::SeqCst), 2);
+    let calls = broker.calls.lock().map(|c| c.clone()).unwrap_or_default();
+    let floors: Vec<u64> = calls.iter().map(|(_, floor)| *floor).collect();
+    let firsts: Vec<u64> = calls.iter().map(|(seqs, _)| seqs[0]).collect();
+    // A batch handed over behind another keeps the other's records in the
+    // broker's dedup (the floor is the oldest record in flight).
+    assert_eq!(firsts.len(), 3, "{firsts:?}");
+    assert_eq!(floors[0], firsts[0]);
+    assert_eq!(floors[1], firsts[0]);
+    assert_eq!(floors[2], firsts[1]);
+    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
+    assert!(
+        written.windows(2).all(|w| w[0] < w[1]),
+        "in order, once each"
+    );
+    assert_eq!(written.len(), 2 * BATCH + 100);
+    assert_eq!(store.stats().await.expect("stats").pending, 0);
+}
+
+#[tokio::test]
+async fn a_failed_batch_stops_the_pipeline_and_everything_goes_out_again_in_order() {
+    let broker = Arc::new(Piped::default());
+    *broker.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(0);
+    let (p, store) = processor(broker.clone(), 2 * BATCH + 100).await;
+    let e = p.drain().await.expect_err("the first batch failed");
+    assert!(
+        matches!(e, Error::Shutdown),
+        "the failed batch's error: {e}"
+    );
+    assert_eq!(
+        broker.calls.lock().map(|c| c.len()).unwrap_or_default(),
+        2,
+        "the batch behind it was handed over, then the drain stopped"
+    );
+    assert!(broker.written.lock().map(|w| w.is_empty()).unwrap_or(false));
+    let stats = store.stats().await.expect("stats");
+    assert_eq!(stats.pending, (2 * BATCH + 100) as u64, "nothing settled");
+    // The next drain publishes everything, in order, once.
+    *broker.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    assert_eq!(p.drain().await.expect("drained"), 2 * BATCH + 100);
+    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
+    assert_eq!(written.len(), 2 * BATCH + 100);
+    assert!(
+        written.windows(2).all(|w| w[0] < w[1]),
+        "in order, once each"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_refused_as_out_of_turn_is_sent_again_at_once() {
+    // The second call is refused although the first ran: the drain goes
+    // on, and everything goes out once, in order.
+    let broker = Arc::new(Piped {
+        refuse: Some(1),
+        ..Piped::default()
+    });
+    let (p, store) = processor(broker.clone(), 2 * BATCH + 100).await;
+    assert_eq!(p.drain().await.expect("drained"), 2 * BATCH + 100);
+    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
+    assert_eq!(written.len(), 2 * BATCH + 100);
+    assert!(
+        written.windows(2).all(|w| w[0] < w[1]),
+        "in order, once each"
+    );
+    assert_eq!(store.stats().await.expect("stats").pending, 0);
+    let failures: u32 = store
+        .records()
+        .await
+        .expect("records")
+        .iter()
+        .map(|r| r.attempts)
+        .sum();
+    assert_eq!(failures, 0, "an out-of-turn refusal is not a failure");
+}
