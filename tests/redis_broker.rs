@@ -530,3 +530,78 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
     assert_eq!(rec.seen("audit").await.expect("seen"), Vec::<String>::new());
     engine.shutdown().await.expect("shutdown");
 }
+
+/// A batch handed to the broker behind one whose publish never left (its
+/// future dropped before it sent anything) is refused as out of turn and
+/// writes nothing, so none of its records lands ahead of an earlier record
+/// of its key. Once the earlier batch is published, the later one goes
+/// out behind it, and the stream holds every record once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
+    use convoy_runtime::broker::{Broker, Producer, Publication};
+    let server = RedisServer::start().expect("redis-server");
+    let mut config = Config::default();
+    config.broker.shards = 1;
+    let broker = RedisBroker::from_url(&server.url()).expect("broker");
+    broker.configure(&config).expect("configured");
+    let producer = Producer {
+        name: "test/pipelined".into(),
+        epoch: 0,
+    };
+    let publication = |seq: u64| Publication {
+        seq,
+        envelope: Envelope {
+            id: format!("id-{seq}"),
+            type_name: "Posted".into(),
+            category: "ledger".into(),
+            partition_key: Some("k".into()),
+            time_ms: 0,
+            priority: Priority::Normal,
+            correlation_id: None,
+            payload: format!("{{\"seq\":{seq}}}"),
+            origin: None,
+        },
+    };
+    let first: Vec<Publication> = (1..=3).map(publication).collect();
+    let second: Vec<Publication> = (4..=6).map(publication).collect();
+    let stream = keys::partition_stream(0, "ledger", "k");
+    let mut c = server.connection().await.expect("connection");
+    let ids = |c: &mut redis::aio::MultiplexedConnection| {
+        let stream = stream.clone();
+        let mut c = c.clone();
+        async move {
+            let entries: redis::streams::StreamRangeReply =
+                c.xrange_all(&stream).await.expect("xrange");
+            entries
+                .ids
+                .iter()
+                .map(|e| e.get::<String>("payload").unwrap_or_default())
+                .collect::<Vec<String>>()
+        }
+    };
+
+    let never_sent = broker.publish_behind(&producer, &first, 1);
+    let refused = broker
+        .publish_behind(&producer, &second, 1)
+        .await
+        .expect_err("behind a batch that did not run");
+    assert!(
+        matches!(refused.error, convoy_runtime::Error::PublishedOutOfTurn),
+        "{}",
+        refused.error
+    );
+    assert!(refused.also_written.is_empty());
+    assert!(ids(&mut c).await.is_empty(), "nothing written ahead");
+    drop(never_sent);
+
+    broker
+        .publish(&producer, &first)
+        .await
+        .expect("the first batch");
+    broker
+        .publish_behind(&producer, &second, 1)
+        .await
+        .expect("the second, behind nothing in flight");
+    let want: Vec<String> = (1..=6).map(|s| format!("{{\"seq\":{s}}}")).collect();
+    assert_eq!(ids(&mut c).await, want);
+}

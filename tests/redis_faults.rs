@@ -23,6 +23,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use convoy_runtime::redis::keys;
 use convoy_runtime::testing::{
     ChildEngine, FaultProxy, Match, Recorder, RedisServer, current_test_command, script_sha,
 };
@@ -433,4 +434,84 @@ async fn a_publisher_restarted_under_the_same_instance_id_loses_nothing() {
     let mut c = sut.connection().await.expect("conn");
     let len: u64 = c.xlen(names::stream("ledger", "r0")).await.expect("xlen");
     assert_eq!(len, 6, "records of the restarted publisher were dropped");
+}
+
+/// A backlog published in pipelined batches (each batch handed to the
+/// broker while the one before is in flight) through a connection that
+/// loses publish replies: first a reply dropped with the connection (Redis
+/// ran that batch, and maybe the one sent behind it), then one that comes
+/// after the client gave up. Each failed drain is followed by another, and
+/// every key's stream, read from Redis, holds each event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_publishes_whose_replies_are_lost_write_each_event_once_in_order() {
+    let sut = RedisServer::start().expect("redis");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
+    let config = test_config(&proxy.url());
+    let shards = config.broker.shards;
+    let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
+        .expect("broker")
+        .response_timeout(Duration::from_millis(500));
+    let p = Domain::builder()
+        .config(config)
+        .instance_id("p")
+        .broker(broker)
+        .init()
+        .expect("publisher");
+    let publish = script_sha("publish").expect("the publish script");
+    // 3 batches of 2,048 and a short one per round, over 16 keys.
+    const KEYS: usize = 16;
+    const PER_KEY: u64 = 400;
+    let rounds: Vec<Vec<Posted>> = (0..2)
+        .map(|round| {
+            interleaved(KEYS, PER_KEY)
+                .into_iter()
+                .map(|e| Posted::new(&e.client_id, round * PER_KEY + e.seq))
+                .collect()
+        })
+        .collect();
+    // 1. The first batch's reply is dropped with the connection.
+    commit(&p, &rounds[0]).await;
+    proxy.drop_reply(Match::Script(publish.clone()), 1);
+    assert!(drain_until_empty(&p, "dropped reply").await >= 1);
+    assert_eq!(proxy.fired(), 1);
+    // 2. A reply delayed past the response timeout.
+    commit(&p, &rounds[1]).await;
+    proxy.delay_reply(Match::Script(publish), Duration::from_millis(1500), 1);
+    assert!(drain_until_empty(&p, "late reply").await >= 1);
+    assert_eq!(proxy.fired(), 2);
+
+    let mut c = sut.connection().await.expect("connection");
+    for k in 0..KEYS {
+        let key = format!("c{k}");
+        let stream = keys::partition_stream(keys::shard_of(&key, shards), "ledger", &key);
+        let entries: redis::streams::StreamRangeReply =
+            c.xrange_all(&stream).await.expect("xrange");
+        let seqs: Vec<u64> = entries
+            .ids
+            .iter()
+            .map(|e| {
+                let payload: String = e.get("payload").expect("a payload");
+                let v: serde_json::Value = serde_json::from_str(&payload).expect("json");
+                v["seq"].as_u64().expect("a seq")
+            })
+            .collect();
+        let want: Vec<u64> = (0..2 * PER_KEY).collect();
+        assert_eq!(seqs, want, "{key}: every event once, in order");
+    }
+}
+
+/// Drains `p`'s outbox again after every failure until nothing is
+/// pending; returns how many drains failed.
+async fn drain_until_empty(p: &Domain, fault: &str) -> usize {
+    let mut failures = 0;
+    loop {
+        match relay(p).drain().await {
+            Ok(_) if p.outbox().stats().await.expect("stats").pending == 0 => return failures,
+            Ok(_) => {}
+            Err(e) => {
+                failures += 1;
+                assert!(failures < 20, "{fault}: still failing: {e}");
+            }
+        }
+    }
 }
