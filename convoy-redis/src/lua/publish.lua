@@ -13,7 +13,7 @@
 -- then per category c of the records (1 to C): its partition index in the
 --                  shard, its count of partitioned publishes in the shard
 --                  (for lag), as KEYS[2c+2] and KEYS[2c+3]
--- then per record: its stream
+-- then per run of records (below): its stream
 -- ARGV[1]          producer keys TTL (ms); 0 keeps them for good (an
 --                  elected relay's, whose successor must refuse a
 --                  predecessor however late it wakes)
@@ -25,13 +25,22 @@
 -- ARGV[5]          the id of this call (unique per publisher process)
 -- ARGV[6]          the id of the call this one was sent behind, while that
 --                  one's reply had not come ('' for none)
--- then per record: seq, category number c, partition key ('' when
---                  unpartitioned), then its fields: 'k' and the values of
---                  convoy's usual entry (meta, payload, key: the partition
---                  key, origin), or the count of names and values that
---                  follow (any other entry). Each argument costs Redis a
---                  tenth of a microsecond or so, so the usual entry's
---                  names are not sent, nor its key twice.
+-- ARGV[7]          the producer's name
+-- then per run of records: its count n, its category number c, its
+--                  partition key ('' when unpartitioned) and its shape,
+--                  then per record its seq and fields. A run is records of
+--                  one stream, in the batch's order, all of one shape: 'k'
+--                  for convoy's usual entry (meta, payload, key: the run's
+--                  key, origin: '{producer}#{seq}'), whose records send
+--                  the values of meta and payload alone; 'f' for any other
+--                  entry, whose records send the count of names and values
+--                  that follow. Each argument costs Redis about a tenth of
+--                  a microsecond (read, then made a Lua string), more than
+--                  the rest of a record's work but its XADD, so what a
+--                  record shares with its run or the call is sent once.
+--                  The order of records of different streams does not
+--                  matter (each key has its own stream, and the script is
+--                  atomic), so a batch is sent as a run per stream.
 --
 -- Deduplication is by each record's own seq, not by a high-water mark: a
 -- durable outbox commits rows out of seq order (a row of one key may commit
@@ -101,16 +110,17 @@ if forever then
 else
   redis.call('SET', KEYS[3], ARGV[5], 'PX', ttl)
 end
-if forever and #ARGV == 6 then
+if forever and #ARGV == 7 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
-local a = 7
+local producer = ARGV[7]
+local a = 8
 local written = 0
--- The key of the record before the first.
+-- The key of the run before the first.
 local i = 3 + 2 * tonumber(ARGV[4])
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
@@ -129,60 +139,68 @@ local adds = {}
 local indexes = {}
 local counts = {}
 while a <= #ARGV do
-  local seq = tonumber(ARGV[a])
+  local n = tonumber(ARGV[a])
   local c = tonumber(ARGV[a + 1])
   local key = ARGV[a + 2]
-  local shape = ARGV[a + 3]
-  local n = 3
-  if shape ~= 'k' then
-    n = tonumber(shape)
-  end
+  local usual = ARGV[a + 3] == 'k'
+  a = a + 4
   i = i + 1
   local stream = KEYS[i]
-  local index = KEYS[2 * c + 2]
-  local published = KEYS[2 * c + 3]
-  local fresh = seq > max
-  if not fresh then
-    if not known then
-      known = {}
-      local calls = redis.call('ZRANGE', KEYS[1], ARGV[2], '+inf', 'BYSCORE')
-      for _, member in ipairs(calls) do
-        for published_seq in string.gmatch(member, '%d+') do
-          known[published_seq] = true
+  local run_written = 0
+  for _ = 1, n do
+    local seq_text = ARGV[a]
+    local seq = tonumber(seq_text)
+    -- The record's arguments after its seq.
+    local m = 2
+    if not usual then
+      m = 1 + tonumber(ARGV[a + 1])
+    end
+    local fresh = seq > max
+    if not fresh then
+      if not known then
+        known = {}
+        local calls = redis.call('ZRANGE', KEYS[1], ARGV[2], '+inf', 'BYSCORE')
+        for _, member in ipairs(calls) do
+          for published_seq in string.gmatch(member, '%d+') do
+            known[published_seq] = true
+          end
         end
       end
+      fresh = not known[seq_text]
     end
-    fresh = not known[ARGV[a]]
-  end
-  if fresh then
-    if shape == 'k' then
-      redis.call('XADD', stream, '*', 'meta', ARGV[a + 4], 'payload', ARGV[a + 5],
-        'key', key, 'origin', ARGV[a + 6])
-    else
-      redis.call('XADD', stream, '*', unpack(ARGV, a + 4, a + 3 + n))
-    end
-    if key ~= '' then
-      local seen = indexed[index]
-      if not seen then
-        seen = {}
-        indexed[index] = seen
-        adds[index] = {}
-        indexes[#indexes + 1] = index
+    if fresh then
+      if usual then
+        redis.call('XADD', stream, '*', 'meta', ARGV[a + 1], 'payload', ARGV[a + 2],
+          'key', key, 'origin', producer .. '#' .. seq_text)
+      else
+        redis.call('XADD', stream, '*', unpack(ARGV, a + 2, a + m))
       end
-      if not seen[key] then
-        seen[key] = true
-        local keys = adds[index]
-        keys[#keys + 1] = key
+      sent[#sent + 1] = seq_text
+      if seq > sent_max then
+        sent_max = seq
       end
-      counts[published] = (counts[published] or 0) + 1
+      run_written = run_written + 1
     end
-    sent[#sent + 1] = ARGV[a]
-    if seq > sent_max then
-      sent_max = seq
-    end
-    written = written + 1
+    a = a + 1 + m
   end
-  a = a + 4 + n
+  if run_written > 0 and key ~= '' then
+    local index = KEYS[2 * c + 2]
+    local published = KEYS[2 * c + 3]
+    local seen = indexed[index]
+    if not seen then
+      seen = {}
+      indexed[index] = seen
+      adds[index] = {}
+      indexes[#indexes + 1] = index
+    end
+    if not seen[key] then
+      seen[key] = true
+      local keys = adds[index]
+      keys[#keys + 1] = key
+    end
+    counts[published] = (counts[published] or 0) + run_written
+  end
+  written = written + run_written
 end
 for _, index in ipairs(indexes) do
   in_chunks('SADD', index, adds[index])

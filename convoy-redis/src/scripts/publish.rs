@@ -3,6 +3,7 @@
 //! together).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use redis::aio::ConnectionLike;
 
@@ -95,12 +96,14 @@ impl Publish<'_> {
         }
     }
 
-    /// The script's invocation: every key and value of the shard's records.
-    /// Each category's index and count are named once, and each record
-    /// gives its category's number.
+    /// The script's invocation: every key and value of the shard's records,
+    /// as runs of records of one stream and shape (see `publish.lua`).
+    /// Each category's index and count are named once, and each run gives
+    /// its category's number.
     fn invocation(&self) -> Invocation {
         let mut inv = Invocation::new(&SCRIPTS.publish);
         let shard = self.shard;
+        let producer = self.producer.name.as_str();
         let mut categories: Vec<&str> = Vec::new();
         for r in self.batch {
             let category = r.publication.envelope.category.as_str();
@@ -108,9 +111,9 @@ impl Publish<'_> {
                 categories.push(category);
             }
         }
-        inv.key(names::producer_sent(shard, &self.producer.name))
-            .key(names::producer_epoch(shard, &self.producer.name))
-            .key(names::producer_last(shard, &self.producer.name))
+        inv.key(names::producer_sent(shard, producer))
+            .key(names::producer_epoch(shard, producer))
+            .key(names::producer_last(shard, producer))
             .arg(if self.producer.epoch > 0 {
                 0
             } else {
@@ -120,50 +123,121 @@ impl Publish<'_> {
             .arg(self.producer.epoch)
             .arg(categories.len())
             .arg(self.call)
-            .arg(self.behind.unwrap_or(""));
+            .arg(self.behind.unwrap_or(""))
+            .arg(producer);
         for category in &categories {
             inv.key(names::partition_index(shard, category))
                 .key(names::published(shard, category));
         }
-        for r in self.batch {
-            let p = r.publication;
-            let category = p.envelope.category.as_str();
+        // The records in runs: by stream, in the order streams first
+        // appear, each stream's records in the batch's order (a stable
+        // sort), cut where the shape changes.
+        let mut rank: HashMap<&str, usize> = HashMap::new();
+        let mut order: Vec<(usize, usize)> = self
+            .batch
+            .iter()
+            .enumerate()
+            .map(|(at, r)| {
+                let next = rank.len();
+                (*rank.entry(r.stream.as_str()).or_insert(next), at)
+            })
+            .collect();
+        order.sort_by_key(|(stream, _)| *stream);
+        let records: Vec<Record<'_, '_>> = order
+            .iter()
+            .map(|(_, at)| {
+                let r = &self.batch[*at];
+                (r, r.publication.envelope.fields())
+            })
+            .collect();
+        let shape = |rec| shape_of(rec, producer);
+        let mut from = 0;
+        while from < records.len() {
+            let (first, _) = &records[from];
+            let usual = shape(&records[from]).is_some();
+            let len = records[from..]
+                .iter()
+                .take_while(|rec| rec.0.stream == first.stream && shape(rec).is_some() == usual)
+                .count();
+            let category = first.publication.envelope.category.as_str();
             let number = categories.iter().position(|c| *c == category).unwrap_or(0) + 1;
-            inv.key(&r.stream);
-            let fields = p.envelope.fields();
-            inv.arg(p.seq).arg(number).arg(r.partition.unwrap_or(""));
-            match usual_entry(&fields, r.partition) {
-                Some([meta, payload, origin]) => {
-                    inv.arg("k").arg(meta).arg(payload).arg(origin);
-                }
-                None => {
-                    inv.arg(fields.len() * 2);
-                    for (k, v) in &fields {
-                        inv.arg(*k).arg(v.as_ref());
+            inv.key(&first.stream)
+                .arg(len)
+                .arg(number)
+                .arg(first.partition.unwrap_or(""))
+                .arg(if usual { "k" } else { "f" });
+            for rec in &records[from..from + len] {
+                inv.arg(rec.0.publication.seq);
+                match shape(rec) {
+                    Some([meta, payload]) => {
+                        inv.arg(meta).arg(payload);
+                    }
+                    None => {
+                        inv.arg(rec.1.len() * 2);
+                        for (k, v) in &rec.1 {
+                            inv.arg(*k).arg(v.as_ref());
+                        }
                     }
                 }
             }
+            from += len;
         }
         inv
     }
 }
 
-/// The values of convoy's usual entry (`meta`, `payload`, `key` = the
-/// record's partition key, `origin`, in that order), which publish.lua
-/// writes from the values alone; `None` for any other entry.
+/// A routed record with its entry's fields.
+type Record<'r, 'e> = (&'r Routed<'e>, Vec<(&'static str, Cow<'e, str>)>);
+
+/// [`usual_entry`] of a record.
+fn shape_of<'a>(rec: &'a Record<'_, '_>, producer: &str) -> Option<[&'a str; 2]> {
+    usual_entry(&rec.1, rec.0.partition, producer, rec.0.publication.seq)
+}
+
+/// The values of convoy's usual entry that a record sends (`meta` and
+/// `payload`), when its fields are that entry (`meta`, `payload`, `key` =
+/// the record's partition key, `origin` = `{producer}#{seq}`, in that
+/// order), which publish.lua writes from them; `None` for any other entry.
 fn usual_entry<'a>(
     fields: &'a [(&'static str, Cow<'_, str>)],
     partition: Option<&str>,
-) -> Option<[&'a str; 3]> {
+    producer: &str,
+    seq: u64,
+) -> Option<[&'a str; 2]> {
     match fields {
         [
             (META, meta),
             (PAYLOAD, payload),
             (KEY, key),
             (ORIGIN, origin),
-        ] if partition == Some(key.as_ref()) => {
-            Some([meta.as_ref(), payload.as_ref(), origin.as_ref()])
+        ] if partition == Some(key.as_ref()) && is_origin(origin, producer, seq) => {
+            Some([meta.as_ref(), payload.as_ref()])
         }
         _ => None,
+    }
+}
+
+/// Whether `origin` is `{producer}#{seq}`, the seq written as Lua writes
+/// it back (no leading zero).
+fn is_origin(origin: &str, producer: &str, seq: u64) -> bool {
+    origin
+        .strip_prefix(producer)
+        .and_then(|rest| rest.strip_prefix('#'))
+        .is_some_and(|s| s.parse::<u64>() == Ok(seq) && (s == "0" || !s.starts_with('0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_origin;
+
+    #[test]
+    fn an_origin_is_the_producer_and_the_seq_as_written() {
+        assert!(is_origin("pg/a#42", "pg/a", 42));
+        assert!(is_origin("pg/a#b#42", "pg/a#b", 42));
+        assert!(is_origin("p#0", "p", 0));
+        assert!(!is_origin("pg/a#042", "pg/a", 42));
+        assert!(!is_origin("pg/b#42", "pg/a", 42));
+        assert!(!is_origin("pg/a#43", "pg/a", 42));
+        assert!(!is_origin("pg/a42", "pg/a", 42));
     }
 }

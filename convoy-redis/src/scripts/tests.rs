@@ -803,6 +803,75 @@ async fn a_batch_sent_behind_a_call_that_did_not_run_writes_nothing() {
     assert_eq!(xlen(&mut c, stream).await, 6);
 }
 
+/// A call's records go as runs of one stream and shape: convoy's usual
+/// entry (its origin the producer's, written back by the script) and any
+/// other entry interleaved in one stream, and two streams interleaved,
+/// keep each stream's order and every field.
+#[tokio::test]
+async fn records_of_both_shapes_interleaved_keep_their_streams_order_and_fields() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let batch: Vec<_> = (1..=8)
+        .map(|seq| {
+            let mut p = publication(seq, if seq % 4 == 0 { "j" } else { "k" });
+            if seq % 3 != 0 {
+                p.envelope.origin = Some(convoy_core::envelope::Origin {
+                    producer: "pg/x".into(),
+                    seq,
+                });
+            }
+            p
+        })
+        .collect();
+    assert_eq!(
+        publish_call(&mut c, &batch, 1, "a", None)
+            .await
+            .expect("published"),
+        8
+    );
+    for (stream, key, seqs) in [
+        ("{0}cat:k", "k", vec![1, 2, 3, 5, 6, 7]),
+        ("{0}cat:j", "j", vec![4, 8]),
+    ] {
+        let Value::Array(entries) = cmd(&mut c, &["XRANGE", stream, "-", "+"]).await else {
+            panic!("entries of {stream}");
+        };
+        let got: Vec<convoy_core::envelope::Envelope> = entries
+            .into_iter()
+            .map(|e| {
+                let Value::Array(pair) = e else {
+                    panic!("an entry")
+                };
+                let id = super::super::reply::text(&pair[0]).expect("an id");
+                let Value::Array(kv) = &pair[1] else {
+                    panic!("fields")
+                };
+                let kv: Vec<(String, Vec<u8>)> = kv
+                    .chunks(2)
+                    .map(|f| {
+                        let name = super::super::reply::text(&f[0]).expect("a name");
+                        let Value::BulkString(v) = &f[1] else {
+                            panic!("a value")
+                        };
+                        (name, v.clone())
+                    })
+                    .collect();
+                convoy_core::envelope::Envelope::from_fields(
+                    stream,
+                    &id,
+                    kv.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+                )
+                .expect("an envelope")
+            })
+            .collect();
+        let want: Vec<_> = seqs
+            .iter()
+            .map(|&seq| batch[seq as usize - 1].envelope.clone())
+            .collect();
+        assert_eq!(got, want, "{key}: in order, every field");
+    }
+}
+
 /// A batch of more records in one shard than Lua can unpack at once (about
 /// 8000 values: the index's `SADD` takes one per key) is written whole: the
 /// list goes in chunks. The dedup set gets one member for the call.
