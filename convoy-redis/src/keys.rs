@@ -27,8 +27,9 @@
 //! | `{s}convoy:published:{category}` | counter | partitioned events published to the shard, and dead letters replayed (`convoy_lag` = the sum over shards of this − acked) |
 //! | `{s}convoy:acked:{group}:{category}` | counter | partitioned events of the shard a group finished: acknowledged, or skipped or dead-lettered by an operator |
 //! | `convoy:key_field:{category}` | string | the field the category's events are partitioned by, recorded by the first engine or publisher that knows it; every other one must use the same (or refuses to start, publish or commit) |
-//! | `{s}convoy:producer:{id}:sent` | sorted set, PX (kept for good for an elected relay) | the outbox seqs a producer published to the shard that it may still send again (drops re-sent records; trimmed below each accepted batch's first seq, every row below it being settled) |
+//! | `{s}convoy:producer:{id}:sent` | sorted set, PX (kept for good for an elected relay) | the outbox seqs a producer published to the shard that it may still send again (drops re-sent records; trimmed below the oldest record not settled when an accepted batch was sent, every row below it being settled) |
 //! | `{s}convoy:producer:{id}:epoch` | string, PX (kept for good for an elected relay) | the fencing epoch of the producer's newest publisher, as the shard saw it: raised in every shard by a new relay leader before it reads a row (refuses a replaced relay) |
+//! | `{s}convoy:producer:{id}:last` | string, PX (kept for good for an elected relay) | the id of the producer's last publish call that ran in the shard: a batch sent behind another one still in flight runs only if that one ran |
 //! | `{s}convoy:audit` | stream | operator actions on the shard's partitions (see [`admin`](super::admin)) |
 //! | `{category}:__wake__` | stream | one entry per partitioned publish or release (`k` = key), capped; wakes owners (a hint, written after the publish) |
 //! | `convoy:shards:{category}` | string | the category's shard count, recorded by the first engine or publisher; fixed |

@@ -114,6 +114,7 @@ impl Engine {
             self.domain.instance_id(),
             outbox.wake().clone(),
         )
+        .batch_size(self.domain.config().outbox.batch)
         .message_types(self.domain.registry().messages())
     }
 

@@ -165,6 +165,9 @@ pub fn config(
     c.server.retry.max_retries = 50;
     c.server.retry.initial_backoff_ms = 10;
     c.server.retry.max_backoff_ms = 100;
+    // Small publish batches: a burst goes out as several batches, one in
+    // flight behind another (the pipelined publish under every fault).
+    c.outbox.batch = 8;
     c
 }
 

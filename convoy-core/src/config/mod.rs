@@ -148,6 +148,10 @@ pub struct OutboxConfig {
     pub notify: bool,
     /// Connections of the outbox's pool.
     pub max_connections: u32,
+    /// Records per publish batch (the memory outbox's and PostgreSQL's
+    /// alike): a backlog goes out in batches this large, one script call
+    /// per shard a batch spans, two batches in flight at a time.
+    pub batch: usize,
 }
 
 impl Default for OutboxConfig {
@@ -162,6 +166,7 @@ impl Default for OutboxConfig {
             migrate: true,
             notify: true,
             max_connections: 8,
+            batch: 2_048,
         }
     }
 }
@@ -181,6 +186,7 @@ impl std::fmt::Debug for OutboxConfig {
             .field("migrate", &self.migrate)
             .field("notify", &self.notify)
             .field("max_connections", &self.max_connections)
+            .field("batch", &self.batch)
             .finish()
     }
 }

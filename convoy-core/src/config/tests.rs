@@ -421,3 +421,22 @@ fn backoff_doubles_to_max() {
     assert_eq!(r.backoff(2), Duration::from_millis(200));
     assert_eq!(r.backoff(3), Duration::from_millis(350));
 }
+
+#[test]
+fn the_publish_batch_is_one_to_ten_thousand_records() {
+    let c: Config = toml::from_str("[outbox]\nbatch = 64\n").expect("parses");
+    assert_eq!(c.outbox.batch, 64);
+    assert!(c.validate("<test>").is_ok());
+    assert_eq!(Config::default().outbox.batch, 2_048);
+    for bad in [0, 10_001] {
+        let mut c = Config::default();
+        c.outbox.batch = bad;
+        let e = c.validate("<code>").expect_err("out of range").to_string();
+        assert!(
+            e.contains(&format!(
+                "[outbox] batch = {bad} must be between 1 and 10000"
+            )),
+            "{e}"
+        );
+    }
+}

@@ -240,6 +240,12 @@ impl OutboxConfig {
                 self.poll_interval_ms
             ));
         }
+        if !(1..=10_000).contains(&self.batch) {
+            problems.push(format!(
+                "[outbox] batch = {} must be between 1 and 10000",
+                self.batch
+            ));
+        }
         if !(2..=1_000).contains(&self.max_connections) {
             problems.push(format!(
                 "[outbox] max_connections = {} must be between 2 and 1000",

@@ -16,12 +16,12 @@ use crate::key::check_key;
 use crate::metrics;
 use crate::tracing;
 
-/// How many records one batch carries at most (a broker call per shard the
-/// batch spans). A backlog goes out in batches this large, so the fixed
-/// cost of a batch (a round trip, each shard's dedup and epoch checks) is
-/// shared by many records; a light load publishes each batch as it
-/// commits, whatever its size.
-const BATCH: usize = 2048;
+/// How many records one batch carries at most by default (a broker call
+/// per shard the batch spans; `[outbox] batch`). A backlog goes out in
+/// batches this large, so the fixed cost of a batch (a round trip, each
+/// shard's dedup and epoch checks) is shared by many records; a light
+/// load publishes each batch as it commits, whatever its size.
+pub const BATCH: usize = 2048;
 
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
@@ -46,6 +46,8 @@ pub struct OutboxProcessor {
     /// The Rust field names of the message types the domain knows, by wire
     /// name (for the unkeyed-publication check).
     message_fields: BTreeMap<&'static str, &'static [&'static str]>,
+    /// Records per batch at most.
+    batch: usize,
 }
 
 impl std::fmt::Debug for OutboxProcessor {
@@ -79,7 +81,15 @@ impl OutboxProcessor {
             wake,
             taken_over: std::sync::Mutex::new(None),
             message_fields: BTreeMap::new(),
+            batch: BATCH,
         }
+    }
+
+    /// Publishes batches of at most `records` records (at least 1;
+    /// [`BATCH`] by default, `[outbox] batch` in the engine).
+    pub fn batch_size(mut self, records: usize) -> Self {
+        self.batch = records.max(1);
+        self
     }
 
     /// The message types the domain knows (their Rust field names judge
@@ -147,9 +157,9 @@ impl OutboxProcessor {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(producer.clone());
         }
         let records = if in_flight.is_empty() {
-            self.store.pending(BATCH).await?
+            self.store.pending(self.batch).await?
         } else {
-            self.store.pending_excluding(BATCH, in_flight).await?
+            self.store.pending_excluding(self.batch, in_flight).await?
         };
         let nothing = |settled| Prepared {
             batch: Vec::new(),
