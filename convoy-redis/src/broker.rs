@@ -358,7 +358,7 @@ impl Broker for RedisBroker {
         let by_shard = self.routing().by_shard(batch);
         let calls: Vec<InFlight> = by_shard
             .keys()
-            .map(|shard| self.calls.register(&producer.name, *shard))
+            .map(|shard| self.calls.register(&producer.name, producer.epoch, *shard))
             .collect();
         Box::pin(async move {
             // Each shard's script writes its records or none. A shard that

@@ -18,8 +18,9 @@ pub(crate) struct Calls {
     /// Names this process's calls apart from every other process's.
     process: String,
     next: AtomicU64,
-    /// Per (producer, shard): the last call registered, while in flight.
-    last: Mutex<HashMap<(String, u32), String>>,
+    /// Per (producer, epoch, shard): the calls registered and still in
+    /// flight, oldest first.
+    in_flight: Mutex<HashMap<(String, u64, u32), Vec<String>>>,
 }
 
 impl Default for Calls {
@@ -27,7 +28,7 @@ impl Default for Calls {
         Calls {
             process: uuid::Uuid::new_v4().simple().to_string(),
             next: AtomicU64::new(0),
-            last: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -37,32 +38,34 @@ impl Default for Calls {
 #[derive(Debug)]
 pub(crate) struct InFlight {
     calls: Arc<Calls>,
-    producer: String,
-    shard: u32,
+    key: (String, u64, u32),
     /// This call's id.
     pub(crate) id: String,
-    /// The call in flight it is sent behind, if any.
+    /// The call in flight it is sent behind, if any: the newest one still
+    /// in flight when it was registered.
     pub(crate) behind: Option<String>,
 }
 
 impl Calls {
-    /// Registers a call of `producer` to `shard`, behind the one in flight
-    /// there if any.
-    pub(crate) fn register(self: &Arc<Self>, producer: &str, shard: u32) -> InFlight {
+    /// Registers a call of `producer` (at `epoch`) to `shard`, behind the
+    /// newest one in flight there if any.
+    pub(crate) fn register(self: &Arc<Self>, producer: &str, epoch: u64, shard: u32) -> InFlight {
         let id = format!(
             "{}:{}",
             self.process,
             self.next.fetch_add(1, Ordering::Relaxed)
         );
-        let behind = self
-            .last
+        let key = (producer.to_owned(), epoch, shard);
+        let mut in_flight = self
+            .in_flight
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((producer.to_owned(), shard), id.clone());
+            .unwrap_or_else(PoisonError::into_inner);
+        let calls = in_flight.entry(key.clone()).or_default();
+        let behind = calls.last().cloned();
+        calls.push(id.clone());
         InFlight {
             calls: self.clone(),
-            producer: producer.to_owned(),
-            shard,
+            key,
             id,
             behind,
         }
@@ -74,24 +77,27 @@ impl InFlight {
     /// while this one was in flight (it is sent behind this one).
     pub(crate) fn followed(&self) -> bool {
         self.calls
-            .last
+            .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&(self.producer.clone(), self.shard))
+            .get(&self.key)
+            .and_then(|calls| calls.last())
             .is_some_and(|last| *last != self.id)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let mut last = self
+        let mut in_flight = self
             .calls
-            .last
+            .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let key = (std::mem::take(&mut self.producer), self.shard);
-        if last.get(&key) == Some(&self.id) {
-            last.remove(&key);
+        if let Some(calls) = in_flight.get_mut(&self.key) {
+            calls.retain(|id| *id != self.id);
+            if calls.is_empty() {
+                in_flight.remove(&self.key);
+            }
         }
     }
 }
@@ -101,24 +107,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_call_is_sent_behind_the_last_one_in_flight_to_its_shard_only() {
+    fn a_call_is_sent_behind_the_newest_one_in_flight_to_its_shard_only() {
         let calls = Arc::new(Calls::default());
-        let a = calls.register("p", 0);
+        let a = calls.register("p", 0, 0);
         assert_eq!(a.behind, None);
-        let b = calls.register("p", 0);
+        let b = calls.register("p", 0, 0);
         assert_eq!(b.behind.as_deref(), Some(a.id.as_str()));
         assert!(a.followed());
         assert!(!b.followed());
-        // Another shard, another producer: nothing in flight there.
-        assert_eq!(calls.register("p", 1).behind, None);
-        assert_eq!(calls.register("q", 0).behind, None);
-        // The first answered: the second is still the last in flight.
-        drop(a);
-        let c = calls.register("p", 0);
-        assert_eq!(c.behind.as_deref(), Some(b.id.as_str()));
-        // Everything answered: the next call is sent behind none.
+        // Another shard, producer or epoch: nothing in flight there.
+        assert_eq!(calls.register("p", 0, 1).behind, None);
+        assert_eq!(calls.register("q", 0, 0).behind, None);
+        assert_eq!(calls.register("p", 1, 0).behind, None);
+        // The newest answered before the one it was behind: the next call
+        // is sent behind the older one, still in flight.
         drop(b);
+        let c = calls.register("p", 0, 0);
+        assert_eq!(c.behind.as_deref(), Some(a.id.as_str()));
+        // The first answered: the last is still in flight.
+        drop(a);
+        let d = calls.register("p", 0, 0);
+        assert_eq!(d.behind.as_deref(), Some(c.id.as_str()));
+        // Everything answered: the next call is sent behind none.
         drop(c);
-        assert_eq!(calls.register("p", 0).behind, None);
+        drop(d);
+        assert_eq!(calls.register("p", 0, 0).behind, None);
     }
 }

@@ -313,7 +313,10 @@ pub trait Broker: Send + Sync + 'static {
     /// ([`Broker::pipelines_publishes`]) writes nothing of this batch where
     /// an earlier batch still in flight did not run first (it fails there
     /// with [`Error::PublishedOutOfTurn`]), so no record goes out ahead of
-    /// an earlier one of its key. Default: [`Broker::publish`].
+    /// an earlier one of its key. Default: [`Broker::publish`], which
+    /// takes the batch's first record for the floor: a broker (or a
+    /// wrapper of one) that says it pipelines must implement this one,
+    /// honouring `floor`, or a batch in flight could be published twice.
     fn publish_behind<'a>(
         &'a self,
         producer: &'a Producer,

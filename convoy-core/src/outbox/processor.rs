@@ -363,8 +363,17 @@ impl OutboxProcessor {
         }
         let mut in_flight: Option<Flight<'_>> = None;
         loop {
-            let seqs = in_flight.as_ref().map_or(&[][..], |f| &f.seqs[..]);
-            let prepared = match self.prepare(producer, seqs).await {
+            // The batch in flight keeps moving while the next is read: it
+            // may hold what the read waits for (the connection it is
+            // setting up, say).
+            let prepared = match in_flight.as_mut() {
+                None => self.prepare(producer, &[]).await,
+                Some(f) => {
+                    let seqs = f.seqs.clone();
+                    f.alongside(self.prepare(producer, &seqs)).await
+                }
+            };
+            let prepared = match prepared {
                 Ok(p) => p,
                 Err(e) => {
                     if let Some(f) = in_flight.take() {
@@ -518,6 +527,22 @@ impl<'a> Flight<'a> {
     /// Its oldest record.
     fn first(&self) -> u64 {
         self.seqs.first().copied().unwrap_or(u64::MAX)
+    }
+
+    /// Runs `work` to its end while keeping the publish moving (its
+    /// result kept for [`Flight::finish`]).
+    async fn alongside<T>(&mut self, work: impl Future<Output = T>) -> T {
+        tokio::pin!(work);
+        loop {
+            if self.ready.is_some() {
+                return work.await;
+            }
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                done = &mut self.publish => self.ready = Some(done),
+            }
+        }
     }
 
     /// Waits for the publish and settles what it wrote.

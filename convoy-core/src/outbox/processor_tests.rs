@@ -105,11 +105,9 @@ impl Broker for Piped {
     }
 }
 
-/// A processor of a memory outbox holding `n` records over 8 keys,
-/// publishing to `broker`.
-async fn processor(broker: Arc<Piped>, n: usize) -> (OutboxProcessor, Arc<MemoryOutbox>) {
-    let store = Arc::new(MemoryOutbox::new());
-    let envelopes = (0..n)
+/// `n` events over 8 keys.
+fn envelopes(n: usize) -> Vec<Envelope> {
+    (0..n)
         .map(|i| Envelope {
             id: format!("e{i}"),
             type_name: "Ticked".into(),
@@ -121,8 +119,14 @@ async fn processor(broker: Arc<Piped>, n: usize) -> (OutboxProcessor, Arc<Memory
             payload: "{}".into(),
             origin: None,
         })
-        .collect();
-    store.append(envelopes).await.expect("append");
+        .collect()
+}
+
+/// A processor of a memory outbox holding `n` records over 8 keys,
+/// publishing to `broker`.
+async fn processor(broker: Arc<Piped>, n: usize) -> (OutboxProcessor, Arc<MemoryOutbox>) {
+    let store = Arc::new(MemoryOutbox::new());
+    store.append(envelopes(n)).await.expect("append");
     let p = OutboxProcessor::new(
         store.clone(),
         broker,
@@ -131,6 +135,16 @@ async fn processor(broker: Arc<Piped>, n: usize) -> (OutboxProcessor, Arc<Memory
         Arc::new(Notify::new()),
     );
     (p, store)
+}
+
+/// Asserts that `broker` wrote `n` records, each once, in seq order.
+fn written_once_in_order(broker: &Piped, n: usize) {
+    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
+    assert_eq!(written.len(), n);
+    assert!(
+        written.windows(2).all(|w| w[0] < w[1]),
+        "in order, once each"
+    );
 }
 
 #[tokio::test]
@@ -148,12 +162,7 @@ async fn the_next_batch_is_handed_over_while_the_previous_one_is_in_flight() {
     assert_eq!(floors[0], firsts[0]);
     assert_eq!(floors[1], firsts[0]);
     assert_eq!(floors[2], firsts[1]);
-    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
-    assert!(
-        written.windows(2).all(|w| w[0] < w[1]),
-        "in order, once each"
-    );
-    assert_eq!(written.len(), 2 * BATCH + 100);
+    written_once_in_order(&broker, 2 * BATCH + 100);
     assert_eq!(store.stats().await.expect("stats").pending, 0);
 }
 
@@ -178,12 +187,7 @@ async fn a_failed_batch_stops_the_pipeline_and_everything_goes_out_again_in_orde
     // The next drain publishes everything, in order, once.
     *broker.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
     assert_eq!(p.drain().await.expect("drained"), 2 * BATCH + 100);
-    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
-    assert_eq!(written.len(), 2 * BATCH + 100);
-    assert!(
-        written.windows(2).all(|w| w[0] < w[1]),
-        "in order, once each"
-    );
+    written_once_in_order(&broker, 2 * BATCH + 100);
 }
 
 #[tokio::test]
@@ -196,12 +200,7 @@ async fn a_batch_refused_as_out_of_turn_is_sent_again_at_once() {
     });
     let (p, store) = processor(broker.clone(), 2 * BATCH + 100).await;
     assert_eq!(p.drain().await.expect("drained"), 2 * BATCH + 100);
-    let written = broker.written.lock().map(|w| w.clone()).unwrap_or_default();
-    assert_eq!(written.len(), 2 * BATCH + 100);
-    assert!(
-        written.windows(2).all(|w| w[0] < w[1]),
-        "in order, once each"
-    );
+    written_once_in_order(&broker, 2 * BATCH + 100);
     assert_eq!(store.stats().await.expect("stats").pending, 0);
     let failures: u32 = store
         .records()
@@ -211,4 +210,123 @@ async fn a_batch_refused_as_out_of_turn_is_sent_again_at_once() {
         .map(|r| r.attempts)
         .sum();
     assert_eq!(failures, 0, "an out-of-turn refusal is not a failure");
+}
+
+/// A memory outbox whose read of the next batch (while one is in flight)
+/// waits for a permit, given by the publish in flight only when it is
+/// polled after its first poll (as a publish that sets up the connection
+/// the read then needs).
+struct Gated {
+    inner: MemoryOutbox,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl OutboxStore for Gated {
+    fn append(&self, envelopes: Vec<Envelope>) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.append(envelopes)
+    }
+    fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.pending(limit)
+    }
+    fn pending_excluding<'a>(
+        &'a self,
+        limit: usize,
+        in_flight: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
+        Box::pin(async move {
+            if let Ok(permit) = self.gate.acquire().await {
+                permit.forget();
+            }
+            self.inner.pending_excluding(limit, in_flight).await
+        })
+    }
+    fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.mark_published(seqs)
+    }
+    fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.mark_abandoned(seq, reason)
+    }
+    fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.record_failure(seq)
+    }
+    fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.records()
+    }
+    fn stats(&self) -> BoxFuture<'_, Result<super::super::OutboxStats, Error>> {
+        self.inner.stats()
+    }
+    fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
+        self.inner.abandoned(limit)
+    }
+    fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.retry(seq)
+    }
+    fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
+        self.inner.discard(seq)
+    }
+}
+
+/// A pipelining broker whose publish, once polled again after its first
+/// poll, gives the store's read its permit, and then finishes.
+struct Opening {
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Broker for Opening {
+    fn name(&self) -> &str {
+        "opening"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+    fn publish<'a>(
+        &'a self,
+        producer: &'a Producer,
+        batch: &'a [Publication],
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        self.publish_behind(producer, batch, 0)
+    }
+    fn pipelines_publishes(&self) -> bool {
+        true
+    }
+    fn publish_behind<'a>(
+        &'a self,
+        _producer: &'a Producer,
+        _batch: &'a [Publication],
+        _floor: u64,
+    ) -> BoxFuture<'a, Result<(), PublishError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.gate.add_permits(1);
+            Ok(())
+        })
+    }
+    fn run(
+        self: Arc<Self>,
+        _plan: Arc<ConsumerPlan>,
+        _shutdown: CancellationToken,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn the_batch_in_flight_keeps_moving_while_the_next_is_read() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let store = Arc::new(Gated {
+        inner: MemoryOutbox::new(),
+        gate: gate.clone(),
+    });
+    store.append(envelopes(3 * BATCH)).await.expect("append");
+    let p = OutboxProcessor::new(
+        store,
+        Arc::new(Opening { gate }),
+        PriorityLanesConfig::default(),
+        "e0",
+        Arc::new(Notify::new()),
+    );
+    let drained = tokio::time::timeout(std::time::Duration::from_secs(10), p.drain())
+        .await
+        .expect("the drain finishes: the read waits on the batch in flight");
+    assert_eq!(drained.expect("drained"), 3 * BATCH);
 }

@@ -105,11 +105,6 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if forever then
-  redis.call('SET', KEYS[3], ARGV[5])
-else
-  redis.call('SET', KEYS[3], ARGV[5], 'PX', ttl)
-end
 if forever and #ARGV == 7 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
@@ -219,5 +214,13 @@ if #sent > 0 then
 end
 if not forever then
   redis.call('PEXPIRE', KEYS[1], ttl)
+end
+-- This call ran, last: a call sent behind it may run now. Written at the
+-- end, so a call that failed half-way (Redis keeps what a script wrote
+-- before its error) is never taken as run.
+if forever then
+  redis.call('SET', KEYS[3], ARGV[5])
+else
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ttl)
 end
 return out

@@ -223,7 +223,11 @@ fn is_origin(origin: &str, producer: &str, seq: u64) -> bool {
     origin
         .strip_prefix(producer)
         .and_then(|rest| rest.strip_prefix('#'))
-        .is_some_and(|s| s.parse::<u64>() == Ok(seq) && (s == "0" || !s.starts_with('0')))
+        .is_some_and(|s| {
+            s.bytes().all(|b| b.is_ascii_digit())
+                && s.parse::<u64>() == Ok(seq)
+                && (s == "0" || !s.starts_with('0'))
+        })
 }
 
 #[cfg(test)]
@@ -239,5 +243,6 @@ mod tests {
         assert!(!is_origin("pg/b#42", "pg/a", 42));
         assert!(!is_origin("pg/a#43", "pg/a", 42));
         assert!(!is_origin("pg/a42", "pg/a", 42));
+        assert!(!is_origin("pg/a#+42", "pg/a", 42));
     }
 }

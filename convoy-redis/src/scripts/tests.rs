@@ -801,6 +801,22 @@ async fn a_batch_sent_behind_a_call_that_did_not_run_writes_nothing() {
         "{e}"
     );
     assert_eq!(xlen(&mut c, stream).await, 6);
+    // A call that fails half-way (a key of another type where a stream
+    // belongs: Redis keeps the writes before the error) is not taken as
+    // run: the call behind it is refused.
+    cmd(&mut c, &["SET", "{0}cat:bad", "x"]).await;
+    let half: Vec<_> = [publication(7, "k"), publication(8, "bad")].into();
+    publish_call(&mut c, &half, 7, "g", None)
+        .await
+        .expect_err("WRONGTYPE half-way");
+    let behind: Vec<_> = [publication(9, "k")].into();
+    let e = publish_call(&mut c, &behind, 7, "h", Some("g"))
+        .await
+        .expect_err("out of turn");
+    assert!(
+        matches!(e, convoy_core::error::Error::PublishedOutOfTurn),
+        "{e}"
+    );
 }
 
 /// A call's records go as runs of one stream and shape: convoy's usual
