@@ -657,9 +657,6 @@ fn config(redis: &str, db: &str, s: &Settings) -> Config {
     c.outbox.retention_seconds = 3600;
     c.outbox.leader_timeout_ms = s.leader_timeout_ms;
     c.outbox.poll_interval_ms = 200;
-    // Small publish batches: a backlog goes out as several batches, one in
-    // flight behind another (the pipelined publish under every fault).
-    c.outbox.batch = 8;
     c
 }
 
