@@ -29,6 +29,10 @@ struct Piped {
     most_in_flight: AtomicUsize,
     fail: Mutex<Option<usize>>,
     refuse: Option<usize>,
+    /// Given a permit by each publish when it is polled again after its
+    /// first poll (as a publish that sets up the connection a read then
+    /// needs).
+    opens: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Piped {
@@ -73,7 +77,11 @@ impl Broker for Piped {
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         let behind = (now > 1).then(|| number - 1);
         Box::pin(async move {
-            for _ in 0..3 {
+            tokio::task::yield_now().await;
+            if let Some(gate) = &self.opens {
+                gate.add_permits(1);
+            }
+            for _ in 0..2 {
                 tokio::task::yield_now().await;
             }
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -213,9 +221,7 @@ async fn a_batch_refused_as_out_of_turn_is_sent_again_at_once() {
 }
 
 /// A memory outbox whose read of the next batch (while one is in flight)
-/// waits for a permit, given by the publish in flight only when it is
-/// polled after its first poll (as a publish that sets up the connection
-/// the read then needs).
+/// waits for a permit, given by the publish in flight ([`Piped::opens`]).
 struct Gated {
     inner: MemoryOutbox,
     gate: Arc<tokio::sync::Semaphore>,
@@ -266,50 +272,6 @@ impl OutboxStore for Gated {
     }
 }
 
-/// A pipelining broker whose publish, once polled again after its first
-/// poll, gives the store's read its permit, and then finishes.
-struct Opening {
-    gate: Arc<tokio::sync::Semaphore>,
-}
-
-impl Broker for Opening {
-    fn name(&self) -> &str {
-        "opening"
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
-    }
-    fn publish<'a>(
-        &'a self,
-        producer: &'a Producer,
-        batch: &'a [Publication],
-    ) -> BoxFuture<'a, Result<(), PublishError>> {
-        self.publish_behind(producer, batch, 0)
-    }
-    fn pipelines_publishes(&self) -> bool {
-        true
-    }
-    fn publish_behind<'a>(
-        &'a self,
-        _producer: &'a Producer,
-        _batch: &'a [Publication],
-        _floor: u64,
-    ) -> BoxFuture<'a, Result<(), PublishError>> {
-        Box::pin(async move {
-            tokio::task::yield_now().await;
-            self.gate.add_permits(1);
-            Ok(())
-        })
-    }
-    fn run(
-        self: Arc<Self>,
-        _plan: Arc<ConsumerPlan>,
-        _shutdown: CancellationToken,
-    ) -> BoxFuture<'static, Result<(), Error>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
 #[tokio::test]
 async fn the_batch_in_flight_keeps_moving_while_the_next_is_read() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -320,7 +282,10 @@ async fn the_batch_in_flight_keeps_moving_while_the_next_is_read() {
     store.append(envelopes(3 * BATCH)).await.expect("append");
     let p = OutboxProcessor::new(
         store,
-        Arc::new(Opening { gate }),
+        Arc::new(Piped {
+            opens: Some(gate),
+            ..Piped::default()
+        }),
         PriorityLanesConfig::default(),
         "e0",
         Arc::new(Notify::new()),
