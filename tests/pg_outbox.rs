@@ -527,3 +527,40 @@ async fn exactly_once_is_keyed_by_the_event_not_its_stream_entry() {
         "the stale owner's refused claim changed nothing"
     );
 }
+
+/// A pipelining relay reads the next batch while earlier ones are in
+/// flight: the read leaves their rows out and still returns up to its
+/// limit of the others, oldest first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_batch_is_read_without_the_rows_in_flight() {
+    use convoy_runtime::outbox::OutboxStore;
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    let outbox = env.outbox().await;
+    let recorder = Recorder::new(&env.redis.url(), "pg-excluding").expect("recorder");
+    let d = domain(
+        env.config(),
+        "w",
+        Recording::new(recorder, "w", Duration::ZERO),
+    );
+    for seq in 0..6 {
+        commit_events(&d, &pool, &[Posted::new("a", seq)], true).await;
+    }
+    let all: Vec<u64> = outbox
+        .pending(10)
+        .await
+        .expect("pending")
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(all.len(), 6);
+    let in_flight = [all[0], all[2], all[3]];
+    let next: Vec<u64> = outbox
+        .pending_excluding(2, &in_flight)
+        .await
+        .expect("pending, excluding the rows in flight")
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(next, vec![all[1], all[4]]);
+}

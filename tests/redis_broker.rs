@@ -7,6 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_runtime::broker::{Broker, Producer, Publication};
 use convoy_runtime::redis::{RedisBroker, keys};
 use convoy_runtime::testing::{Recorder, RedisServer, check_order};
 use convoy_runtime::{
@@ -538,32 +539,10 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
 /// out behind it, and the stream holds every record once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
-    use convoy_runtime::broker::{Broker, Producer, Publication};
     let server = RedisServer::start().expect("redis-server");
-    let mut config = Config::default();
-    config.broker.shards = 1;
-    let broker = RedisBroker::from_url(&server.url()).expect("broker");
-    broker.configure(&config).expect("configured");
-    let producer = Producer {
-        name: "test/pipelined".into(),
-        epoch: 0,
-    };
-    let publication = |seq: u64| Publication {
-        seq,
-        envelope: Envelope {
-            id: format!("id-{seq}"),
-            type_name: "Posted".into(),
-            category: "ledger".into(),
-            partition_key: Some("k".into()),
-            time_ms: 0,
-            priority: Priority::Normal,
-            correlation_id: None,
-            payload: format!("{{\"seq\":{seq}}}"),
-            origin: None,
-        },
-    };
-    let first: Vec<Publication> = (1..=3).map(publication).collect();
-    let second: Vec<Publication> = (4..=6).map(publication).collect();
+    let (broker, producer) = pipelining_broker(&server);
+    let first: Vec<Publication> = (1..=3).map(ledger_publication).collect();
+    let second: Vec<Publication> = (4..=6).map(ledger_publication).collect();
     let stream = keys::partition_stream(0, "ledger", "k");
     let mut c = server.connection().await.expect("connection");
     let ids = |c: &mut redis::aio::MultiplexedConnection| {
@@ -604,4 +583,77 @@ async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
         .expect("the second, behind nothing in flight");
     let want: Vec<String> = (1..=6).map(|s| format!("{{\"seq\":{s}}}")).collect();
     assert_eq!(ids(&mut c).await, want);
+}
+
+/// A one-shard broker on `server`, and a producer of its own.
+fn pipelining_broker(server: &RedisServer) -> (RedisBroker, Producer) {
+    let mut config = Config::default();
+    config.broker.shards = 1;
+    let broker = RedisBroker::from_url(&server.url()).expect("broker");
+    broker.configure(&config).expect("configured");
+    let producer = Producer {
+        name: "test/pipelined".into(),
+        epoch: 0,
+    };
+    (broker, producer)
+}
+
+/// Outbox record `seq` of key `k` of `ledger`, its seq in its payload.
+fn ledger_publication(seq: u64) -> Publication {
+    Publication {
+        seq,
+        envelope: Envelope {
+            id: format!("id-{seq}"),
+            type_name: "Posted".into(),
+            category: "ledger".into(),
+            partition_key: Some("k".into()),
+            time_ms: 0,
+            priority: Priority::Normal,
+            correlation_id: None,
+            payload: format!("{{\"seq\":{seq}}}"),
+            origin: None,
+        },
+    }
+}
+
+/// A batch is reported published only once its wake-ups are written, a
+/// batch sent behind it or not: its records then leave the outbox, and a
+/// publisher killed before the wake-ups went out would leave events on
+/// their streams that no idle owner is woken for (until its reap check,
+/// an hour later by default).
+///
+/// The runtime has one thread and the wake stream is read with a blocking
+/// call, so a wake-up written by a task the publish merely spawned cannot
+/// be seen.
+#[tokio::test]
+async fn a_batch_with_another_behind_it_is_published_with_its_wake_ups() {
+    let server = RedisServer::start().expect("redis-server");
+    let (broker, producer) = pipelining_broker(&server);
+    let first: Vec<Publication> = (1..=3).map(ledger_publication).collect();
+    let second: Vec<Publication> = (4..=6).map(ledger_publication).collect();
+    let wake_keys = || {
+        let mut sync = redis::Client::open(server.url())
+            .expect("client")
+            .get_connection()
+            .expect("a blocking connection");
+        let wake: redis::streams::StreamRangeReply =
+            redis::Commands::xrange_all(&mut sync, keys::wake_stream("ledger")).expect("xrange");
+        wake.ids
+            .iter()
+            .filter_map(|e| e.get::<String>("k"))
+            .collect::<Vec<String>>()
+    };
+    let first_publish = broker.publish_behind(&producer, &first, 1);
+    // Handed over while the first is in flight: sent behind it.
+    let second_publish = broker.publish_behind(&producer, &second, 1);
+    first_publish.await.expect("the first batch");
+    assert_eq!(
+        wake_keys(),
+        vec!["k".to_owned()],
+        "woken before it is settled"
+    );
+    second_publish
+        .await
+        .expect("the second batch, behind the first");
+    assert_eq!(wake_keys().len(), 2);
 }

@@ -275,9 +275,13 @@ impl PgOutbox {
         &self,
         sql: AssertSqlSafe<String>,
         limit: i64,
+        excluding: Option<&[u64]>,
     ) -> Result<Vec<OutboxRecord>, Error> {
-        let rows = sqlx::query(sql)
-            .bind(limit)
+        let mut query = sqlx::query(sql).bind(limit);
+        if let Some(seqs) = excluding {
+            query = query.bind(ids(seqs));
+        }
+        let rows = query
             .fetch_all(&self.inner.pool)
             .await
             .map_err(missing_table(&self.inner.tables.qualified, self.reading()))?;
@@ -393,7 +397,20 @@ impl OutboxStore for PgOutbox {
             let sql = self.sql(&format!(
                 "SELECT {COLUMNS} FROM {{t}} WHERE status = 0 ORDER BY id LIMIT $1"
             ));
-            self.fetch_records(sql, limit as i64).await
+            self.fetch_records(sql, limit as i64, None).await
+        })
+    }
+
+    fn pending_excluding<'a>(
+        &'a self,
+        limit: usize,
+        in_flight: &'a [u64],
+    ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
+        Box::pin(async move {
+            let sql = self.sql(&format!(
+                "SELECT {COLUMNS} FROM {{t}} WHERE status = 0 AND NOT (id = ANY($2)) ORDER BY id LIMIT $1"
+            ));
+            self.fetch_records(sql, limit as i64, Some(in_flight)).await
         })
     }
 
@@ -437,7 +454,7 @@ impl OutboxStore for PgOutbox {
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
         Box::pin(async move {
             let sql = self.sql(&format!("SELECT {COLUMNS} FROM {{t}} ORDER BY id LIMIT $1"));
-            self.fetch_records(sql, i64::MAX).await
+            self.fetch_records(sql, i64::MAX, None).await
         })
     }
 
@@ -473,7 +490,7 @@ impl OutboxStore for PgOutbox {
             let sql = self.sql(&format!(
                 "SELECT {COLUMNS} FROM {{t}} WHERE status = 2 ORDER BY id LIMIT $1"
             ));
-            self.fetch_records(sql, limit as i64).await
+            self.fetch_records(sql, limit as i64, None).await
         })
     }
 

@@ -388,10 +388,6 @@ impl Broker for RedisBroker {
             let mut failed = None;
             let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
             let results = futures::future::join_all(runs).await;
-            // A batch is behind this one: its wake-ups are written without
-            // holding the publisher up (they would wait behind that
-            // batch's script, and the publisher with them).
-            let followed = calls.iter().any(InFlight::followed);
             drop(calls);
             for ((shard, records), r) in by_shard.iter().zip(results) {
                 match r {
@@ -412,34 +408,30 @@ impl Broker for RedisBroker {
                     }
                 }
             }
-            let mut woken = HashSet::new();
-            let keys = written.iter().filter_map(|r| {
-                let key = r.partition?;
-                let at = (r.publication.envelope.category.as_str(), key);
-                woken.insert(at).then_some(at)
-            });
             // An idle owner waits for its wake-up: without it, a new event
-            // would wait for the owner's next reap check. The wake stream
-            // is one key per category, in one slot: a failure to write it
-            // (its master failing over) does not hold the batch, whose
-            // events are in Redis; its wake-ups are written again in the
-            // background.
-            if followed {
-                let owned: Vec<(String, String)> =
-                    keys.map(|(c, k)| (c.to_owned(), k.to_owned())).collect();
-                tokio::spawn(wake::hint_later(conn.clone(), owned));
-            } else if let Err(e) = wake::hint(&mut conn, keys, false).await {
+            // would wait for the owner's next reap check. The batch is
+            // reported published (and its records leave the outbox) only
+            // once its wake-ups are written: a publisher killed in between
+            // would leave events on their streams that nobody is woken
+            // for. (A batch sent behind this one is not held up: the
+            // processor prepares the next while both are in flight.)
+            // The wake stream is one key per category, in one slot: a
+            // failure to write it (its master failing over) does not hold
+            // the batch, whose events are in Redis; its wake-ups are
+            // written again in the background, and the owners, whose reads
+            // of that stream fail too, wake every unit they own.
+            let mut woken = HashSet::new();
+            let keys: Vec<(&str, &str)> = written
+                .iter()
+                .filter_map(|r| {
+                    let at = (r.publication.envelope.category.as_str(), r.partition?);
+                    woken.insert(at).then_some(at)
+                })
+                .collect();
+            if let Err(e) = wake::hint(&mut conn, keys.iter().copied(), false).await {
                 tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
-                let mut woken = HashSet::new();
-                let owned: Vec<(String, String)> = written
-                    .iter()
-                    .filter_map(|r| {
-                        let key = r.partition?;
-                        let at = (r.publication.envelope.category.as_str(), key);
-                        woken.insert(at).then(|| (at.0.to_owned(), at.1.to_owned()))
-                    })
-                    .collect();
-                tokio::spawn(wake::hint_later(conn.clone(), owned));
+                let owned = keys.iter().map(|(c, k)| ((*c).to_owned(), (*k).to_owned()));
+                tokio::spawn(wake::hint_later(conn.clone(), owned.collect()));
             }
             match failed {
                 None => Ok(()),

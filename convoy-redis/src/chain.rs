@@ -72,20 +72,6 @@ impl Calls {
     }
 }
 
-impl InFlight {
-    /// Whether a later call of the producer to the shard was registered
-    /// while this one was in flight (it is sent behind this one).
-    pub(crate) fn followed(&self) -> bool {
-        self.calls
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&self.key)
-            .and_then(|calls| calls.last())
-            .is_some_and(|last| *last != self.id)
-    }
-}
-
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut in_flight = self
@@ -113,8 +99,6 @@ mod tests {
         assert_eq!(a.behind, None);
         let b = calls.register("p", 0, 0);
         assert_eq!(b.behind.as_deref(), Some(a.id.as_str()));
-        assert!(a.followed());
-        assert!(!b.followed());
         // Another shard, producer or epoch: nothing in flight there.
         assert_eq!(calls.register("p", 0, 1).behind, None);
         assert_eq!(calls.register("q", 0, 0).behind, None);

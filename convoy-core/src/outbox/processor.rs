@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,12 @@ use crate::tracing;
 /// shard's dedup and epoch checks) is shared by many records; a light
 /// load publishes each batch as it commits, whatever its size.
 pub const BATCH: usize = 2048;
+
+/// How many batches a pipelining drain keeps in flight while it prepares
+/// the next: a batch's publish answers once its wake-ups are written,
+/// which queue behind the next batch's scripts, so the oldest of two is
+/// usually waiting only for that.
+const DEPTH: usize = 2;
 
 /// How long a stopping relay keeps publishing what is pending.
 const FINAL_DRAIN: Duration = Duration::from_secs(5);
@@ -343,22 +349,17 @@ impl OutboxProcessor {
     /// Publishes everything pending now as `producer`; stops at the first
     /// broker error.
     ///
-    /// With a broker that pipelines publishes, and a single publisher
-    /// (epoch 0: the memory outbox), the next batch is read,
-    /// checked and handed over while the previous one is in flight (its
-    /// records left out of the read), so a batch's round trip and Redis's
-    /// work on it overlap the preparation of the next. The broker writes
-    /// nothing of a batch where the one before it did not run first; when a
-    /// batch fails, the one behind it is settled for what it wrote and the
-    /// pipeline stops, and the rest goes out again in order.
+    /// With a broker that pipelines publishes, the next batch is read,
+    /// checked and handed over while up to [`DEPTH`] earlier ones are in
+    /// flight (their records left out of the read), so a batch's round
+    /// trip and Redis's work on it overlap the preparation of the next.
+    /// The broker writes nothing of a batch where the one before it did
+    /// not run first; when a batch fails, those behind it are settled for
+    /// what they wrote and the pipeline stops, and the rest goes out again
+    /// in order.
     pub async fn drain_as(&self, producer: &Producer) -> Result<usize, Error> {
         let mut n = 0;
-        // An elected relay (epoch above 0: a shared outbox, PostgreSQL's)
-        // publishes one batch at a time: a fault schedule of a relay
-        // handover during a Redis outage once left two events published
-        // without their effect with batches in flight two at a time, and
-        // the cause is not known yet.
-        if !self.broker.pipelines_publishes() || producer.epoch > 0 {
+        if !self.broker.pipelines_publishes() {
             loop {
                 let k = self.process_batch_as(producer).await?;
                 if k == 0 {
@@ -367,23 +368,26 @@ impl OutboxProcessor {
                 n += k;
             }
         }
-        let mut in_flight: Option<Flight<'_>> = None;
+        let mut in_flight: VecDeque<Flight<'_>> = VecDeque::with_capacity(DEPTH + 1);
         loop {
-            // The batch in flight keeps moving while the next is read: it
-            // may hold what the read waits for (the connection it is
+            // The batches in flight keep moving while the next is read:
+            // they may hold what the read waits for (the connection one is
             // setting up, say).
-            let prepared = match in_flight.as_mut() {
-                None => self.prepare(producer, &[]).await,
-                Some(f) => {
-                    let seqs = f.seqs.clone();
-                    f.alongside(self.prepare(producer, &seqs)).await
-                }
+            let prepared = if in_flight.is_empty() {
+                self.prepare(producer, &[]).await
+            } else {
+                let mut seqs: Vec<u64> = in_flight
+                    .iter()
+                    .flat_map(|f| f.seqs.iter().copied())
+                    .collect();
+                seqs.sort_unstable();
+                alongside(&mut in_flight, self.prepare(producer, &seqs)).await
             };
             let prepared = match prepared {
                 Ok(p) => p,
                 Err(e) => {
-                    if let Some(f) = in_flight.take() {
-                        // What it wrote is settled; the read's error is told.
+                    // What they wrote is settled; the read's error is told.
+                    for f in in_flight.drain(..) {
                         let _ = f.finish(self).await;
                     }
                     return Err(e);
@@ -391,35 +395,58 @@ impl OutboxProcessor {
             };
             n += prepared.settled;
             if prepared.batch.is_empty() {
-                match in_flight.take() {
-                    // Nothing more while a batch was in flight: settle it,
-                    // then read again from the oldest pending record.
-                    Some(f) => n += finished(f.finish(self).await)?,
-                    None if prepared.settled == 0 => return Ok(n),
-                    None => {}
+                if in_flight.is_empty() {
+                    if prepared.settled == 0 {
+                        return Ok(n);
+                    }
+                    continue;
                 }
+                // Nothing more while batches were in flight: settle them,
+                // then read again from the oldest pending record.
+                n += self.finish_all(&mut in_flight).await?;
                 continue;
             }
             // Every seq below the oldest record in flight or in this batch
             // was settled (the read leaves out only what is in flight).
-            let floor = in_flight.as_ref().map_or(prepared.batch[0].seq, |f| {
-                f.first().min(prepared.batch[0].seq)
-            });
-            let next = Flight::launch(self, producer, prepared.batch, floor).await;
-            if let Some(f) = in_flight.take() {
-                let done = f.finish(self).await;
-                if done.is_err() {
-                    // The batch behind it ran only where this one did:
-                    // settle what it wrote, and start again from the oldest
-                    // pending record.
-                    n += next.finish(self).await.unwrap_or(0);
-                    finished(done)?;
-                    continue;
-                }
-                n += finished(done)?;
+            let floor = in_flight
+                .iter()
+                .map(Flight::first)
+                .fold(prepared.batch[0].seq, u64::min);
+            in_flight.push_back(Flight::launch(self, producer, prepared.batch, floor).await);
+            if in_flight.len() > DEPTH {
+                n += self.finish_oldest(&mut in_flight).await?;
             }
-            in_flight = Some(next);
         }
+    }
+
+    /// Settles the batches in flight, oldest first (see
+    /// [`OutboxProcessor::finish_oldest`]).
+    async fn finish_all(&self, in_flight: &mut VecDeque<Flight<'_>>) -> Result<usize, Error> {
+        let mut n = 0;
+        while !in_flight.is_empty() {
+            n += self.finish_oldest(in_flight).await?;
+        }
+        Ok(n)
+    }
+
+    /// Waits for the oldest batch in flight and settles what it wrote. When
+    /// it failed, the batches behind it ran only where it did: they are
+    /// settled for what they wrote, and the drain goes on from the oldest
+    /// pending record (after a refusal out of turn) or stops with the
+    /// error.
+    async fn finish_oldest(&self, in_flight: &mut VecDeque<Flight<'_>>) -> Result<usize, Error> {
+        let Some(oldest) = in_flight.pop_front() else {
+            return Ok(0);
+        };
+        let done = oldest.finish(self).await;
+        if done.is_ok() {
+            return done;
+        }
+        let mut n = 0;
+        for f in in_flight.drain(..) {
+            n += f.finish(self).await.unwrap_or(0);
+        }
+        Ok(n + finished(done)?)
     }
 
     /// Exports the store's backlog, oldest pending age and abandoned count
@@ -535,22 +562,6 @@ impl<'a> Flight<'a> {
         self.seqs.first().copied().unwrap_or(u64::MAX)
     }
 
-    /// Runs `work` to its end while keeping the publish moving (its
-    /// result kept for [`Flight::finish`]).
-    async fn alongside<T>(&mut self, work: impl Future<Output = T>) -> T {
-        tokio::pin!(work);
-        loop {
-            if self.ready.is_some() {
-                return work.await;
-            }
-            tokio::select! {
-                biased;
-                out = &mut work => return out,
-                done = &mut self.publish => self.ready = Some(done),
-            }
-        }
-    }
-
     /// Waits for the publish and settles what it wrote.
     async fn finish(self, processor: &OutboxProcessor) -> Result<usize, Error> {
         let (batch, result) = match self.ready {
@@ -559,6 +570,21 @@ impl<'a> Flight<'a> {
         };
         processor.settle(&batch, 0, result).await
     }
+}
+
+/// Runs `work` to its end while keeping the publishes `in_flight` moving
+/// (each one's result kept for [`Flight::finish`]).
+async fn alongside<T>(in_flight: &mut VecDeque<Flight<'_>>, work: impl Future<Output = T>) -> T {
+    tokio::pin!(work);
+    std::future::poll_fn(|cx| {
+        for f in in_flight.iter_mut().filter(|f| f.ready.is_none()) {
+            if let std::task::Poll::Ready(out) = f.publish.as_mut().poll(cx) {
+                f.ready = Some(out);
+            }
+        }
+        work.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// The top-level field names of a JSON object payload (none for another
