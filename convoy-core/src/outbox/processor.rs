@@ -406,6 +406,15 @@ impl OutboxProcessor {
                 n += self.finish_all(&mut in_flight).await?;
                 continue;
             }
+            // A batch is never handed over behind one that failed: a failed
+            // call is no longer in flight, so the broker would not hold
+            // this one behind it, and its records would land ahead of the
+            // failed one's. The batches in flight are settled first; this
+            // one stays pending and is read again.
+            if in_flight.iter().any(Flight::failed) {
+                n += self.finish_all(&mut in_flight).await?;
+                continue;
+            }
             // Every seq below the oldest record in flight or in this batch
             // was settled (the read leaves out only what is in flight).
             let floor = in_flight
@@ -555,6 +564,11 @@ impl<'a> Flight<'a> {
             ready,
             seqs,
         }
+    }
+
+    /// Whether its publish finished with an error.
+    fn failed(&self) -> bool {
+        matches!(self.ready, Some((_, Err(_))))
     }
 
     /// Its oldest record.

@@ -225,10 +225,12 @@ async fn a_batch_refused_as_out_of_turn_is_sent_again_at_once() {
 }
 
 /// A memory outbox whose read of the next batch (while one is in flight)
-/// waits for a permit, given by the publish in flight ([`Piped::opens`]).
+/// waits for a permit, given by the publish in flight ([`Piped::opens`]),
+/// or takes `yields` scheduler turns (longer than a publish).
 struct Gated {
     inner: MemoryOutbox,
-    gate: Arc<tokio::sync::Semaphore>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    yields: usize,
 }
 
 impl OutboxStore for Gated {
@@ -244,8 +246,13 @@ impl OutboxStore for Gated {
         in_flight: &'a [u64],
     ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
         Box::pin(async move {
-            if let Ok(permit) = self.gate.acquire().await {
+            if let Some(gate) = &self.gate
+                && let Ok(permit) = gate.acquire().await
+            {
                 permit.forget();
+            }
+            for _ in 0..self.yields {
+                tokio::task::yield_now().await;
             }
             self.inner.pending_excluding(limit, in_flight).await
         })
@@ -281,7 +288,8 @@ async fn the_batch_in_flight_keeps_moving_while_the_next_is_read() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let store = Arc::new(Gated {
         inner: MemoryOutbox::new(),
-        gate: gate.clone(),
+        gate: Some(gate.clone()),
+        yields: 0,
     });
     store.append(envelopes(3 * BATCH)).await.expect("append");
     let p = OutboxProcessor::new(
@@ -298,4 +306,32 @@ async fn the_batch_in_flight_keeps_moving_while_the_next_is_read() {
         .await
         .expect("the drain finishes: the read waits on the batch in flight");
     assert_eq!(drained.expect("drained"), 3 * BATCH);
+}
+
+#[tokio::test]
+async fn no_batch_is_handed_over_behind_one_that_already_failed() {
+    // The second call fails while the third batch is read (the reads are
+    // slower than a publish): the third is not handed over, since no call
+    // in flight would hold it behind the failed one.
+    let broker = Arc::new(Piped::default());
+    *broker.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(1);
+    let store = Arc::new(Gated {
+        inner: MemoryOutbox::new(),
+        gate: None,
+        yields: 10,
+    });
+    let n = 4 * BATCH;
+    store.append(envelopes(n)).await.expect("append");
+    let p = OutboxProcessor::new(
+        store,
+        broker.clone(),
+        PriorityLanesConfig::default(),
+        "e0",
+        Arc::new(Notify::new()),
+    );
+    let e = p.drain().await.expect_err("the second batch failed");
+    assert!(matches!(e, Error::Shutdown), "its error: {e}");
+    *broker.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    assert_eq!(p.drain().await.expect("drained"), n - BATCH);
+    written_once_in_order(&broker, n);
 }
