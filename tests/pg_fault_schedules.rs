@@ -1165,6 +1165,102 @@ async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
     })
 }
 
+/// Where each committed event without an effect was lost: its outbox row,
+/// the handler's runs of it that found it applied, and the entries of its
+/// key's streams that carry it, with the streams' consumer groups (read
+/// from PostgreSQL and Redis after the drain).
+async fn diagnose_gaps(pool: &PgPool, redis_url: &str, snap: &Snapshot) -> String {
+    let applied: BTreeSet<(&str, u64)> =
+        snap.effects.iter().map(|e| (e.key.as_str(), e.n)).collect();
+    let mut redis = match redis::Client::open(redis_url) {
+        Ok(c) => c.get_multiplexed_async_connection().await.ok(),
+        Err(_) => None,
+    };
+    let mut out = Vec::new();
+    for (key, n, uuid) in &snap.committed {
+        if applied.contains(&(key.as_str(), *n)) {
+            continue;
+        }
+        out.push(format!("== key {key} n {n} uuid {uuid}"));
+        let rows = sqlx::query_as::<_, (i64, i16, i32, Option<String>)>(
+            "SELECT id, status, attempts, published_at::text FROM convoy_outbox
+             WHERE envelope LIKE '%' || $1 || '%'",
+        )
+        .bind(uuid)
+        .fetch_all(pool)
+        .await;
+        out.push(format!(
+            "outbox rows (id, status, attempts, published at): {rows:?}"
+        ));
+        let around = sqlx::query_as::<_, (i64, Option<String>, Option<String>)>(
+            "SELECT n, entry, instance FROM effects WHERE key = $1 AND n BETWEEN $2 - 3 AND $2 + 5 ORDER BY id",
+        )
+        .bind(key)
+        .bind(*n as i64)
+        .fetch_all(pool)
+        .await;
+        out.push(format!(
+            "the key's effects nearby, in applied order (n, entry, instance): {around:?}"
+        ));
+        let rows = sqlx::query_as::<_, (i64, i16, Option<String>)>(
+            "SELECT id, status, published_at::text FROM convoy_outbox
+             WHERE partition_key = convert_to($1, 'UTF8') ORDER BY id",
+        )
+        .bind(key)
+        .fetch_all(pool)
+        .await;
+        out.push(format!(
+            "the key's outbox rows (id, status, published at): {rows:?}"
+        ));
+        for r in snap.reruns.iter().filter(|r| r.uuid == *uuid) {
+            out.push(format!(
+                "re-run found applied: entry {} (row #{})",
+                r.entry, r.id
+            ));
+        }
+        let Some(conn) = redis.as_mut() else {
+            out.push("Redis unreachable".into());
+            continue;
+        };
+        let streams: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*pgfaulty:{key}"))
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        for stream in streams {
+            let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg("-")
+                .arg("+")
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            let carrying: Vec<String> = entries
+                .ids
+                .iter()
+                .filter(|e| {
+                    e.map.values().any(|v| {
+                        redis::from_redis_value::<String>(v.clone())
+                            .is_ok_and(|t| t.contains(uuid.as_str()))
+                    })
+                })
+                .map(|e| format!("{} {:?}", e.id, e.get::<String>("origin")))
+                .collect();
+            let groups: redis::Value = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&stream)
+                .query_async(conn)
+                .await
+                .unwrap_or(redis::Value::Nil);
+            out.push(format!(
+                "stream {stream}: {} entries, carrying it: {carrying:?}; groups: {groups:?}",
+                entries.ids.len()
+            ));
+        }
+    }
+    out.join("\n")
+}
+
 /// (rows pending in the outbox, committed events, committed events with
 /// their effect, effect rows).
 async fn progress(pool: &PgPool) -> Result<(i64, i64, i64, i64), sqlx::Error> {
@@ -1965,6 +2061,10 @@ async fn run_schedule(seed: u64) -> Outcome {
     let snap = snapshot(&pool).await.expect("read the database");
     let mut verdict = check(&snap);
     verdict.violations.extend(harness.problems.iter().cloned());
+    if verdict.gaps > 0 {
+        let diagnosis = diagnose_gaps(&pool, &harness.redis_url, &snap).await;
+        write_file(&dir, "gaps.txt", &diagnosis);
+    }
     pool.close().await;
 
     write_file(&dir, "timeline.txt", &harness.log.join("\n"));

@@ -388,7 +388,24 @@ impl Broker for RedisBroker {
             let mut failed = None;
             let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
             let results = futures::future::join_all(runs).await;
-            drop(calls);
+            for (((shard, records), r), call) in by_shard.iter().zip(&results).zip(&calls) {
+                tracing::debug!(
+                    producer = %producer.name,
+                    epoch = producer.epoch,
+                    shard,
+                    call = %call.id,
+                    behind = call.behind.as_deref().unwrap_or(""),
+                    floor,
+                    first = records.first().map_or(0, |r| r.publication.seq),
+                    last = records.last().map_or(0, |r| r.publication.seq),
+                    records = records.len(),
+                    outcome = %match r {
+                        Ok(p) => format!("wrote {}", p.written),
+                        Err(e) => e.to_string(),
+                    },
+                    "publish call"
+                );
+            }
             for ((shard, records), r) in by_shard.iter().zip(results) {
                 match r {
                     Ok(published) => {
@@ -433,6 +450,13 @@ impl Broker for RedisBroker {
                 let owned = keys.iter().map(|(c, k)| ((*c).to_owned(), (*k).to_owned()));
                 tokio::spawn(wake::hint_later(conn.clone(), owned.collect()));
             }
+            // The calls leave the calls in flight only now that the publish
+            // is over: a batch handed over meanwhile (while these wake-ups
+            // were written) is sent behind them, so it is refused where one
+            // of them was (the processor sees this batch's failure only
+            // once the publish is over, and hands nothing over behind a
+            // failed batch from then on).
+            drop(calls);
             match failed {
                 None => Ok(()),
                 Some(error) => Err(PublishError {

@@ -33,8 +33,11 @@ impl Default for Calls {
     }
 }
 
-/// A call registered and not yet answered; dropping it (answered, failed
-/// or given up) takes it off the shard's calls in flight.
+/// A call registered whose batch's publish is not over; dropping it (the
+/// publish over, failed or given up) takes it off the shard's calls in
+/// flight. A refused call is kept until then, so a batch handed over
+/// before the publisher learns of the refusal is sent behind it, and
+/// refused too.
 #[derive(Debug)]
 pub(crate) struct InFlight {
     calls: Arc<Calls>,
