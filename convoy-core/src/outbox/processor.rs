@@ -350,7 +350,7 @@ impl OutboxProcessor {
     /// broker error.
     ///
     /// With a broker that pipelines publishes, the next batch is read,
-    /// checked and handed over while up to [`DEPTH`] earlier ones are in
+    /// checked and handed over while up to two earlier ones are in
     /// flight (their records left out of the read), so a batch's round
     /// trip and Redis's work on it overlap the preparation of the next.
     /// The broker writes nothing of a batch where the one before it did
