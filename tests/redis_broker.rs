@@ -545,20 +545,6 @@ async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
     let second: Vec<Publication> = (4..=6).map(ledger_publication).collect();
     let stream = keys::partition_stream(0, "ledger", "k");
     let mut c = server.connection().await.expect("connection");
-    let ids = |c: &mut redis::aio::MultiplexedConnection| {
-        let stream = stream.clone();
-        let mut c = c.clone();
-        async move {
-            let entries: redis::streams::StreamRangeReply =
-                c.xrange_all(&stream).await.expect("xrange");
-            entries
-                .ids
-                .iter()
-                .map(|e| e.get::<String>("payload").unwrap_or_default())
-                .collect::<Vec<String>>()
-        }
-    };
-
     let never_sent = broker.publish_behind(&producer, &first, 1);
     let refused = broker
         .publish_behind(&producer, &second, 1)
@@ -570,7 +556,10 @@ async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
         refused.error
     );
     assert!(refused.also_written.is_empty());
-    assert!(ids(&mut c).await.is_empty(), "nothing written ahead");
+    assert!(
+        payloads(&mut c, &stream).await.is_empty(),
+        "nothing written ahead"
+    );
     drop(never_sent);
 
     broker
@@ -582,7 +571,17 @@ async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
         .await
         .expect("the second, behind nothing in flight");
     let want: Vec<String> = (1..=6).map(|s| format!("{{\"seq\":{s}}}")).collect();
-    assert_eq!(ids(&mut c).await, want);
+    assert_eq!(payloads(&mut c, &stream).await, want);
+}
+
+/// The `payload` of each entry of `stream`, in stream order.
+async fn payloads(c: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<String> {
+    let entries: redis::streams::StreamRangeReply = c.xrange_all(stream).await.expect("xrange");
+    entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("payload").unwrap_or_default())
+        .collect()
 }
 
 /// A broker of `shards` shards on `server`, and a producer of its own.
@@ -714,14 +713,8 @@ async fn a_batch_handed_over_while_a_refused_one_writes_its_wake_ups_is_refused_
     let third_result = third_publish.await;
     let mut c = server.connection().await.expect("connection");
     let stream = keys::partition_stream(keys::shard_of(a_key, 2), "ledger", a_key);
-    let entries: redis::streams::StreamRangeReply = c.xrange_all(&stream).await.expect("xrange");
-    let seqs: Vec<String> = entries
-        .ids
-        .iter()
-        .map(|e| e.get::<String>("payload").unwrap_or_default())
-        .collect();
     assert_eq!(
-        seqs,
+        payloads(&mut c, &stream).await,
         vec!["{\"seq\":2}".to_owned()],
         "nothing ahead of seq 3"
     );

@@ -388,7 +388,7 @@ impl Broker for RedisBroker {
             let mut failed = None;
             let mut written: Vec<&Routed<'_>> = Vec::with_capacity(batch.len());
             let results = futures::future::join_all(runs).await;
-            for (((shard, records), r), call) in by_shard.iter().zip(&results).zip(&calls) {
+            for (((shard, records), r), call) in by_shard.iter().zip(results).zip(&calls) {
                 tracing::debug!(
                     producer = %producer.name,
                     epoch = producer.epoch,
@@ -399,14 +399,12 @@ impl Broker for RedisBroker {
                     first = records.first().map_or(0, |r| r.publication.seq),
                     last = records.last().map_or(0, |r| r.publication.seq),
                     records = records.len(),
-                    outcome = %match r {
+                    outcome = %match &r {
                         Ok(p) => format!("wrote {}", p.written),
                         Err(e) => e.to_string(),
                     },
                     "publish call"
                 );
-            }
-            for ((shard, records), r) in by_shard.iter().zip(results) {
                 match r {
                     Ok(published) => {
                         self.marks
