@@ -218,10 +218,14 @@ async fn measure(keys: u64, per_key: u64, max_unacked: usize) -> (Figures, Strin
 async fn commands_client_calls_and_allocations_per_event_stay_within_their_budgets() {
     // (keys, events per key, max_unacked, budgets per event)
     let cases = [
-        // Measured 2026-12-02 (debug build): publish 1.07 (a batch of up
+        // Measured 2026-12-04 (debug build): publish 1.097 (a batch of up
         // to 2048 records: per shard per call one script with its epoch
-        // GET, dedup-set trim, lookup and ZADD with its expiry, one SADD per
-        // partition index and one INCRBY per category), consume 1.44 commands: XACK 1.0, the
+        // GET (an MGET with the last call's id when sent behind another),
+        // dedup-set trim, lookup and ZADD with its expiry, one SADD per
+        // partition index, one INCRBY per category and, on one server, the
+        // XADD of its wake-ups; this short run also pays the scripts'
+        // first loads, 48 SCRIPT LOADs and their refused EVALSHAs, 0.01
+        // per event), consume 1.44 commands: XACK 1.0, the
         // fence's MGET 0.08 (one per call for every unit in it), INCRBY
         // 0.08 (the acknowledged count, once per category per call: the
         // counts are read summed over the shards), reads and trims;

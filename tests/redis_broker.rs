@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use convoy_runtime::broker::{Broker, Producer, Publication};
 use convoy_runtime::redis::{RedisBroker, keys};
-use convoy_runtime::testing::{Recorder, RedisServer, check_order};
+use convoy_runtime::testing::{Recorder, RedisCluster, RedisServer, check_order};
 use convoy_runtime::{
     Aggregate, Config, Context, Domain, Envelope, Event, HandlerError, Priority, event_handler,
 };
@@ -540,7 +540,7 @@ async fn an_entry_that_does_not_belong_where_it_was_read_is_a_failure_with_the_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
     let server = RedisServer::start().expect("redis-server");
-    let (broker, producer) = pipelining_broker(&server, 1);
+    let (broker, producer) = pipelining_broker(&server.url(), 1);
     let first: Vec<Publication> = (1..=3).map(ledger_publication).collect();
     let second: Vec<Publication> = (4..=6).map(ledger_publication).collect();
     let stream = keys::partition_stream(0, "ledger", "k");
@@ -575,7 +575,10 @@ async fn a_batch_handed_over_behind_one_never_sent_writes_nothing() {
 }
 
 /// The `payload` of each entry of `stream`, in stream order.
-async fn payloads(c: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<String> {
+async fn payloads(
+    c: &mut (impl redis::aio::ConnectionLike + Send + Sync),
+    stream: &str,
+) -> Vec<String> {
     let entries: redis::streams::StreamRangeReply = c.xrange_all(stream).await.expect("xrange");
     entries
         .ids
@@ -584,11 +587,12 @@ async fn payloads(c: &mut redis::aio::MultiplexedConnection, stream: &str) -> Ve
         .collect()
 }
 
-/// A broker of `shards` shards on `server`, and a producer of its own.
-fn pipelining_broker(server: &RedisServer, shards: u32) -> (RedisBroker, Producer) {
+/// A broker of `shards` shards on the Redis at `url`, and a producer of
+/// its own.
+fn pipelining_broker(url: &str, shards: u32) -> (RedisBroker, Producer) {
     let mut config = Config::default();
     config.broker.shards = shards;
-    let broker = RedisBroker::from_url(&server.url()).expect("broker");
+    let broker = RedisBroker::from_url(url).expect("broker");
     broker.configure(&config).expect("configured");
     let producer = Producer {
         name: "test/pipelined".into(),
@@ -632,7 +636,7 @@ fn keyed_publication(seq: u64, key: &str) -> Publication {
 #[tokio::test]
 async fn a_batch_with_another_behind_it_is_published_with_its_wake_ups() {
     let server = RedisServer::start().expect("redis-server");
-    let (broker, producer) = pipelining_broker(&server, 1);
+    let (broker, producer) = pipelining_broker(&server.url(), 1);
     let first: Vec<Publication> = (1..=3).map(ledger_publication).collect();
     let second: Vec<Publication> = (4..=6).map(ledger_publication).collect();
     let wake_keys = || {
@@ -668,6 +672,8 @@ async fn a_batch_with_another_behind_it_is_published_with_its_wake_ups() {
 /// as it was answered, the later batch went behind the call before it,
 /// which had run, and its records landed ahead of the refused ones (a key
 /// reordered; with exactly-once effects, an event then skipped as applied).
+/// On a cluster: on one server the scripts write the wake-ups, and a
+/// publish is over once they answer.
 #[tokio::test]
 async fn a_batch_handed_over_while_a_refused_one_writes_its_wake_ups_is_refused_too() {
     use std::future::Future;
@@ -676,8 +682,8 @@ async fn a_batch_handed_over_while_a_refused_one_writes_its_wake_ups_is_refused_
     async fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
         std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *f).poll(cx))).await
     }
-    let server = RedisServer::start().expect("redis-server");
-    let (broker, producer) = pipelining_broker(&server, 2);
+    let cluster = RedisCluster::start(3, 0).expect("cluster");
+    let (broker, producer) = pipelining_broker(&cluster.url(), 2);
     let a_key = "a";
     let other = (0..)
         .map(|i| format!("b{i}"))
@@ -711,7 +717,11 @@ async fn a_batch_handed_over_while_a_refused_one_writes_its_wake_ups_is_refused_
     ));
     assert_eq!(refused.also_written, vec![4]);
     let third_result = third_publish.await;
-    let mut c = server.connection().await.expect("connection");
+    let mut c = redis::cluster::ClusterClient::new(cluster.node_urls())
+        .expect("cluster client")
+        .get_async_connection()
+        .await
+        .expect("cluster connection");
     let stream = keys::partition_stream(keys::shard_of(a_key, 2), "ledger", a_key);
     assert_eq!(
         payloads(&mut c, &stream).await,

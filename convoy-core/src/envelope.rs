@@ -178,20 +178,26 @@ impl Envelope {
             .collect()
     }
 
-    /// The stream entry fields, in the order of [`to_fields`](Self::to_fields),
-    /// borrowed from the envelope where they are held as text (only `meta`
-    /// and the origin are written out).
-    pub fn fields(&self) -> Vec<(&'static str, Cow<'_, str>)> {
-        let meta = Meta {
+    /// The value of the entry's `meta` field: the envelope's id, type,
+    /// category, time, priority and correlation id, as JSON.
+    pub fn meta(&self) -> String {
+        Meta {
             id: Cow::Borrowed(&self.id),
             type_name: Cow::Borrowed(&self.type_name),
             category: Cow::Borrowed(&self.category),
             time: self.time_ms,
             priority: self.priority,
             correlation: self.correlation_id.as_deref().map(Cow::Borrowed),
-        };
+        }
+        .to_json()
+    }
+
+    /// The stream entry fields, in the order of [`to_fields`](Self::to_fields),
+    /// borrowed from the envelope where they are held as text (only `meta`
+    /// and the origin are written out).
+    pub fn fields(&self) -> Vec<(&'static str, Cow<'_, str>)> {
         let mut out = Vec::with_capacity(4);
-        out.push((fields::META, Cow::Owned(meta.to_json())));
+        out.push((fields::META, Cow::Owned(self.meta())));
         out.push((fields::PAYLOAD, Cow::Borrowed(self.payload.as_str())));
         if let Some(k) = &self.partition_key {
             out.push((fields::KEY, Cow::Borrowed(k.as_str())));

@@ -289,6 +289,7 @@ impl Broker for RedisBroker {
                         call: "take-over",
                         behind: None,
                         batch: &[],
+                        wakes: false,
                     }
                     .run(&mut c, wait)
                     .await
@@ -370,6 +371,9 @@ impl Broker for RedisBroker {
             let mut conn = self.redis.shared().await.map_err(fail)?;
             self.check_shards(&mut conn, batch).await.map_err(fail)?;
             let wait = self.replicated();
+            // On one server each shard's script writes its wake-ups, atomic
+            // with its records; on a cluster they are written below.
+            let wakes = !self.redis.is_cluster();
             let runs = by_shard.iter().zip(&calls).map(|((shard, records), call)| {
                 let mut c = conn.clone();
                 async move {
@@ -380,6 +384,7 @@ impl Broker for RedisBroker {
                         call: &call.id,
                         behind: call.behind.as_deref(),
                         batch: records,
+                        wakes,
                     }
                     .run(&mut c, wait)
                     .await
@@ -428,25 +433,12 @@ impl Broker for RedisBroker {
             // reported published (and its records leave the outbox) only
             // once its wake-ups are written: a publisher killed in between
             // would leave events on their streams that nobody is woken
-            // for. (A batch sent behind this one is not held up: the
-            // processor prepares the next while both are in flight.)
-            // The wake stream is one key per category, in one slot: a
-            // failure to write it (its master failing over) does not hold
-            // the batch, whose events are in Redis; its wake-ups are
-            // written again in the background, and the owners, whose reads
-            // of that stream fail too, wake every unit they own.
-            let mut woken = HashSet::new();
-            let keys: Vec<(&str, &str)> = written
-                .iter()
-                .filter_map(|r| {
-                    let at = (r.publication.envelope.category.as_str(), r.partition?);
-                    woken.insert(at).then_some(at)
-                })
-                .collect();
-            if let Err(e) = wake::hint(&mut conn, keys.iter().copied(), false).await {
-                tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
-                let owned = keys.iter().map(|(c, k)| ((*c).to_owned(), (*k).to_owned()));
-                tokio::spawn(wake::hint_later(conn.clone(), owned.collect()));
+            // for. On one server the scripts wrote them with the records;
+            // on a cluster they are written now. (A batch sent behind this
+            // one is not held up: the processor prepares the next while
+            // both are in flight.)
+            if !wakes {
+                hint_written(&mut conn, &written).await;
             }
             // The calls leave the calls in flight only now that the publish
             // is over: a batch handed over meanwhile (while these wake-ups
@@ -515,5 +507,27 @@ impl Broker for RedisBroker {
             }
             Ok(())
         })
+    }
+}
+
+/// Writes the wake-ups of the keys `written` to, on a cluster (one server
+/// has its publish scripts write them). The wake stream is one key per
+/// category, in one slot: a failure to write it (its master failing over)
+/// does not hold the batch, whose events are in Redis; its wake-ups are
+/// written again in the background, and the owners, whose reads of that
+/// stream fail too, wake every unit they own.
+async fn hint_written(conn: &mut Conn, written: &[&Routed<'_>]) {
+    let mut woken = HashSet::new();
+    let keys: Vec<(&str, &str)> = written
+        .iter()
+        .filter_map(|r| {
+            let at = (r.publication.envelope.category.as_str(), r.partition?);
+            woken.insert(at).then_some(at)
+        })
+        .collect();
+    if let Err(e) = wake::hint(conn, keys.iter().copied(), false).await {
+        tracing::warn!(error = %chain(&e), "writing wake-ups failed; the batch is published, its wake-ups are sent again in the background");
+        let owned = keys.iter().map(|(c, k)| ((*c).to_owned(), (*k).to_owned()));
+        tokio::spawn(wake::hint_later(conn.clone(), owned.collect()));
     }
 }

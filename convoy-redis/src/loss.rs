@@ -120,9 +120,23 @@ impl PublishMarks {
             mark.last_publish = Some(now);
         }
         let new = records.len().saturating_sub(written as usize);
-        for r in records[new..].iter().filter(|r| r.partition.is_some()) {
-            let p = r.publication;
-            if let Some(mark) = marks.get_mut(p.envelope.category.as_str()) {
+        let mut keyed = records[new..]
+            .iter()
+            .filter(|r| r.partition.is_some())
+            .map(|r| r.publication)
+            .peekable();
+        // A category's mark is looked up once per run of its records (a
+        // shard's records are mostly of one category).
+        while let Some(first) = keyed.next() {
+            let category = first.envelope.category.as_str();
+            let run = std::iter::once(first).chain(std::iter::from_fn(|| {
+                keyed.next_if(|p| p.envelope.category == category)
+            }));
+            let Some(mark) = marks.get_mut(category) else {
+                run.for_each(drop);
+                continue;
+            };
+            for p in run {
                 if mark.recent.len() == RECENT {
                     mark.recent.pop_front();
                 }

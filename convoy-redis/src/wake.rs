@@ -1,13 +1,14 @@
-//! Wake-ups: right after its publish scripts, the publisher appends one
-//! entry `k = {key}`, `k = {key2}`, ... to `{category}:__wake__`, and each engine follows that
-//! stream with a blocking read on a dedicated connection. Idle partitions
-//! therefore cost nothing, however many there are, and new events are
-//! picked up at once.
+//! Wake-ups: a publish appends entries `k = {key}`, `k = {key2}`, ... to
+//! `{category}:__wake__`, naming the keys it wrote to, and each engine
+//! follows that stream with a blocking read on a dedicated connection. Idle
+//! partitions therefore cost nothing, however many there are, and new
+//! events are picked up at once.
 //!
-//! A wake-up is a hint, written on its own (the wake stream is in no shard,
-//! so a script on a unit cannot write it on a cluster): a lost one delays a
-//! pick-up until the owner's next poll or the next heartbeat's discovery,
-//! and loses nothing.
+//! On one server each shard's publish script writes its entry, atomic with
+//! the records. On a cluster the wake stream is in no shard's slot, so the
+//! publisher writes one entry per category right after its scripts
+//! ([`hint`]). A wake-up is a hint: a lost one delays a pick-up until the
+//! owner's next poll or the next heartbeat's discovery, and loses nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

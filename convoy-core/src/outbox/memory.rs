@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use super::{OutboxRecord, OutboxStats, OutboxStatus, OutboxStore};
@@ -27,11 +27,15 @@ impl Default for MemoryOutbox {
     }
 }
 
+/// Records not published yet (pending or abandoned), by seq, apart from
+/// the last published ones: a read of pending records walks no published
+/// one, and a record is moved by its box, not copied whole.
 #[derive(Debug, Default)]
 struct Inner {
     next_seq: u64,
-    records: BTreeMap<u64, OutboxRecord>,
-    published: std::collections::VecDeque<u64>,
+    unpublished: BTreeMap<u64, Box<OutboxRecord>>,
+    /// The last [`KEEP_PUBLISHED`] records published, in the order they were.
+    published: VecDeque<Box<OutboxRecord>>,
 }
 
 impl MemoryOutbox {
@@ -59,14 +63,14 @@ impl OutboxStore for MemoryOutbox {
             for envelope in envelopes {
                 i.next_seq += 1;
                 let seq = i.next_seq;
-                i.records.insert(
+                i.unpublished.insert(
                     seq,
-                    OutboxRecord {
+                    Box::new(OutboxRecord {
                         seq,
                         envelope,
                         status: OutboxStatus::Pending,
                         attempts: 0,
-                    },
+                    }),
                 );
             }
         });
@@ -74,15 +78,7 @@ impl OutboxStore for MemoryOutbox {
     }
 
     fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
-        let v = self.with(|i| {
-            i.records
-                .values()
-                .filter(|r| r.status == OutboxStatus::Pending)
-                .take(limit)
-                .cloned()
-                .collect()
-        });
-        Box::pin(async { Ok(v) })
+        self.pending_excluding(limit, &[])
     }
 
     fn pending_excluding<'a>(
@@ -91,13 +87,16 @@ impl OutboxStore for MemoryOutbox {
         in_flight: &'a [u64],
     ) -> BoxFuture<'a, Result<Vec<OutboxRecord>, Error>> {
         let v = self.with(|i| {
-            i.records
+            // `in_flight` is sorted: walked beside the records, in step.
+            let mut skip = in_flight.iter().peekable();
+            i.unpublished
                 .values()
                 .filter(|r| {
-                    r.status == OutboxStatus::Pending && in_flight.binary_search(&r.seq).is_err()
+                    while skip.next_if(|s| **s < r.seq).is_some() {}
+                    r.status == OutboxStatus::Pending && skip.peek() != Some(&&r.seq)
                 })
                 .take(limit)
-                .cloned()
+                .map(|r| OutboxRecord::clone(r))
                 .collect()
         });
         Box::pin(async { Ok(v) })
@@ -106,14 +105,12 @@ impl OutboxStore for MemoryOutbox {
     fn mark_published<'a>(&'a self, seqs: &'a [u64]) -> BoxFuture<'a, Result<(), Error>> {
         self.with(|i| {
             for s in seqs {
-                if let Some(r) = i.records.get_mut(s) {
+                if let Some(mut r) = i.unpublished.remove(s) {
                     r.status = OutboxStatus::Published;
-                    i.published.push_back(*s);
-                }
-            }
-            while i.published.len() > KEEP_PUBLISHED {
-                if let Some(old) = i.published.pop_front() {
-                    i.records.remove(&old);
+                    if i.published.len() == KEEP_PUBLISHED {
+                        i.published.pop_front();
+                    }
+                    i.published.push_back(r);
                 }
             }
         });
@@ -122,7 +119,7 @@ impl OutboxStore for MemoryOutbox {
 
     fn mark_abandoned(&self, seq: u64, reason: String) -> BoxFuture<'_, Result<(), Error>> {
         self.with(|i| {
-            if let Some(r) = i.records.get_mut(&seq) {
+            if let Some(r) = i.unpublished.get_mut(&seq) {
                 r.status = OutboxStatus::Abandoned { reason };
             }
         });
@@ -131,7 +128,7 @@ impl OutboxStore for MemoryOutbox {
 
     fn record_failure(&self, seq: u64) -> BoxFuture<'_, Result<(), Error>> {
         self.with(|i| {
-            if let Some(r) = i.records.get_mut(&seq) {
+            if let Some(r) = i.unpublished.get_mut(&seq) {
                 r.attempts += 1;
             }
         });
@@ -139,14 +136,23 @@ impl OutboxStore for MemoryOutbox {
     }
 
     fn records(&self) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
-        let v = self.with(|i| i.records.values().cloned().collect());
+        let v = self.with(|i| {
+            let mut all: Vec<OutboxRecord> = i
+                .published
+                .iter()
+                .chain(i.unpublished.values())
+                .map(|r| OutboxRecord::clone(r))
+                .collect();
+            all.sort_by_key(|r| r.seq);
+            all
+        });
         Box::pin(async { Ok(v) })
     }
 
     fn stats(&self) -> BoxFuture<'_, Result<OutboxStats, Error>> {
         let stats = self.with(|i| {
             let mut stats = OutboxStats::default();
-            for r in i.records.values() {
+            for r in i.unpublished.values() {
                 match r.status {
                     OutboxStatus::Pending => {
                         stats.pending += 1;
@@ -165,18 +171,18 @@ impl OutboxStore for MemoryOutbox {
 
     fn abandoned(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>> {
         let v = self.with(|i| {
-            i.records
+            i.unpublished
                 .values()
                 .filter(|r| matches!(r.status, OutboxStatus::Abandoned { .. }))
                 .take(limit)
-                .cloned()
+                .map(|r| OutboxRecord::clone(r))
                 .collect()
         });
         Box::pin(async { Ok(v) })
     }
 
     fn retry(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
-        let found = self.with(|i| match i.records.get_mut(&seq) {
+        let found = self.with(|i| match i.unpublished.get_mut(&seq) {
             Some(r) if matches!(r.status, OutboxStatus::Abandoned { .. }) => {
                 r.status = OutboxStatus::Pending;
                 r.attempts = 0;
@@ -190,14 +196,68 @@ impl OutboxStore for MemoryOutbox {
     fn discard(&self, seq: u64) -> BoxFuture<'_, Result<bool, Error>> {
         let found = self.with(|i| {
             let abandoned = matches!(
-                i.records.get(&seq).map(|r| &r.status),
+                i.unpublished.get(&seq).map(|r| &r.status),
                 Some(OutboxStatus::Abandoned { .. })
             );
             if abandoned {
-                i.records.remove(&seq);
+                i.unpublished.remove(&seq);
             }
             abandoned
         });
         Box::pin(async move { Ok(found) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KEEP_PUBLISHED, MemoryOutbox};
+    use crate::outbox::processor::tests::envelopes;
+    use crate::outbox::{OutboxStatus, OutboxStore};
+
+    fn seqs(records: &[crate::outbox::OutboxRecord]) -> Vec<u64> {
+        records.iter().map(|r| r.seq).collect()
+    }
+
+    /// A read of pending records skips those in flight and the abandoned
+    /// ones, in seq order, up to its limit; published records are kept
+    /// (the last [`KEEP_PUBLISHED`]) for inspection but never read again.
+    #[tokio::test]
+    async fn pending_records_are_read_in_order_without_those_in_flight_or_published() {
+        let outbox = MemoryOutbox::new();
+        outbox.append(envelopes(10)).await.expect("append");
+        outbox.mark_published(&[1, 2]).await.expect("published");
+        outbox
+            .mark_abandoned(5, "bad".into())
+            .await
+            .expect("abandoned");
+        assert_eq!(seqs(&outbox.pending(4).await.expect("read")), [3, 4, 6, 7]);
+        assert_eq!(
+            seqs(
+                &outbox
+                    .pending_excluding(4, &[3, 4, 7, 11])
+                    .await
+                    .expect("read")
+            ),
+            [6, 8, 9, 10]
+        );
+        let all = outbox.records().await.expect("records");
+        assert_eq!(seqs(&all), (1..=10).collect::<Vec<_>>());
+        assert_eq!(all[0].status, OutboxStatus::Published);
+        assert!(matches!(all[4].status, OutboxStatus::Abandoned { .. }));
+        assert_eq!(outbox.stats().await.expect("stats").pending, 7);
+
+        let more = KEEP_PUBLISHED + 5;
+        outbox.append(envelopes(more)).await.expect("append");
+        let every: Vec<u64> = (3..=(10 + more as u64)).filter(|s| *s != 5).collect();
+        outbox.mark_published(&every).await.expect("published");
+        let kept = outbox.records().await.expect("records");
+        assert_eq!(
+            kept.len(),
+            KEEP_PUBLISHED + 1,
+            "the abandoned one and the last published"
+        );
+        assert_eq!(kept[0].seq, 5);
+        assert_eq!(kept[1].seq, every[every.len() - KEEP_PUBLISHED]);
+        assert!(outbox.pending(10).await.expect("read").is_empty());
     }
 }

@@ -616,4 +616,4 @@ fn payload_fields(payload: &str) -> Vec<String> {
 
 #[cfg(test)]
 #[path = "processor_tests.rs"]
-mod tests;
+pub(crate) mod tests;

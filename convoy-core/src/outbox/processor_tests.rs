@@ -114,7 +114,7 @@ impl Broker for Piped {
 }
 
 /// `n` events over 8 keys.
-fn envelopes(n: usize) -> Vec<Envelope> {
+pub(crate) fn envelopes(n: usize) -> Vec<Envelope> {
     (0..n)
         .map(|i| Envelope {
             id: format!("e{i}"),

@@ -1,6 +1,9 @@
 -- Publishes the records of a batch that belong to one shard, in order, in
--- one atomic script. Every key is in the shard (one hash slot); the caller
--- splits a batch by shard and writes the wake-ups after, as hints.
+-- one atomic script. Every key is in the shard (one hash slot) but the
+-- wake streams: on one server the script writes the wake-ups of the keys
+-- it wrote to (atomic with the records, no round trip of their own); on a
+-- cluster the wake streams are in other slots, and the caller writes them
+-- after, as hints.
 --
 -- KEYS[1]          the producer's published set in the shard: a sorted set
 --                  of the seqs it published that may still be sent again,
@@ -13,6 +16,8 @@
 -- then per category c of the records (1 to C): its partition index in the
 --                  shard, its count of partitioned publishes in the shard
 --                  (for lag), as KEYS[2c+2] and KEYS[2c+3]
+-- then, on one server, per category c its wake stream, as KEYS[2C+3+c]
+--                  (none on a cluster)
 -- then per run of records (below): its stream
 -- ARGV[1]          producer keys TTL (ms); 0 keeps them for good (an
 --                  elected relay's, whose successor must refuse a
@@ -26,6 +31,8 @@
 -- ARGV[6]          the id of the call this one was sent behind, while that
 --                  one's reply had not come ('' for none)
 -- ARGV[7]          the producer's name
+-- ARGV[8]          W, the number of wake streams named (C or 0)
+-- ARGV[9]          a wake stream's approximate length limit
 -- then per run of records: its count n, its category number c, its
 --                  partition key ('' when unpartitioned) and its shape,
 --                  then per record its seq and fields. A run is records of
@@ -86,11 +93,21 @@ local function in_chunks(command, key, list)
 end
 local ttl = ARGV[1]
 local epoch = tonumber(ARGV[3])
-local stored = tonumber(redis.call('GET', KEYS[2]) or '0')
+-- The stored epoch, and the producer's last call when this one was sent
+-- behind another (one MGET: both keys are in the shard).
+local behind = ARGV[6] ~= ''
+local stored, last
+if behind then
+  local got = redis.call('MGET', KEYS[2], KEYS[3])
+  stored, last = got[1], got[2]
+else
+  stored = redis.call('GET', KEYS[2])
+end
+stored = tonumber(stored or '0')
 if epoch < stored then
   return {-1, stored}
 end
-if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then
+if behind and last ~= ARGV[6] then
   return {0}
 end
 local forever = ttl == '0'
@@ -105,7 +122,7 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if forever and #ARGV == 7 then
+if forever and #ARGV == 9 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
   redis.call('PERSIST', KEYS[1])
@@ -113,10 +130,12 @@ if forever and #ARGV == 7 then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2])
 local producer = ARGV[7]
-local a = 8
+local categories = tonumber(ARGV[4])
+local wakes = tonumber(ARGV[8])
+local a = 10
 local written = 0
 -- The key of the run before the first.
-local i = 3 + 2 * tonumber(ARGV[4])
+local i = 3 + 2 * categories + wakes
 -- The largest seq in the set: a record above it needs no lookup.
 local top = redis.call('ZRANGE', KEYS[1], 0, 0, 'REV', 'WITHSCORES')
 local max = tonumber(top[2] or '-1')
@@ -132,6 +151,7 @@ local sent_max = -1
 local indexed = {}
 local adds = {}
 local indexes = {}
+local category_of = {}
 local counts = {}
 while a <= #ARGV do
   local n = tonumber(ARGV[a])
@@ -187,6 +207,7 @@ while a <= #ARGV do
       indexed[index] = seen
       adds[index] = {}
       indexes[#indexes + 1] = index
+      category_of[index] = c
     end
     if not seen[key] then
       seen[key] = true
@@ -199,6 +220,26 @@ while a <= #ARGV do
 end
 for _, index in ipairs(indexes) do
   in_chunks('SADD', index, adds[index])
+end
+-- The wake-ups: per category one entry naming each key written to
+-- ('k', key, 'k', key2, ...), as the publisher writes them on a cluster.
+-- A wake-up is a hint: one that cannot be written (its key holding
+-- something else) fails nothing, since a script's error after its first
+-- write would keep the records without their dedup entries, and a batch
+-- sent again would write them twice.
+if wakes > 0 then
+  for _, index in ipairs(indexes) do
+    local wake = KEYS[2 * categories + 3 + category_of[index]]
+    local keys = adds[index]
+    for from = 1, #keys, 2000 do
+      local fields = {}
+      for j = from, math.min(from + 1999, #keys) do
+        fields[#fields + 1] = 'k'
+        fields[#fields + 1] = keys[j]
+      end
+      redis.pcall('XADD', wake, 'MAXLEN', '~', ARGV[9], '*', unpack(fields))
+    end
+  end
 end
 -- Each count's new value and what this batch added: the publisher keeps
 -- the last value it saw, and a later value below it means the shard lost

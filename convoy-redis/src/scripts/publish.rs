@@ -11,7 +11,6 @@ use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::{int, text};
 use crate::routing::Routed;
 use convoy_core::broker::Producer;
-use convoy_core::envelope::fields::{KEY, META, ORIGIN, PAYLOAD};
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -50,6 +49,10 @@ pub(crate) struct Publish<'a> {
     pub(crate) behind: Option<&'a str>,
     /// The shard's routed records, in the batch's order.
     pub(crate) batch: &'a [Routed<'a>],
+    /// Whether the script writes the wake-ups of the keys it wrote to (on
+    /// one server, where the wake streams are beside the shard's keys; on
+    /// a cluster they are in other slots, and the caller writes them).
+    pub(crate) wakes: bool,
 }
 
 impl Publish<'_> {
@@ -124,10 +127,17 @@ impl Publish<'_> {
             .arg(categories.len())
             .arg(self.call)
             .arg(self.behind.unwrap_or(""))
-            .arg(producer);
+            .arg(producer)
+            .arg(if self.wakes { categories.len() } else { 0 })
+            .arg(names::WAKE_MAXLEN);
         for category in &categories {
             inv.key(names::partition_index(shard, category))
                 .key(names::published(shard, category));
+        }
+        if self.wakes {
+            for category in &categories {
+                inv.key(names::wake_stream(category));
+            }
         }
         // The records in runs: by stream, in the order streams first
         // appear, each stream's records in the batch's order (a stable
@@ -143,21 +153,20 @@ impl Publish<'_> {
             })
             .collect();
         order.sort_by_key(|(stream, _)| *stream);
-        let records: Vec<Record<'_, '_>> = order
+        let records: Vec<(&Routed<'_>, Shape<'_>)> = order
             .iter()
             .map(|(_, at)| {
                 let r = &self.batch[*at];
-                (r, r.publication.envelope.fields())
+                (r, Shape::of(r, producer))
             })
             .collect();
-        let shape = |rec| shape_of(rec, producer);
         let mut from = 0;
         while from < records.len() {
-            let (first, _) = &records[from];
-            let usual = shape(&records[from]).is_some();
+            let (first, shape) = &records[from];
+            let usual = shape.is_usual();
             let len = records[from..]
                 .iter()
-                .take_while(|rec| rec.0.stream == first.stream && shape(rec).is_some() == usual)
+                .take_while(|(r, shape)| r.stream == first.stream && shape.is_usual() == usual)
                 .count();
             let category = first.publication.envelope.category.as_str();
             let number = categories.iter().position(|c| *c == category).unwrap_or(0) + 1;
@@ -166,15 +175,15 @@ impl Publish<'_> {
                 .arg(number)
                 .arg(first.partition.unwrap_or(""))
                 .arg(if usual { "k" } else { "f" });
-            for rec in &records[from..from + len] {
-                inv.arg(rec.0.publication.seq);
-                match shape(rec) {
-                    Some([meta, payload]) => {
-                        inv.arg(meta).arg(payload);
+            for (r, shape) in &records[from..from + len] {
+                inv.arg(r.publication.seq);
+                match shape {
+                    Shape::Usual { meta, payload } => {
+                        inv.arg(meta.as_str()).arg(*payload);
                     }
-                    None => {
-                        inv.arg(rec.1.len() * 2);
-                        for (k, v) in &rec.1 {
+                    Shape::Fields(fields) => {
+                        inv.arg(fields.len() * 2);
+                        for (k, v) in fields {
                             inv.arg(*k).arg(v.as_ref());
                         }
                     }
@@ -186,63 +195,110 @@ impl Publish<'_> {
     }
 }
 
-/// A routed record with its entry's fields.
-type Record<'r, 'e> = (&'r Routed<'e>, Vec<(&'static str, Cow<'e, str>)>);
-
-/// [`usual_entry`] of a record.
-fn shape_of<'a>(rec: &'a Record<'_, '_>, producer: &str) -> Option<[&'a str; 2]> {
-    usual_entry(&rec.1, rec.0.partition, producer, rec.0.publication.seq)
+/// A record's entry as the script is sent it.
+#[derive(Debug)]
+enum Shape<'e> {
+    /// convoy's usual entry (`meta`, `payload`, `key` = the record's
+    /// partition key, `origin` = `{producer}#{seq}`, in that order), which
+    /// publish.lua writes from the values of `meta` and `payload` alone.
+    Usual {
+        /// The value of `meta`.
+        meta: String,
+        /// The value of `payload`.
+        payload: &'e str,
+    },
+    /// Any other entry: every field, in order.
+    Fields(Vec<(&'static str, Cow<'e, str>)>),
 }
 
-/// The values of convoy's usual entry that a record sends (`meta` and
-/// `payload`), when its fields are that entry (`meta`, `payload`, `key` =
-/// the record's partition key, `origin` = `{producer}#{seq}`, in that
-/// order), which publish.lua writes from them; `None` for any other entry.
-fn usual_entry<'a>(
-    fields: &'a [(&'static str, Cow<'_, str>)],
-    partition: Option<&str>,
-    producer: &str,
-    seq: u64,
-) -> Option<[&'a str; 2]> {
-    match fields {
-        [
-            (META, meta),
-            (PAYLOAD, payload),
-            (KEY, key),
-            (ORIGIN, origin),
-        ] if partition == Some(key.as_ref()) && is_origin(origin, producer, seq) => {
-            Some([meta.as_ref(), payload.as_ref()])
+impl<'e> Shape<'e> {
+    /// The shape of `r`'s entry, published by `producer`: usual when the
+    /// envelope has the record's partition key and its origin is this
+    /// producer's record of that seq (read from the envelope, so the
+    /// origin's text is never written out).
+    fn of(r: &Routed<'e>, producer: &str) -> Shape<'e> {
+        let e = &r.publication.envelope;
+        let usual = e.partition_key.is_some()
+            && r.partition == e.partition_key.as_deref()
+            && e.origin
+                .as_ref()
+                .is_some_and(|o| o.producer == producer && o.seq == r.publication.seq);
+        if usual {
+            Shape::Usual {
+                meta: e.meta(),
+                payload: e.payload.as_str(),
+            }
+        } else {
+            Shape::Fields(e.fields())
         }
-        _ => None,
     }
-}
 
-/// Whether `origin` is `{producer}#{seq}`, the seq written as Lua writes
-/// it back (no leading zero).
-fn is_origin(origin: &str, producer: &str, seq: u64) -> bool {
-    origin
-        .strip_prefix(producer)
-        .and_then(|rest| rest.strip_prefix('#'))
-        .is_some_and(|s| {
-            s.bytes().all(|b| b.is_ascii_digit())
-                && s.parse::<u64>() == Ok(seq)
-                && (s == "0" || !s.starts_with('0'))
-        })
+    fn is_usual(&self) -> bool {
+        matches!(self, Shape::Usual { .. })
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_origin;
+    use super::Shape;
+    use crate::routing::Routed;
+    use convoy_core::broker::Publication;
+    use convoy_core::envelope::{Envelope, Origin, Priority, fields};
 
+    fn publication(seq: u64, key: Option<&str>, origin: Option<(&str, u64)>) -> Publication {
+        Publication {
+            seq,
+            envelope: Envelope {
+                id: "m".into(),
+                type_name: "T".into(),
+                category: "cat".into(),
+                partition_key: key.map(Into::into),
+                time_ms: 0,
+                priority: Priority::Normal,
+                correlation_id: None,
+                payload: "{}".into(),
+                origin: origin.map(|(producer, seq)| Origin {
+                    producer: producer.into(),
+                    seq,
+                }),
+            },
+        }
+    }
+
+    fn routed<'a>(p: &'a Publication, partition: Option<&'a str>) -> Routed<'a> {
+        Routed {
+            publication: p,
+            stream: "s".into(),
+            partition,
+        }
+    }
+
+    /// Only an entry the script writes back exactly is sent as the usual
+    /// one: this producer's origin of this seq, and the record's own key;
+    /// any other entry is sent field by field, as it is.
     #[test]
-    fn an_origin_is_the_producer_and_the_seq_as_written() {
-        assert!(is_origin("pg/a#42", "pg/a", 42));
-        assert!(is_origin("pg/a#b#42", "pg/a#b", 42));
-        assert!(is_origin("p#0", "p", 0));
-        assert!(!is_origin("pg/a#042", "pg/a", 42));
-        assert!(!is_origin("pg/b#42", "pg/a", 42));
-        assert!(!is_origin("pg/a#43", "pg/a", 42));
-        assert!(!is_origin("pg/a42", "pg/a", 42));
-        assert!(!is_origin("pg/a#+42", "pg/a", 42));
+    fn the_usual_entry_is_this_producers_record_of_its_key() {
+        let usual = publication(42, Some("k"), Some(("pg/a", 42)));
+        match Shape::of(&routed(&usual, Some("k")), "pg/a") {
+            Shape::Usual { meta, payload } => {
+                assert_eq!(meta, usual.envelope.meta());
+                assert_eq!(payload, "{}");
+            }
+            other => panic!("the usual entry sent as {other:?}"),
+        }
+        for (p, partition) in [
+            (publication(42, Some("k"), Some(("pg/b", 42))), Some("k")),
+            (publication(42, Some("k"), Some(("pg/a", 43))), Some("k")),
+            (publication(42, Some("k"), Some(("pg/a#4", 2))), Some("k")),
+            (publication(42, Some("k"), None), Some("k")),
+            (publication(42, Some("k"), Some(("pg/a", 42))), Some("j")),
+            (publication(42, None, Some(("pg/a", 42))), None),
+        ] {
+            let Shape::Fields(f) = Shape::of(&routed(&p, partition), "pg/a") else {
+                panic!("{p:?} sent as the usual entry");
+            };
+            assert_eq!(f, p.envelope.fields(), "sent as it is");
+            assert_eq!(f[0].0, fields::META);
+        }
     }
 }

@@ -674,6 +674,7 @@ async fn publish(
         call: "test",
         behind: None,
         batch: &batch,
+        wakes: false,
     }
     .run(c, None)
     .await
@@ -716,6 +717,7 @@ async fn publish_routed(
         call: "test",
         behind: None,
         batch: routed,
+        wakes: false,
     }
     .run(c, None)
     .await
@@ -731,6 +733,18 @@ async fn publish_call(
     call: &str,
     behind: Option<&str>,
 ) -> Result<u64, convoy_core::error::Error> {
+    publish_waking(c, batch, floor, call, behind, false).await
+}
+
+/// [`publish_call`], the script writing the wake-ups with `wakes`.
+async fn publish_waking(
+    c: &mut Conn,
+    batch: &[convoy_core::broker::Publication],
+    floor: u64,
+    call: &str,
+    behind: Option<&str>,
+    wakes: bool,
+) -> Result<u64, convoy_core::error::Error> {
     let producer = convoy_core::broker::Producer {
         name: "pg/x".into(),
         epoch: 1,
@@ -743,10 +757,95 @@ async fn publish_call(
         call,
         behind,
         batch: &routed,
+        wakes,
     }
     .run(c, None)
     .await
     .map(|p| p.written)
+}
+
+/// The keys each entry of a wake stream names, oldest entry first.
+async fn wake_entries(c: &mut Conn, stream: &str) -> Vec<Vec<String>> {
+    crate::reply::entries(cmd(c, &["XRANGE", stream, "-", "+"]).await)
+        .iter()
+        .map(|e| {
+            fields_text(e)
+                .into_iter()
+                .map(|(k, v)| {
+                    assert_eq!(k, "k", "a wake-up names keys only");
+                    v
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// On one server the script writes the wake-ups itself, atomic with the
+/// records: one entry per category naming each key it wrote to, in the
+/// order the keys' streams first appear; nothing for a batch it dropped
+/// as sent before, nor for a call refused out of turn; and nothing at all
+/// when the caller writes them (a cluster).
+#[tokio::test]
+async fn on_one_server_the_publish_script_writes_the_wake_ups_of_the_keys_it_wrote() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let batch: Vec<_> = [(1, "a"), (2, "b"), (3, "a")]
+        .into_iter()
+        .map(|(seq, key)| publication(seq, key))
+        .collect();
+    let wake = convoy_core::names::wake_stream("cat");
+    assert_eq!(
+        publish_waking(&mut c, &batch, 1, "a", None, true)
+            .await
+            .expect("written"),
+        3
+    );
+    assert_eq!(wake_entries(&mut c, &wake).await, [vec!["a", "b"]]);
+    assert_eq!(
+        publish_waking(&mut c, &batch, 1, "b", None, true)
+            .await
+            .expect("dropped"),
+        0
+    );
+    publish_waking(&mut c, &[publication(4, "c")], 1, "c", Some("x"), true)
+        .await
+        .expect_err("out of turn");
+    assert_eq!(
+        wake_entries(&mut c, &wake).await.len(),
+        1,
+        "nothing written, nobody woken"
+    );
+    assert_eq!(
+        publish_waking(&mut c, &[publication(4, "c")], 1, "d", None, false)
+            .await
+            .expect("written"),
+        1
+    );
+    assert_eq!(wake_entries(&mut c, &wake).await.len(), 1);
+    assert_eq!(
+        publish_waking(&mut c, &[publication(5, "c")], 1, "e", None, true)
+            .await
+            .expect("written"),
+        1
+    );
+    assert_eq!(
+        wake_entries(&mut c, &wake).await,
+        [vec!["a", "b"], vec!["c"]]
+    );
+    // A wake stream that cannot be written fails nothing: the records are
+    // written once, and a batch sent again is still dropped whole.
+    cmd(&mut c, &["DEL", &wake]).await;
+    cmd(&mut c, &["SET", &wake, "not a stream"]).await;
+    let sixth = [publication(6, "c")];
+    for (call, written) in [("f", 1), ("g", 0)] {
+        assert_eq!(
+            publish_waking(&mut c, &sixth, 1, call, None, true)
+                .await
+                .expect("published without its wake-up"),
+            written
+        );
+    }
+    assert_eq!(xlen(&mut c, "{0}cat:c").await, 3);
 }
 
 /// A batch sent behind another whose reply had not come runs only if that
