@@ -225,7 +225,9 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
         // partition index, one INCRBY per category and, on one server, the
         // XADD of its wake-ups; this short run also pays the scripts'
         // first loads, 48 SCRIPT LOADs and their refused EVALSHAs, 0.01
-        // per event), consume 1.44 commands: XACK 1.0, the
+        // per event: at most three batches of 16 shard calls go out before
+        // the first refusal comes back, the drain keeping two in flight
+        // while it sends a third, so no run pays more), consume 1.44 commands: XACK 1.0, the
         // fence's MGET 0.08 (one per call for every unit in it), INCRBY
         // 0.08 (the acknowledged count, once per category per call: the
         // counts are read summed over the shards), reads and trims;

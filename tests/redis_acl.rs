@@ -62,6 +62,15 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
     .expect("raise");
     uow.commit().await.expect("commit");
     publish_outbox(&publisher).await;
+    // An elected relay's take-over (publish.lua keeps its keys for good).
+    publisher
+        .broker()
+        .take_over(&convoy_runtime::broker::Producer {
+            name: "pg/acl".into(),
+            epoch: 1,
+        })
+        .await
+        .expect("an elected relay takes over as the ACL user");
 
     let mut expected = published(&events[..9]);
     expected.insert("audit".into(), vec!["unkeyed".into()]);

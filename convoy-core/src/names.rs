@@ -118,8 +118,9 @@ pub fn partition_index(shard: u32, category: &str) -> String {
     format!("{}{category}:__partitions__", tag(shard))
 }
 
-/// `{category}:__wake__` (no shard: written beside the publish script, as
-/// a hint, and followed by one blocking read per category).
+/// `{category}:__wake__` (no shard: written by the publish script on one
+/// server and after it on a cluster, as a hint, and followed by one
+/// blocking read per category).
 pub fn wake_stream(category: &str) -> String {
     format!("{category}:__wake__")
 }

@@ -70,6 +70,7 @@ pub const COMMANDS: &[&str] = &[
     "+smembers",
     "+sscan",
     "+pexpire",
+    "+persist",
     "+zadd",
     "+zcard",
     "+zrange",

@@ -412,6 +412,13 @@ impl Broker for RedisBroker {
                 );
                 match r {
                     Ok(published) => {
+                        if published.wake_failures > 0 {
+                            tracing::warn!(
+                                shard,
+                                failed = published.wake_failures,
+                                "the publish script could not write wake-ups (a wake stream key holds something other than a stream?); the events are published; their owners, whose reads of that stream fail too, wake every unit they own"
+                            );
+                        }
                         self.marks
                             .published(*shard, &published.counts, records, published.written);
                         written.extend(records.iter());

@@ -31,7 +31,7 @@
 //! | `{s}convoy:producer:{id}:epoch` | string, PX (kept for good for an elected relay) | the fencing epoch of the producer's newest publisher, as the shard saw it: raised in every shard by a new relay leader before it reads a row (refuses a replaced relay) |
 //! | `{s}convoy:producer:{id}:last` | string, PX (kept for good for an elected relay) | the id of the producer's last publish call that ran in the shard: a batch sent behind another one still in flight runs only if that one ran |
 //! | `{s}convoy:audit` | stream | operator actions on the shard's partitions (see [`admin`](super::admin)) |
-//! | `{category}:__wake__` | stream | one entry per partitioned publish or release (`k` = key), capped; wakes owners (a hint, written after the publish) |
+//! | `{category}:__wake__` | stream | entries naming the keys of a partitioned publish or release (`k` = key), capped; wakes owners (a hint: on one server written by the publish script, on a cluster after it) |
 //! | `convoy:shards:{category}` | string | the category's shard count, recorded by the first engine or publisher; fixed |
 //! | `convoy:categories` | set | categories engines registered handlers for (operators' tools find every shard from it) |
 //! | `convoy:scope:{group}` | string | `*` for a sequential process manager, whose units are correlation values spanning categories (leases `{s}convoy:lease:{pm}:*:{value}`); absent for handlers (units named by category) |

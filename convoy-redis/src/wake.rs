@@ -4,8 +4,8 @@
 //! partitions therefore cost nothing, however many there are, and new
 //! events are picked up at once.
 //!
-//! On one server each shard's publish script writes its entry, atomic with
-//! the records. On a cluster the wake stream is in no shard's slot, so the
+//! On one server each shard's publish script writes an entry per category
+//! (split every 2,000 keys), atomic with the records. On a cluster the wake stream is in no shard's slot, so the
 //! publisher writes one entry per category right after its scripts
 //! ([`hint`]). A wake-up is a hint: a lost one delays a pick-up until the
 //! owner's next poll or the next heartbeat's discovery, and loses nothing.

@@ -245,6 +245,22 @@ mod tests {
         assert_eq!(all[0].status, OutboxStatus::Published);
         assert!(matches!(all[4].status, OutboxStatus::Abandoned { .. }));
         assert_eq!(outbox.stats().await.expect("stats").pending, 7);
+        // A published record is never abandoned nor counted again, and a
+        // seq marked twice is kept once.
+        outbox
+            .mark_abandoned(1, "late".into())
+            .await
+            .expect("abandoned");
+        outbox.record_failure(2).await.expect("failure");
+        outbox
+            .mark_published(&[1, 2])
+            .await
+            .expect("published again");
+        let all = outbox.records().await.expect("records");
+        assert_eq!(seqs(&all), (1..=10).collect::<Vec<_>>());
+        assert_eq!(all[0].status, OutboxStatus::Published);
+        assert_eq!(all[1].attempts, 0);
+        assert!(!outbox.retry(1).await.expect("retry"), "nothing to retry");
 
         let more = KEEP_PUBLISHED + 5;
         outbox.append(envelopes(more)).await.expect("append");

@@ -25,8 +25,9 @@ pub const BATCH: usize = 2048;
 
 /// How many batches a pipelining drain keeps in flight while it prepares
 /// the next: a batch's publish answers once its wake-ups are written,
-/// which queue behind the next batch's scripts, so the oldest of two is
-/// usually waiting only for that.
+/// which (on a Redis Cluster, where they follow the scripts) queue behind
+/// the next batch's scripts, so the oldest of two is usually waiting only
+/// for that.
 const DEPTH: usize = 2;
 
 /// How long a stopping relay keeps publishing what is pending.

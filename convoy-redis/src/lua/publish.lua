@@ -81,9 +81,10 @@
 -- was the producer's last call to run in the shard (KEYS[3]); else it
 -- writes nothing and returns {0}, and its records are sent again, in
 -- order, after the earlier ones.
--- Returns {1, the number of records written, then per category count
--- touched: its key, its new value, what the batch added}, {-1, the stored
--- epoch} or {0} (the call it was sent behind did not run).
+-- Returns {1, the number of records written, the number of wake-up
+-- entries that could not be written, then per category count touched: its
+-- key, its new value, what the batch added}, {-1, the stored epoch} or {0}
+-- (the call it was sent behind did not run).
 -- Lua's unpack takes about 8000 values at most: a long list goes to its
 -- command in chunks.
 local function in_chunks(command, key, list)
@@ -122,7 +123,7 @@ elseif stored > 0 and not forever then
   -- refused however long after it was replaced it wakes up.
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-if forever and #ARGV == 9 then
+if forever and #ARGV < 10 then
   -- A take-over (no records): keys kept with a TTL by an older convoy
   -- are kept for good from now on.
   redis.call('PERSIST', KEYS[1])
@@ -226,7 +227,10 @@ end
 -- A wake-up is a hint: one that cannot be written (its key holding
 -- something else) fails nothing, since a script's error after its first
 -- write would keep the records without their dedup entries, and a batch
--- sent again would write them twice.
+-- sent again would write them twice; it is counted, and the publisher
+-- warns. (The wake stream is one of the script's keys, so a user whose
+-- ACL does not allow it is refused the whole call, before it runs.)
+local wake_failures = 0
 if wakes > 0 then
   for _, index in ipairs(indexes) do
     local wake = KEYS[2 * categories + 3 + category_of[index]]
@@ -237,14 +241,17 @@ if wakes > 0 then
         fields[#fields + 1] = 'k'
         fields[#fields + 1] = keys[j]
       end
-      redis.pcall('XADD', wake, 'MAXLEN', '~', ARGV[9], '*', unpack(fields))
+      local r = redis.pcall('XADD', wake, 'MAXLEN', '~', ARGV[9], '*', unpack(fields))
+      if type(r) == 'table' and r.err then
+        wake_failures = wake_failures + 1
+      end
     end
   end
 end
 -- Each count's new value and what this batch added: the publisher keeps
 -- the last value it saw, and a later value below it means the shard lost
 -- writes (a failover to a replica without them).
-local out = {1, written}
+local out = {1, written, wake_failures}
 for k, c in pairs(counts) do
   out[#out + 1] = k
   out[#out + 1] = redis.call('INCRBY', k, c)

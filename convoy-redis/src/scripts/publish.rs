@@ -29,6 +29,9 @@ pub(crate) struct Published {
     /// (`{s}convoy:published:{category}`), its value after, what the batch
     /// added.
     pub(crate) counts: Vec<(String, i64, i64)>,
+    /// Wake-up entries the script could not write (a wake stream key
+    /// holding something else): the records are published all the same.
+    pub(crate) wake_failures: u64,
 }
 
 /// Publishes the records of a batch that are in `shard`, for `producer`.
@@ -79,7 +82,7 @@ impl Publish<'_> {
             Status::Done => {
                 let counts = reply
                     .values()
-                    .get(1..)
+                    .get(2..)
                     .unwrap_or_default()
                     .chunks_exact(3)
                     .filter_map(|c| Some((text(&c[0])?, int(&c[1])?, int(&c[2])?)))
@@ -87,6 +90,7 @@ impl Publish<'_> {
                 Ok(Published {
                     written: reply.int(0).max(0) as u64,
                     counts,
+                    wake_failures: reply.int(1).max(0) as u64,
                 })
             }
             Status::NotDone => Err(Error::PublishedOutOfTurn),
@@ -233,6 +237,7 @@ impl<'e> Shape<'e> {
         }
     }
 
+    /// Whether this is convoy's usual entry.
     fn is_usual(&self) -> bool {
         matches!(self, Shape::Usual { .. })
     }

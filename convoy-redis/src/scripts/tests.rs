@@ -733,7 +733,9 @@ async fn publish_call(
     call: &str,
     behind: Option<&str>,
 ) -> Result<u64, convoy_core::error::Error> {
-    publish_waking(c, batch, floor, call, behind, false).await
+    publish_waking(c, batch, floor, call, behind, false)
+        .await
+        .map(|p| p.written)
 }
 
 /// [`publish_call`], the script writing the wake-ups with `wakes`.
@@ -744,7 +746,7 @@ async fn publish_waking(
     call: &str,
     behind: Option<&str>,
     wakes: bool,
-) -> Result<u64, convoy_core::error::Error> {
+) -> Result<super::publish::Published, convoy_core::error::Error> {
     let producer = convoy_core::broker::Producer {
         name: "pg/x".into(),
         epoch: 1,
@@ -761,7 +763,6 @@ async fn publish_waking(
     }
     .run(c, None)
     .await
-    .map(|p| p.written)
 }
 
 /// The keys each entry of a wake stream names, oldest entry first.
@@ -797,14 +798,16 @@ async fn on_one_server_the_publish_script_writes_the_wake_ups_of_the_keys_it_wro
     assert_eq!(
         publish_waking(&mut c, &batch, 1, "a", None, true)
             .await
-            .expect("written"),
+            .expect("written")
+            .written,
         3
     );
     assert_eq!(wake_entries(&mut c, &wake).await, [vec!["a", "b"]]);
     assert_eq!(
         publish_waking(&mut c, &batch, 1, "b", None, true)
             .await
-            .expect("dropped"),
+            .expect("dropped")
+            .written,
         0
     );
     publish_waking(&mut c, &[publication(4, "c")], 1, "c", Some("x"), true)
@@ -818,14 +821,16 @@ async fn on_one_server_the_publish_script_writes_the_wake_ups_of_the_keys_it_wro
     assert_eq!(
         publish_waking(&mut c, &[publication(4, "c")], 1, "d", None, false)
             .await
-            .expect("written"),
+            .expect("written")
+            .written,
         1
     );
     assert_eq!(wake_entries(&mut c, &wake).await.len(), 1);
     assert_eq!(
         publish_waking(&mut c, &[publication(5, "c")], 1, "e", None, true)
             .await
-            .expect("written"),
+            .expect("written")
+            .written,
         1
     );
     assert_eq!(
@@ -837,15 +842,70 @@ async fn on_one_server_the_publish_script_writes_the_wake_ups_of_the_keys_it_wro
     cmd(&mut c, &["DEL", &wake]).await;
     cmd(&mut c, &["SET", &wake, "not a stream"]).await;
     let sixth = [publication(6, "c")];
-    for (call, written) in [("f", 1), ("g", 0)] {
+    for (call, written, failed) in [("f", 1, 1), ("g", 0, 0)] {
+        let published = publish_waking(&mut c, &sixth, 1, call, None, true)
+            .await
+            .expect("published without its wake-up");
         assert_eq!(
-            publish_waking(&mut c, &sixth, 1, call, None, true)
-                .await
-                .expect("published without its wake-up"),
-            written
+            (published.written, published.wake_failures),
+            (written, failed)
         );
     }
     assert_eq!(xlen(&mut c, "{0}cat:c").await, 3);
+}
+
+/// Records of two categories in one call, of both shapes: each category's
+/// wake stream names its own keys only, and every record lands whole in
+/// its own stream.
+#[tokio::test]
+async fn the_publish_script_wakes_each_category_with_its_own_keys() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let of = |seq: u64, category: &str, key: &str, usual: bool| {
+        let mut p = publication(seq, key);
+        p.envelope.category = category.into();
+        p.envelope.origin = usual.then(|| convoy_core::envelope::Origin {
+            producer: "pg/x".into(),
+            seq,
+        });
+        p
+    };
+    let batch = [
+        of(1, "dog", "d1", true),
+        of(2, "emu", "e1", true),
+        of(3, "dog", "d2", true),
+        of(4, "emu", "e1", false),
+    ];
+    assert_eq!(
+        publish_waking(&mut c, &batch, 1, "a", None, true)
+            .await
+            .expect("written")
+            .written,
+        4
+    );
+    let dog = convoy_core::names::wake_stream("dog");
+    let emu = convoy_core::names::wake_stream("emu");
+    assert_eq!(wake_entries(&mut c, &dog).await, [vec!["d1", "d2"]]);
+    assert_eq!(wake_entries(&mut c, &emu).await, [vec!["e1"]]);
+    for (stream, records) in [
+        ("{0}dog:d1", &batch[..1]),
+        ("{0}emu:e1", &[batch[1].clone(), batch[3].clone()][..]),
+    ] {
+        let entries = crate::reply::entries(cmd(&mut c, &["XRANGE", stream, "-", "+"]).await);
+        let got: Vec<Vec<(String, String)>> = entries.iter().map(fields_text).collect();
+        let want: Vec<Vec<(String, String)>> = records
+            .iter()
+            .map(|p| {
+                p.envelope
+                    .to_fields()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(got, want, "{stream}");
+    }
+    assert_eq!(xlen(&mut c, "{0}dog:d2").await, 1);
 }
 
 /// A batch sent behind another whose reply had not come runs only if that
