@@ -120,27 +120,19 @@ impl PublishMarks {
             mark.last_publish = Some(now);
         }
         let new = records.len().saturating_sub(written as usize);
-        let mut keyed = records[new..]
-            .iter()
-            .filter(|r| r.partition.is_some())
-            .map(|r| r.publication)
-            .peekable();
         // A category's mark is looked up once per run of its records (a
         // shard's records are mostly of one category).
-        while let Some(first) = keyed.next() {
-            let category = first.envelope.category.as_str();
-            let run = std::iter::once(first).chain(std::iter::from_fn(|| {
-                keyed.next_if(|p| p.envelope.category == category)
-            }));
-            let Some(mark) = marks.get_mut(category) else {
-                run.for_each(drop);
+        let runs = records[new..]
+            .chunk_by(|a, b| a.publication.envelope.category == b.publication.envelope.category);
+        for run in runs {
+            let Some(mark) = marks.get_mut(run[0].publication.envelope.category.as_str()) else {
                 continue;
             };
-            for p in run {
+            for r in run.iter().filter(|r| r.partition.is_some()) {
                 if mark.recent.len() == RECENT {
                     mark.recent.pop_front();
                 }
-                mark.recent.push_back(p.seq);
+                mark.recent.push_back(r.publication.seq);
             }
         }
     }

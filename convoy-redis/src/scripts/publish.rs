@@ -243,31 +243,23 @@ impl<'e> Shape<'e> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::Shape;
     use crate::routing::Routed;
     use convoy_core::broker::Publication;
-    use convoy_core::envelope::{Envelope, Origin, Priority, fields};
+    use convoy_core::envelope::{Origin, fields};
 
+    /// Record `seq` of `key` (none: unpartitioned), of `origin`'s producer
+    /// and seq.
     fn publication(seq: u64, key: Option<&str>, origin: Option<(&str, u64)>) -> Publication {
-        Publication {
+        let mut p = super::super::tests::publication(seq, key.unwrap_or_default());
+        p.envelope.partition_key = key.map(Into::into);
+        p.envelope.origin = origin.map(|(producer, seq)| Origin {
+            producer: producer.into(),
             seq,
-            envelope: Envelope {
-                id: "m".into(),
-                type_name: "T".into(),
-                category: "cat".into(),
-                partition_key: key.map(Into::into),
-                time_ms: 0,
-                priority: Priority::Normal,
-                correlation_id: None,
-                payload: "{}".into(),
-                origin: origin.map(|(producer, seq)| Origin {
-                    producer: producer.into(),
-                    seq,
-                }),
-            },
-        }
+        });
+        p
     }
 
     fn routed<'a>(p: &'a Publication, partition: Option<&'a str>) -> Routed<'a> {
@@ -287,7 +279,7 @@ mod tests {
         match Shape::of(&routed(&usual, Some("k")), "pg/a") {
             Shape::Usual { meta, payload } => {
                 assert_eq!(meta, usual.envelope.meta());
-                assert_eq!(payload, "{}");
+                assert_eq!(payload, usual.envelope.payload);
             }
             other => panic!("the usual entry sent as {other:?}"),
         }

@@ -631,7 +631,7 @@ async fn a_repeated_failure_record_counts_once_and_a_trim_keeps_pending_entries(
 }
 
 /// A publication of `seq` for key `key` of category `cat`.
-fn publication(seq: u64, key: &str) -> convoy_core::broker::Publication {
+pub(crate) fn publication(seq: u64, key: &str) -> convoy_core::broker::Publication {
     let envelope = convoy_core::envelope::Envelope {
         id: format!("m{seq}"),
         type_name: "T".into(),
