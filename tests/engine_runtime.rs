@@ -26,16 +26,24 @@ struct Noted {
 /// The threads events were handled on: name and id.
 type Seen = Arc<Mutex<Vec<(Option<String>, std::thread::ThreadId)>>>;
 
-/// Records the thread each event was handled on.
+/// Records the thread each event was handled on, and with `logs` writes a
+/// line there too.
 struct Where {
     seen: Seen,
+    /// Only the log test's handler logs. A callsite first reached on a
+    /// thread with no subscriber while a single scoped one exists is cached
+    /// as never enabled (tracing's single-dispatcher fast path), so another
+    /// test's handler reaching it first would silence the log test's lines.
+    logs: bool,
 }
 
 #[event_handler(part_of = Threads, sequential_by = "key")]
 impl Where {
     #[handle]
     async fn noted(&self, _e: Noted) -> Result<(), HandlerError> {
-        tracing::info!(target: "engine_runtime_test", "handled here");
+        if self.logs {
+            tracing::info!(target: "engine_runtime_test", "handled here");
+        }
         let thread = std::thread::current();
         self.seen
             .lock()
@@ -46,13 +54,21 @@ impl Where {
 }
 
 fn domain(url: &str, engine_threads: Option<usize>, seen: &Seen) -> Domain {
+    domain_of(url, engine_threads, seen, false)
+}
+
+/// [`domain`], with a handler that logs when `logs`.
+fn domain_of(url: &str, engine_threads: Option<usize>, seen: &Seen, logs: bool) -> Domain {
     let mut config = test_config(url);
     if let Some(n) = engine_threads {
         config.server.engine_threads = n;
     }
     Domain::builder()
         .config(config)
-        .handler(Where { seen: seen.clone() })
+        .handler(Where {
+            seen: seen.clone(),
+            logs,
+        })
         .without_discovery()
         .init()
         .expect("init")
@@ -74,9 +90,18 @@ async fn raise(domain: &Domain, n: usize) {
 /// Handles `n` events with `engine_threads` (None: the default) and
 /// returns the names of the threads they ran on.
 async fn handled_on(engine_threads: Option<usize>, n: usize) -> Vec<Option<String>> {
+    handled_logging_on(engine_threads, n, false).await
+}
+
+/// [`handled_on`], with a handler that logs a line per event when `logs`.
+async fn handled_logging_on(
+    engine_threads: Option<usize>,
+    n: usize,
+    logs: bool,
+) -> Vec<Option<String>> {
     let server = RedisServer::start().expect("start redis-server");
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let d = domain(&server.url(), engine_threads, &seen);
+    let d = domain_of(&server.url(), engine_threads, &seen, logs);
     raise(&d, n).await;
     let engine = d.engine().spawn();
     wait_until(Duration::from_secs(30), "every event handled", || async {
@@ -237,7 +262,7 @@ async fn the_engine_s_threads_log_to_the_scoped_subscriber_they_were_started_und
         .with_thread_names(true)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let names = handled_on(None, 4).await;
+    let names = handled_logging_on(None, 4, true).await;
     assert!(names.iter().all(|n| n.as_deref() == Some("convoy-engine")));
     let lines = log.lines();
     assert_eq!(
