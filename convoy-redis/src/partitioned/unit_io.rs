@@ -7,11 +7,11 @@
 use std::sync::Arc;
 
 use super::super::connection::Conn;
-use super::super::scripts::ack::Acked;
+use super::super::scripts::ack::{Ack, AckItem, Acked};
 use super::super::scripts::claim::{Claim, Claimed};
 use super::super::scripts::fail::{Fail, Failed};
 use super::super::scripts::head_action::{HeadActed, HeadAction};
-use super::super::scripts::read::{Read, ReadReply, Which};
+use super::super::scripts::read::{AckedRead, Read, ReadReply, Which};
 use super::super::scripts::reap::{Reap, Reaped};
 use super::super::scripts::release::{Held, Release, Released};
 use super::super::scripts::rest::{Rest, Rested};
@@ -106,6 +106,16 @@ pub(super) trait UnitIo {
     /// may have run.
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>>;
 
+    /// [`UnitIo::ack`] of the unit's handled entries, then a read of up to
+    /// `count` new entries starting at lane `first_lane`, holding none:
+    /// the read's outcome is `None` when it was not sent (the
+    /// acknowledgement was not known to be done), and is only to be used
+    /// once the acknowledgement is. By default one after the other; on
+    /// Redis in one round trip where it can ([`Read::after_ack`]).
+    async fn ack_then_read(&self, ack: AckOf<'_>, first_lane: usize, count: usize) -> AckThenRead {
+        ack_then_read_apart(self, ack, first_lane, count).await
+    }
+
     /// Records a failure of the head `entry` after the `known` failures
     /// the worker knew of (repeated after a lost reply, it counts once);
     /// `halt` halts the unit at once with that reason.
@@ -135,6 +145,26 @@ pub(super) trait UnitIo {
 
     /// Records the gap a dead-lettered head left beside the unit.
     async fn record_gap(&self, gap: GapOf<'_>) -> Result<(), Error>;
+}
+
+/// What [`UnitIo::ack_then_read`] came to: the acknowledgement's outcome
+/// (an error may have run), and the read's when it was sent.
+pub(super) type AckThenRead = (Result<Acked, Arc<Error>>, Option<Result<ReadReply, Error>>);
+
+/// [`UnitIo::ack_then_read`] as two calls, the read only once the
+/// acknowledgement is done.
+async fn ack_then_read_apart<I: UnitIo + ?Sized>(
+    io: &I,
+    ack: AckOf<'_>,
+    first_lane: usize,
+    count: usize,
+) -> AckThenRead {
+    let acked = io.ack(ack).await;
+    let read = match acked {
+        Ok(Acked::Acked(_)) => Some(io.read(Which::New, first_lane, count, (ack.at, 0)).await),
+        _ => None,
+    };
+    (acked, read)
 }
 
 /// A unit's I/O on Redis: its scripts, on the instance's shared
@@ -210,6 +240,61 @@ impl UnitIo for RedisUnit {
             trim: ack.trim,
         };
         super::acks::acknowledge(&self.s, request).await
+    }
+
+    async fn ack_then_read(&self, ack: AckOf<'_>, first_lane: usize, count: usize) -> AckThenRead {
+        let mut c = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => return (Err(Arc::new(e)), None),
+        };
+        // One pipeline only where the client never sends a command again by
+        // itself, and the acknowledgement waits for no replica; and only a
+        // native read (a unit of one stream) takes an acknowledgement in
+        // front.
+        if c.is_cluster() || self.s.settings.wait_acks.is_some() || !self.unit.one_stream() {
+            return ack_then_read_apart(self, ack, first_lane, count).await;
+        }
+        let items = [AckItem {
+            unit: &self.unit,
+            at: ack.at,
+            token: &self.token,
+            incarnation: &self.inc,
+            alive: self.s.alive(self.unit.shard),
+            ids: ack.ids,
+            clear_head: ack.clear_head,
+            touch: ack.touch,
+            trim: ack.trim,
+        }];
+        let acknowledge = Ack {
+            group: self.s.group(),
+            now_ms: now_ms(),
+            items: &items,
+        };
+        let read = Read {
+            by: self.caller(),
+            which: Which::New,
+            primary_count: count,
+            backfill_count: BACKFILL_BATCH,
+            whole: WHOLE,
+            first_lane,
+            held: (ack.at, 0),
+            resent: false,
+        };
+        match read.after_ack(&acknowledge, &mut c).await {
+            Ok(AckedRead { acked, read }) => {
+                let acked = acked.and_then(|answers| {
+                    answers.into_iter().next().ok_or(Error::UnexpectedReply {
+                        script: "ack",
+                        reply: "no outcome for the unit it acknowledged".to_owned(),
+                    })
+                });
+                match acked {
+                    Ok(acked) => (Ok(acked), Some(read)),
+                    Err(e) => (Err(Arc::new(e)), None),
+                }
+            }
+            Err(e) => (Err(Arc::new(e)), None),
+        }
     }
 
     async fn fail(

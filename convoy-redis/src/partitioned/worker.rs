@@ -359,10 +359,20 @@ impl<I: UnitIo> Worker<I> {
                     }
                 }
                 Action::Read(which) => {
-                    if let Err(exit) = Box::pin(self.flush()).await {
-                        return exit;
-                    }
-                    match Box::pin(self.read(which)).await {
+                    let read = if which == Which::New && !self.unacked.is_empty() {
+                        // The batch's acknowledgement goes with the next
+                        // read, in front of it.
+                        match Box::pin(self.ack_then_read()).await {
+                            Ok(read) => read,
+                            Err(exit) => return exit,
+                        }
+                    } else {
+                        if let Err(exit) = Box::pin(self.flush()).await {
+                            return exit;
+                        }
+                        Box::pin(self.read(which)).await
+                    };
+                    match read {
                         Ok(ReadReply::Entries(at, batch)) => {
                             backoff.reset();
                             self.idle.store(false, Ordering::Relaxed);
@@ -472,7 +482,6 @@ impl<I: UnitIo> Worker<I> {
     /// One fenced read: own pending entries or new ones, primary lanes
     /// first.
     async fn read(&mut self, which: Which) -> Result<ReadReply, Error> {
-        self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
         // On a cluster the client sends a read again after a dropped
         // connection: the script checks that nothing pending is unseen.
         let held = (
@@ -482,10 +491,56 @@ impl<I: UnitIo> Worker<I> {
             }),
             self.unacked.len(),
         );
+        let (first_lane, count) = self.next_read();
+        self.io.read(which, first_lane, count, held).await
+    }
+
+    /// The lane the next read looks at first, and the entries it asks of a
+    /// primary lane.
+    fn next_read(&mut self) -> (usize, usize) {
+        self.rotate = (self.rotate + 1) % self.unit.lanes.len().max(1);
         self.batch_asked = primary_batch(self.s.plan.health.owned(), self.max_unacked);
-        self.io
-            .read(which, self.rotate, self.batch_asked, held)
-            .await
+        (self.rotate, self.batch_asked)
+    }
+
+    /// Acknowledges every handled entry (trimming) and reads new entries,
+    /// in one round trip where Redis allows ([`UnitIo::ack_then_read`]).
+    /// The read's reply is used only once the acknowledgement is known to
+    /// be done; after a failed one the acknowledgement is sent again (as
+    /// [`Self::ack`] does) and the read with it is not trusted: a new one
+    /// finds what it delivered pending and unseen, and reads that first.
+    async fn ack_then_read(&mut self) -> Result<Result<ReadReply, Error>, Exit> {
+        let Some(at) = self.unacked_at else {
+            return Ok(self.read(Which::New).await);
+        };
+        let ids: Arc<[String]> = self.unacked.drain(..).collect();
+        let touch = self.touch_due();
+        let (first_lane, count) = self.next_read();
+        let ack = AckOf {
+            at,
+            ids: &ids,
+            clear_head: self.failures_recorded,
+            touch,
+            trim: true,
+        };
+        match self.io.ack_then_read(ack, first_lane, count).await {
+            (Ok(Acked::Refused(why)), _) => Err(Exit::Lost(why)),
+            (Ok(Acked::Acked(_)), read) => {
+                self.acked(at, &ids, touch, true);
+                match read {
+                    Some(read) => Ok(read),
+                    None => Ok(self.read(Which::New).await),
+                }
+            }
+            (Err(e), _) => {
+                if self.past_deadline() {
+                    return Err(Exit::Expired);
+                }
+                tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&*e), "ack failed; retrying");
+                self.ack(at, &ids, true).await?;
+                Ok(self.read(Which::New).await)
+            }
+        }
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
@@ -736,8 +791,11 @@ impl<I: UnitIo> Worker<I> {
             self.unacked_at = Some(at);
         }
         self.unacked.push(id);
-        if self.unacked.len() >= self.max_unacked {
-            self.flush_trimming(self.batch_left == 0).await?;
+        // The acknowledgement that ends a batch goes with what follows it:
+        // the next read (in front of it, one round trip for both), or the
+        // flush before the worker waits or leaves.
+        if self.unacked.len() >= self.max_unacked && self.batch_left > 0 {
+            self.flush_trimming(false).await?;
         }
         Ok(())
     }
@@ -797,10 +855,7 @@ impl<I: UnitIo> Worker<I> {
     async fn ack(&mut self, at: At, ids: &Arc<[String]>, trim: bool) -> Result<(), Exit> {
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
-            // The last activity only feeds reaping: write it at most a few
-            // times per reap period.
-            let touch_every = (self.s.settings.reap_idle / 4).min(Duration::from_secs(1));
-            let touch = self.touched.is_none_or(|t| t.elapsed() >= touch_every);
+            let touch = self.touch_due();
             let r: Result<Acked, Arc<Error>> = self
                 .io
                 .ack(AckOf {
@@ -814,14 +869,7 @@ impl<I: UnitIo> Worker<I> {
             match r {
                 Ok(Acked::Refused(why)) => return Err(Exit::Lost(why)),
                 Ok(Acked::Acked(_)) => {
-                    if touch {
-                        self.touched = Some(Instant::now());
-                    }
-                    self.failures_recorded = false;
-                    self.trim_owed = match (trim, ids.last()) {
-                        (false, Some(last)) => Some((at, last.clone())),
-                        _ => None,
-                    };
+                    self.acked(at, ids, touch, trim);
                     return Ok(());
                 }
                 Err(e) => {
@@ -833,6 +881,27 @@ impl<I: UnitIo> Worker<I> {
                 }
             }
         }
+    }
+
+    /// Whether the next acknowledgement records the unit's last activity:
+    /// it only feeds reaping, so it is written at most a few times per
+    /// reap period.
+    fn touch_due(&self) -> bool {
+        let touch_every = (self.s.settings.reap_idle / 4).min(Duration::from_secs(1));
+        self.touched.is_none_or(|t| t.elapsed() >= touch_every)
+    }
+
+    /// What follows a done acknowledgement of `ids` (of the stream at
+    /// `at`, with `touch` and `trim` as sent).
+    fn acked(&mut self, at: At, ids: &[String], touch: bool, trim: bool) {
+        if touch {
+            self.touched = Some(Instant::now());
+        }
+        self.failures_recorded = false;
+        self.trim_owed = match (trim, ids.last()) {
+            (false, Some(last)) => Some((at, last.clone())),
+            _ => None,
+        };
     }
 
     /// Records a failure of the head beside the lease (as its first

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use redis::aio::ConnectionLike;
 use smallvec::{Array, SmallVec};
 
-use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
+use super::{Invocation, Refusal, Replicated, Reply, SCRIPTS, Status, call_replicated};
 use crate::reply::int;
 use crate::unit::{At, Unit};
 use convoy_core::error::Error;
@@ -52,6 +52,11 @@ impl AckItem<'_> {
 /// Where an item goes in the call: its run (liveness pair, counter), its
 /// groups set (for a trim) and its position among the items.
 type Sent = ((usize, usize), Option<usize>, usize);
+
+/// Where each item of an [`Ack`] went in its call, in the order the script
+/// answers.
+#[derive(Debug)]
+pub(crate) struct Placed(SmallVec<[Sent; 8]>);
 
 /// The position of `item` in `list`, pushing it when it is new.
 fn index_of<A: Array>(list: &mut SmallVec<A>, item: A::Item) -> usize
@@ -103,6 +108,15 @@ impl Ack<'_> {
         conn: &mut (impl ConnectionLike + Send),
         wait: Option<Replicated>,
     ) -> Result<Vec<Acked>, Error> {
+        let (inv, sent) = self.invocation();
+        let reply =
+            call_replicated("ack", &inv, conn, "fenced acknowledgement failed", wait).await?;
+        self.answers(&reply, &sent)
+    }
+
+    /// The script call, and where each item went in it (for
+    /// [`Ack::answers`]).
+    pub(crate) fn invocation(&self) -> (Invocation, Placed) {
         // What the units share is named once per call (see ack.lua): the
         // (liveness key, incarnation) pairs, the acknowledged counters and
         // the groups sets; the units go in runs that share a pair and a
@@ -179,14 +193,19 @@ impl Ack<'_> {
             }
             inv.arg(item.ids);
         }
-        let reply =
-            call_replicated("ack", &inv, conn, "fenced acknowledgement failed", wait).await?;
+        (inv, Placed(sent))
+    }
+
+    /// One outcome per item, in order, from the script's `reply` to the
+    /// call [`Ack::invocation`] put together.
+    pub(crate) fn answers(&self, reply: &Reply, placed: &Placed) -> Result<Vec<Acked>, Error> {
+        let sent = &placed.0;
         if reply.status != Status::Done || reply.values().len() != self.items.len() {
             return Err(reply.unexpected());
         }
         // The script answers in the order the units were sent.
         let mut out = vec![Acked::Acked(0); self.items.len()];
-        for (v, &(_, _, i)) in reply.values().iter().zip(&sent) {
+        for (v, &(_, _, i)) in reply.values().iter().zip(sent) {
             out[i] = match int(v) {
                 Some(n) if n >= 0 => Acked::Acked(n as u64),
                 Some(n) => Refusal::from_code(n)

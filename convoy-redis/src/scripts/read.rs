@@ -13,6 +13,7 @@
 use redis::Value;
 use redis::aio::ConnectionLike;
 
+use super::ack::{Ack, Acked};
 use super::{Caller, Invocation, Refusal, Reply, SCRIPTS, Status, call, load, no_script};
 use crate::connection::refused_reply;
 use crate::reply::{Entry, entries, first_stream_entries, into_text};
@@ -115,13 +116,23 @@ pub(crate) enum Native {
     Refused,
 }
 
+/// What [`Read::after_ack`] came to: the acknowledgement's outcome and the
+/// read's, each known or failed on its own.
+#[derive(Debug)]
+pub(crate) struct AckedRead {
+    /// One outcome per acknowledged unit; an error may have run.
+    pub(crate) acked: Result<Vec<Acked>, Error>,
+    /// The read's outcome.
+    pub(crate) read: Result<ReadReply, Error>,
+}
+
 impl Read<'_> {
     pub(crate) async fn run(
         &self,
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<ReadReply, Error> {
         if self.which == Which::New && self.by.unit.one_stream() {
-            match self.native(conn).await? {
+            match self.native(conn, None).await?.0 {
                 Native::Read(reply) => return Ok(reply),
                 Native::Script => {}
                 // The read may have run without the check: the script then
@@ -139,12 +150,57 @@ impl Read<'_> {
         self.scripted(conn).await
     }
 
+    /// New entries of a unit of one stream, with `ack` (the unit's own
+    /// acknowledgement of what it handled) sent in front of the read in one
+    /// pipeline: a unit that finished its batch pays one round trip for both
+    /// rather than two, one after the other. Redis runs them in that order,
+    /// so the read holds what the acknowledgement left pending, and
+    /// [`Read::held`] counts none (a caller holding entries it does not
+    /// acknowledge here reads with [`Read::run`]).
+    ///
+    /// Only where the client never sends a command again by itself (one
+    /// server, not a cluster) and without `wait_acks`: the caller sees to
+    /// both. An `Err` means neither outcome is known: the acknowledgement
+    /// may have run, and so may the read.
+    pub(crate) async fn after_ack(
+        &self,
+        ack: &Ack<'_>,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<AckedRead, Error> {
+        debug_assert!(self.which == Which::New && self.by.unit.one_stream() && self.held.1 == 0);
+        let (native, acked) = self.native(conn, Some(ack)).await?;
+        let acked = acked.unwrap_or_else(|| {
+            Err(Error::UnexpectedReply {
+                script: "ack",
+                reply: "no reply to an acknowledgement sent with a read".to_owned(),
+            })
+        });
+        let read = match native {
+            Native::Read(reply) => Ok(reply),
+            // The acknowledgement ran (or failed) before: the script reads
+            // what it left, the same as on its own.
+            Native::Script => self.scripted(conn).await,
+            Native::Refused => {
+                Read {
+                    resent: true,
+                    ..*self
+                }
+                .scripted(conn)
+                .await
+            }
+        };
+        Ok(AckedRead { acked, read })
+    }
+
     /// New entries of a unit of one stream: a plain `XREADGROUP` with
-    /// `verify.lua` behind it in one pipeline.
+    /// `verify.lua` behind it in one pipeline, and `ack` in front of them
+    /// when given (see [`Read::after_ack`]; its outcome is returned beside
+    /// the read's).
     pub(super) async fn native(
         &self,
         conn: &mut (impl ConnectionLike + Send),
-    ) -> Result<Native, Error> {
+        ack: Option<&Ack<'_>>,
+    ) -> Result<(Native, Option<Result<Vec<Acked>, Error>>), Error> {
         let by = self.by;
         let stream = &by.unit.lanes[0].primary;
         let mut inv = Invocation::new(&SCRIPTS.verify);
@@ -154,9 +210,13 @@ impl Read<'_> {
             .arg(by.token)
             .arg(&by.unit.group)
             .arg(by.incarnation);
+        let ack = ack.map(|a| (a, a.invocation()));
         let mut pipe = redis::pipe();
-        pipe.ignore_errors()
-            .cmd("XREADGROUP")
+        pipe.ignore_errors();
+        if let Some((_, (ack_inv, _))) = &ack {
+            pipe.add_command(ack_inv.command());
+        }
+        pipe.cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&by.unit.group)
             .arg(by.token)
@@ -170,51 +230,78 @@ impl Read<'_> {
         // read ran the first time, so the check sees more pending than the
         // second read delivered, and the caller re-reads its pending
         // entries.
+        //
+        // The same for an acknowledgement in front that Redis did not know:
+        // it did not run, the read did, and the check of the second read
+        // sees what the first delivered.
         let mut loaded = false;
-        let (read, check) = loop {
+        let (acked, read, check) = loop {
             let replies: Vec<Value> = pipe
                 .query_async(conn)
                 .await
                 .map_err(|e| Error::redis("native read failed", e))?;
             let mut replies = replies.into_iter();
+            let acked = match ack {
+                Some(_) => replies.next(),
+                None => None,
+            };
             let (Some(read), Some(check), None) = (replies.next(), replies.next(), replies.next())
             else {
                 return Err(Error::UnexpectedReply {
                     script: "verify",
-                    reply: "a pipeline of two commands answered with another number of replies"
+                    reply: "a native read's pipeline answered with another number of replies"
                         .to_owned(),
                 });
             };
-            // Refused before running (a redirection, a replica's
-            // READONLY): the cluster client follows a redirection only for
-            // a request that fails as a whole, which this pipeline of
-            // error replies does not, so the script, sent on its own, reads
-            // instead.
-            let refused = |v: &Value| matches!(v, Value::ServerError(e) if refused_reply(e));
-            if refused(&read) || refused(&check) {
-                return Ok(Native::Refused);
-            }
-            if let Value::ServerError(e) = &check {
-                let e: redis::RedisError = e.clone().into();
-                if !loaded && no_script(&e) {
-                    loaded = true;
+            let unknown = |v: Option<&Value>| match v {
+                Some(Value::ServerError(e)) => no_script(&e.clone().into()),
+                _ => false,
+            };
+            let (verify_unknown, ack_unknown) = (unknown(Some(&check)), unknown(acked.as_ref()));
+            if !loaded && (verify_unknown || ack_unknown) {
+                loaded = true;
+                if verify_unknown {
                     load("verify", &inv, conn).await?;
-                    continue;
                 }
-                return Err(Error::redis("checking a native read failed", e));
+                if let (true, Some((_, (ack_inv, _)))) = (ack_unknown, &ack) {
+                    load("ack", ack_inv, conn).await?;
+                }
+                continue;
             }
-            break (read, check);
+            break (acked, read, check);
         };
+        // The acknowledgement's outcome, whatever came of the read.
+        let acked = ack.map(|(a, (_, placed))| match acked {
+            Some(Value::ServerError(e)) => {
+                Err(Error::redis("fenced acknowledgement failed", e.into()))
+            }
+            Some(v) => Reply::parse("ack", v).and_then(|reply| a.answers(&reply, &placed)),
+            None => Err(Error::UnexpectedReply {
+                script: "ack",
+                reply: "no reply".to_owned(),
+            }),
+        });
+        // Refused before running (a redirection, a replica's READONLY): the
+        // cluster client follows a redirection only for a request that
+        // fails as a whole, which this pipeline of error replies does not,
+        // so the script, sent on its own, reads instead.
+        let refused = |v: &Value| matches!(v, Value::ServerError(e) if refused_reply(e));
+        if refused(&read) || refused(&check) {
+            return Ok((Native::Refused, acked));
+        }
+        if let Value::ServerError(e) = check {
+            return Err(Error::redis("checking a native read failed", e.into()));
+        }
         let check = Reply::parse("verify", check)?;
         match &check.status {
             Status::Done => {}
-            Status::Refused(why) => return Ok(Native::Read(ReadReply::Refused(*why))),
-            Status::MovedBack => return Ok(Native::Read(moved_back(check))),
+            Status::Refused(why) => return Ok((Native::Read(ReadReply::Refused(*why)), acked)),
+            Status::MovedBack => return Ok((Native::Read(moved_back(check)), acked)),
             _ => return Err(check.unexpected()),
         }
         let batch = match read {
             Value::ServerError(e) if matches!(e.code(), "NOGROUP" | "WRONGTYPE") => {
-                return Ok(Native::Script);
+                return Ok((Native::Script, acked));
             }
             Value::ServerError(e) => return Err(Error::redis("native read failed", e.into())),
             Value::Nil => Vec::new(),
@@ -226,19 +313,20 @@ impl Read<'_> {
         };
         // A unit of one stream holds its entries in that stream.
         let (_, held) = self.held;
-        if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
-            return Ok(Native::Read(ReadReply::Unseen));
-        }
-        if batch.is_empty() {
-            return Ok(Native::Read(ReadReply::Empty));
-        }
-        Ok(Native::Read(ReadReply::Entries(
-            At {
-                lane: 0,
-                backfill: false,
-            },
-            batch,
-        )))
+        let reply = if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
+            ReadReply::Unseen
+        } else if batch.is_empty() {
+            ReadReply::Empty
+        } else {
+            ReadReply::Entries(
+                At {
+                    lane: 0,
+                    backfill: false,
+                },
+                batch,
+            )
+        };
+        Ok((Native::Read(reply), acked))
     }
 
     /// The read inside `read.lua`, behind its fence check.

@@ -1630,6 +1630,21 @@ async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
     assert_eq!(sums, [4, 2], "acknowledged per category");
 }
 
+/// A read of up to `count` new entries of the primary lane by `by`, who
+/// holds `held` entries pending.
+fn new_read(by: Caller<'_>, count: usize, held: usize) -> Read<'_> {
+    Read {
+        by,
+        which: Which::New,
+        primary_count: count,
+        backfill_count: count,
+        whole: count,
+        first_lane: 0,
+        held: (PRIMARY, held),
+        resent: false,
+    }
+}
+
 /// A native read of up to `count` new entries (a plain `XREADGROUP` checked
 /// by `verify.lua`) by a caller that holds `held` pending entries: `None`
 /// when it needs the script instead.
@@ -1641,19 +1656,12 @@ async fn read_native(
     held: usize,
     count: usize,
 ) -> Option<ReadReply> {
-    let native = Read {
-        by: by(&unit(), token, alive, inc),
-        which: Which::New,
-        primary_count: count,
-        backfill_count: count,
-        whole: count,
-        first_lane: 0,
-        held: (PRIMARY, held),
-        resent: false,
-    }
-    .native(c)
-    .await
-    .expect("native read");
+    let u = unit();
+    let native = new_read(by(&u, token, alive, inc), count, held)
+        .native(c, None)
+        .await
+        .expect("native read")
+        .0;
     match native {
         Native::Read(reply) => Some(reply),
         Native::Script => None,
@@ -1798,4 +1806,126 @@ async fn a_native_read_is_checked_after_it_and_a_replaced_owner_s_read_is_moved_
     }
     let read = pending.run(&mut c).await.expect("pending read");
     assert_eq!(ids_of(Some(read)), ["1-5", "1-6", "1-7"]);
+}
+
+/// The unit, taken by `a` alive in incarnation `a1`: its token.
+async fn taken_by_a(c: &mut Conn) -> String {
+    cmd(c, &["SET", ALIVE_A, "a1"]).await;
+    acquire(c, "a", "a1").await.expect("a takes the unit")
+}
+
+/// `a1`'s acknowledgement of `ids` sent in front of its native read of up
+/// to `count` new entries (holding none after it).
+async fn after_ack(
+    c: &mut Conn,
+    token: &str,
+    ids: &[String],
+    count: usize,
+) -> super::read::AckedRead {
+    let u = unit();
+    let items = [AckItem {
+        unit: &u,
+        at: PRIMARY,
+        token,
+        incarnation: "a1",
+        alive: ALIVE_A,
+        ids,
+        clear_head: false,
+        touch: false,
+        trim: true,
+    }];
+    let ack = Ack {
+        group: "g",
+        now_ms: 1,
+        items: &items,
+    };
+    new_read(by(&u, token, ALIVE_A, "a1"), count, 0)
+        .after_ack(&ack, c)
+        .await
+        .expect("acknowledged and read")
+}
+
+/// A unit that finished its batch sends its acknowledgement in front of its
+/// next read, in one pipeline: Redis runs the acknowledgement first (and its
+/// trim), so the read's check counts only what the read delivered; scripts
+/// the server forgot are loaded and the pipeline sent again, the first
+/// read's entries then found pending and unseen; a replaced owner is
+/// refused both.
+#[tokio::test]
+async fn an_acknowledgement_in_front_of_a_native_read_runs_first() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    let token = taken_by_a(&mut c).await;
+    for i in 1..=5 {
+        cmd(&mut c, &["XADD", STREAM, &format!("1-{i}"), "f", "v"]).await;
+    }
+    // No group yet: nothing read (and verify.lua loaded).
+    assert!(
+        read_native(&mut c, &token, ALIVE_A, "a1", 0, 2)
+            .await
+            .is_none()
+    );
+    cmd(&mut c, &["XGROUP", "CREATE", STREAM, "g", "0"]).await;
+    assert_eq!(
+        ids_of(read_native(&mut c, &token, ALIVE_A, "a1", 0, 2).await),
+        ["1-1", "1-2"]
+    );
+    // Redis knows ack.lua (a worker's first acknowledgement is on its own
+    // unless it is in front of a read: see below for one it does not know).
+    let _: String = super::SCRIPTS
+        .ack
+        .load_async(&mut c)
+        .await
+        .expect("load ack.lua");
+    let handled = ["1-1".to_owned(), "1-2".to_owned()];
+    let got = after_ack(&mut c, &token, &handled, 2).await;
+    assert_eq!(got.acked.expect("acknowledged"), [Acked::Acked(2)]);
+    assert_eq!(ids_of(Some(got.read.expect("read"))), ["1-3", "1-4"]);
+    // Acknowledged and trimmed before the read: only what it delivered is
+    // pending, and the stream holds nothing acknowledged.
+    assert_eq!(int_of(&mut c, &["XLEN", STREAM]).await, 3);
+    match cmd(&mut c, &["XPENDING", STREAM, "g"]).await {
+        Value::Array(summary) => assert_eq!(summary.first(), Some(&Value::Int(2))),
+        other => panic!("{other:?}"),
+    }
+
+    // Redis forgot both scripts: the first pipeline's read delivered 1-5
+    // with neither script run; sent again after loading them, the
+    // acknowledgement runs and the check sees 1-5 pending, unseen.
+    cmd(&mut c, &["SCRIPT", "FLUSH"]).await;
+    let handled = ["1-3".to_owned(), "1-4".to_owned()];
+    let got = after_ack(&mut c, &token, &handled, 2).await;
+    assert_eq!(got.acked.expect("acknowledged"), [Acked::Acked(2)]);
+    assert!(matches!(got.read, Ok(ReadReply::Unseen)), "{:?}", got.read);
+    let pending = Read {
+        by: by(&unit(), &token, ALIVE_A, "a1"),
+        which: Which::Pending,
+        primary_count: 10,
+        backfill_count: 10,
+        whole: 10,
+        first_lane: 0,
+        held: (PRIMARY, 0),
+        resent: false,
+    }
+    .run(&mut c)
+    .await
+    .expect("pending read");
+    assert_eq!(ids_of(Some(pending)), ["1-5"]);
+
+    // An owner whose liveness lapsed is refused both, and the read's check
+    // hands it nothing.
+    cmd(&mut c, &["XADD", STREAM, "1-6", "f", "v"]).await;
+    cmd(&mut c, &["DEL", ALIVE_A]).await;
+    let handled = ["1-5".to_owned()];
+    let got = after_ack(&mut c, &token, &handled, 2).await;
+    assert!(
+        matches!(got.acked.as_deref(), Ok([Acked::Refused(_)])),
+        "{:?}",
+        got.acked
+    );
+    assert!(
+        got.read.as_ref().ok().and_then(refusal).is_some(),
+        "{:?}",
+        got.read
+    );
 }
