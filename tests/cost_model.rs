@@ -250,7 +250,7 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
         ),
         // Publish 1.01, consume 4.31-4.36 commands (per event one script:
         // its MGET of lease and liveness, XACK, INCRBY), 1.23-1.28 client
-        // calls, 57.2 allocations, 58.6-59.1 since reads of new entries
+        // calls, 57.2 allocations, 58.0-59.1 since reads of new entries
         // are native (a pipeline's replies) (the worker sends its acknowledgement
         // itself: no request channel, no reply channel; the call's lists
         // of shared keys stay on the stack; the handler's context keeps

@@ -108,9 +108,9 @@ pub(super) trait UnitIo {
 
     /// [`UnitIo::ack`] of the unit's handled entries, then a read of up to
     /// `count` new entries starting at lane `first_lane`, holding none:
-    /// the read's outcome is `None` when it was not sent (the
-    /// acknowledgement was not known to be done), and is only to be used
-    /// once the acknowledgement is. By default one after the other; on
+    /// the read's outcome is `None` whenever the acknowledgement is not
+    /// known to be done (the read may then have run or not), and is only
+    /// to be used once the acknowledgement is. By default one after the other; on
     /// Redis in one round trip where it can ([`Read::after_ack`]).
     async fn ack_then_read(&self, ack: AckOf<'_>, first_lane: usize, count: usize) -> AckThenRead {
         ack_then_read_apart(self, ack, first_lane, count).await
@@ -148,7 +148,8 @@ pub(super) trait UnitIo {
 }
 
 /// What [`UnitIo::ack_then_read`] came to: the acknowledgement's outcome
-/// (an error may have run), and the read's when it was sent.
+/// (an error may have run), and the read's when the acknowledgement is
+/// known to be done.
 pub(super) type AckThenRead = (Result<Acked, Arc<Error>>, Option<Result<ReadReply, Error>>);
 
 /// [`UnitIo::ack_then_read`] as two calls, the read only once the
