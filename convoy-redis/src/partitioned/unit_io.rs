@@ -107,11 +107,13 @@ pub(super) trait UnitIo {
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>>;
 
     /// [`UnitIo::ack`] of the unit's handled entries, then a read of up to
-    /// `count` new entries starting at lane `first_lane`, holding none:
-    /// the read's outcome is `None` whenever the acknowledgement is not
-    /// known to be done (the read may then have run or not), and is only
-    /// to be used once the acknowledgement is. By default one after the other; on
-    /// Redis in one round trip where it can ([`Read::after_ack`]).
+    /// `count` new entries starting at lane `first_lane`, holding none. The
+    /// read's outcome, where it ran, is to be used only once the
+    /// acknowledgement is known to be done, except one that sends the
+    /// worker to its pending entries first (see [`AckedRead::read`]);
+    /// `None`: not read, or not known (it may have run). By default one
+    /// after the other; on Redis in one round trip where it can
+    /// ([`Read::after_ack`]).
     async fn ack_then_read(&self, ack: AckOf<'_>, first_lane: usize, count: usize) -> AckThenRead {
         ack_then_read_apart(self, ack, first_lane, count).await
     }
@@ -148,8 +150,7 @@ pub(super) trait UnitIo {
 }
 
 /// What [`UnitIo::ack_then_read`] came to: the acknowledgement's outcome
-/// (an error may have run), and the read's when the acknowledgement is
-/// known to be done.
+/// (an error may have run), and the read's where it ran.
 pub(super) type AckThenRead = (Result<Acked, Arc<Error>>, Option<Result<ReadReply, Error>>);
 
 /// [`UnitIo::ack_then_read`] as two calls, the read only once the
@@ -289,10 +290,7 @@ impl UnitIo for RedisUnit {
                         reply: "no outcome for the unit it acknowledged".to_owned(),
                     })
                 });
-                match acked {
-                    Ok(acked) => (Ok(acked), Some(read)),
-                    Err(e) => (Err(Arc::new(e)), None),
-                }
+                (acked.map_err(Arc::new), read)
             }
             Err(e) => (Err(Arc::new(e)), None),
         }

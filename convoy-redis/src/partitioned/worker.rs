@@ -507,8 +507,10 @@ impl<I: UnitIo> Worker<I> {
     /// in one round trip where Redis allows ([`UnitIo::ack_then_read`]).
     /// The read's reply is used only once the acknowledgement is known to
     /// be done; after a failed one the acknowledgement is sent again (as
-    /// [`Self::ack`] does) and the read with it is not trusted: a new one
-    /// finds what it delivered pending and unseen, and reads that first.
+    /// [`Self::ack`] does) and the read with it is not trusted for entries:
+    /// a new one finds what it delivered pending and unseen, and reads that
+    /// first. A read that sends the worker to its pending entries first is
+    /// used either way (and so reports what a replaced owner left missing).
     async fn ack_then_read(&mut self) -> Result<Result<ReadReply, Error>, Exit> {
         let Some(at) = self.unacked_at else {
             return Ok(self.read(Which::New).await);
@@ -525,20 +527,26 @@ impl<I: UnitIo> Worker<I> {
         };
         match self.io.ack_then_read(ack, first_lane, count).await {
             (Ok(Acked::Refused(why)), _) => Err(Exit::Lost(why)),
-            (Ok(Acked::Acked(_)), read) => {
+            (Ok(Acked::Acked(_)), Some(read)) => {
                 self.acked(at, &ids, touch, true);
-                match read {
-                    Some(read) => Ok(read),
-                    None => Ok(self.read(Which::New).await),
-                }
+                Ok(read)
             }
-            (Err(e), _) => {
+            (Ok(Acked::Acked(_)), None) => {
+                self.acked(at, &ids, touch, true);
+                Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await)
+            }
+            (Err(e), read) => {
                 if self.past_deadline() {
                     return Err(Exit::Expired);
                 }
                 tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&*e), "ack failed; retrying");
                 self.ack(at, &ids, true).await?;
-                Ok(self.read(Which::New).await)
+                match read {
+                    Some(Ok(read @ (ReadReply::Unseen | ReadReply::Reclaimed { .. }))) => {
+                        Ok(Ok(read))
+                    }
+                    _ => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
+                }
             }
         }
     }

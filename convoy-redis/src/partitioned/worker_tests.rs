@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::super::Settings;
 use super::super::membership::Liveness;
-use super::super::unit_io::MIN_PRIMARY_BATCH;
+use super::super::unit_io::{AckThenRead, MIN_PRIMARY_BATCH};
 use super::*;
 use crate::connection::{Client, Connection};
 use convoy_core::broker::outage::Outage;
@@ -46,6 +46,8 @@ struct Scripted {
     reads: Mutex<VecDeque<Result<ReadReply, Error>>>,
     halted: Mutex<VecDeque<bool>>,
     reaps: Mutex<VecDeque<Reaped>>,
+    /// Acknowledgement outcomes in order (then acknowledged).
+    acks: Mutex<VecDeque<Result<Acked, Arc<Error>>>>,
     calls: Arc<Mutex<Vec<(Call, tokio::time::Instant)>>>,
     /// How many entries each read asked for.
     counts: Arc<Mutex<Vec<usize>>>,
@@ -94,7 +96,16 @@ impl UnitIo for Scripted {
 
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {
         self.record(Call::Ack);
-        Ok(Acked::Acked(ack.ids.len() as u64))
+        let next = self.acks.lock().ok().and_then(|mut a| a.pop_front());
+        next.unwrap_or(Ok(Acked::Acked(ack.ids.len() as u64)))
+    }
+
+    /// As on one Redis server: the read goes in the same round trip as the
+    /// acknowledgement, and runs whatever came of it.
+    async fn ack_then_read(&self, ack: AckOf<'_>, first_lane: usize, count: usize) -> AckThenRead {
+        let acked = self.ack(ack).await;
+        let read = self.read(Which::New, first_lane, count, (ack.at, 0)).await;
+        (acked, Some(read))
     }
 
     async fn fail(
@@ -247,6 +258,16 @@ fn failed() -> Result<ReadReply, Error> {
     ))
 }
 
+/// What a read finds when a replaced owner read one entry after losing
+/// the lease, and another it read is gone from the stream.
+fn reclaimed() -> Result<ReadReply, Error> {
+    Ok(ReadReply::Reclaimed {
+        stream: "c:k1".to_owned(),
+        moved: 1,
+        missing: vec!["9-0".to_owned()],
+    })
+}
+
 /// A worker of one single-stream unit on the scripted I/O; returns its
 /// exit and the calls, each with the time since the worker started.
 async fn drive(
@@ -269,6 +290,36 @@ async fn drive_woken(
     wake_at: Option<Duration>,
 ) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
     drive_on(shared(reap_idle), halted, reads, halts, reaps, wake_at).await
+}
+
+/// [`drive`] with no reap or halt, the acknowledgements' outcomes scripted.
+async fn drive_acks(
+    reads: Vec<Result<ReadReply, Error>>,
+    acks: Vec<Result<Acked, Arc<Error>>>,
+) -> Vec<(Call, Duration)> {
+    let s = shared(HOUR);
+    let unit = Arc::new(s.unit("k1"));
+    let stop = CancellationToken::new();
+    let io = Scripted {
+        reads: Mutex::new(reads.into()),
+        acks: Mutex::new(acks.into()),
+        stop: stop.clone(),
+        ..Scripted::default()
+    };
+    let calls = io.calls.clone();
+    let fence = Fence {
+        owner: "e0".to_owned(),
+        generation: 7,
+    };
+    let mut w = Worker::new(s, io, unit, fence, false, None, stop);
+    let start = tokio::time::Instant::now();
+    if w.reclaim().await.is_ok() {
+        w.consume().await;
+    }
+    calls
+        .lock()
+        .map(|c| c.iter().map(|(call, at)| (*call, *at - start)).collect())
+        .unwrap_or_default()
 }
 
 /// [`drive_woken`], on what `s` shares.
@@ -531,4 +582,46 @@ async fn entries_gone_from_the_stream_are_acknowledged_one_by_one() {
             .iter()
             .any(|(c, _)| matches!(c, Call::Fail | Call::Release))
     );
+}
+
+/// The acknowledgement sent in front of a read fails: it is sent again, and
+/// the read that went with it is not trusted for its entries (a new read
+/// finds them pending and unseen); but one that sends the worker to its
+/// pending entries first holds whatever came of the acknowledgement, and is
+/// used (what a replaced owner left missing is reported from it, and only
+/// there).
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_acknowledgement_in_front_of_a_read_only_a_read_of_pending_entries_is_used()
+{
+    let lost = || {
+        Err(Arc::new(Error::redis(
+            "the acknowledgement's reply was lost",
+            redis::RedisError::from(std::io::Error::other("connection reset")),
+        )))
+    };
+    // A full batch (a short one is acknowledged before the worker waits):
+    // max_unacked = 1, so every entry but the last is acknowledged on its
+    // own, and the last in front of the next read.
+    let n = PRIMARY_BATCH;
+    let acks = || {
+        let mut acks: Vec<_> = (1..n).map(|_| Ok(Acked::Acked(1))).collect();
+        acks.push(lost());
+        acks
+    };
+    // The calls from the acknowledgement in front of the read on.
+    let after = |calls: Vec<(Call, Duration)>| -> Vec<Call> {
+        calls
+            .into_iter()
+            .map(|(c, _)| c)
+            .skip(3 + (n - 1))
+            .collect()
+    };
+    // The read that went with the failed acknowledgement delivered an
+    // entry: a new read.
+    let calls = drive_acks(vec![empty(), entries(n), entries(1)], acks()).await;
+    assert_eq!(after(calls)[..4], [Call::Ack, NEW, Call::Ack, NEW]);
+    // It found entries moved back from a replaced owner: the pending entries
+    // next, no new read.
+    let calls = drive_acks(vec![empty(), entries(n), reclaimed()], acks()).await;
+    assert_eq!(after(calls)[..4], [Call::Ack, NEW, Call::Ack, PENDING]);
 }

@@ -122,9 +122,18 @@ pub(crate) enum Native {
 pub(crate) struct AckedRead {
     /// One outcome per acknowledged unit; an error may have run.
     pub(crate) acked: Result<Vec<Acked>, Error>,
-    /// The read's outcome.
-    pub(crate) read: Result<ReadReply, Error>,
+    /// The read's outcome where it ran, to be used only once the
+    /// acknowledgement is known to be done; except that one sending the
+    /// caller to its pending entries first ([`ReadReply::Unseen`],
+    /// [`ReadReply::Reclaimed`]) holds whatever came of the
+    /// acknowledgement. `None`: not read (the read needed the script, which
+    /// is not sent while the acknowledgement is not done).
+    pub(crate) read: Option<Result<ReadReply, Error>>,
 }
+
+/// What [`Read::native`] came to: the read's outcome, and that of the
+/// acknowledgement sent in front of it, if one was.
+type NativeRead = (Result<Native, Error>, Option<Result<Vec<Acked>, Error>>);
 
 impl Read<'_> {
     pub(crate) async fn run(
@@ -132,7 +141,7 @@ impl Read<'_> {
         conn: &mut (impl ConnectionLike + Send),
     ) -> Result<ReadReply, Error> {
         if self.which == Which::New && self.by.unit.one_stream() {
-            match self.native(conn, None).await?.0 {
+            match self.native(conn, None).await?.0? {
                 Native::Read(reply) => return Ok(reply),
                 Native::Script => {}
                 // The read may have run without the check: the script then
@@ -175,19 +184,23 @@ impl Read<'_> {
                 reply: "no reply to an acknowledgement sent with a read".to_owned(),
             })
         });
+        let done = matches!(&acked, Ok(all) if all.iter().all(|a| matches!(a, Acked::Acked(_))));
         let read = match native {
-            Native::Read(reply) => Ok(reply),
-            // The acknowledgement ran (or failed) before: the script reads
-            // what it left, the same as on its own.
-            Native::Script => self.scripted(conn).await,
-            Native::Refused => {
+            Ok(Native::Read(reply)) => Some(Ok(reply)),
+            Err(e) => Some(Err(e)),
+            // The script reads instead, and only once the acknowledgement is
+            // done (the caller would not use its reply): it then reads what
+            // the acknowledgement left, the same as on its own.
+            Ok(_) if !done => None,
+            Ok(Native::Script) => Some(self.scripted(conn).await),
+            Ok(Native::Refused) => Some(
                 Read {
                     resent: true,
                     ..*self
                 }
                 .scripted(conn)
-                .await
-            }
+                .await,
+            ),
         };
         Ok(AckedRead { acked, read })
     }
@@ -195,12 +208,13 @@ impl Read<'_> {
     /// New entries of a unit of one stream: a plain `XREADGROUP` with
     /// `verify.lua` behind it in one pipeline, and `ack` in front of them
     /// when given (see [`Read::after_ack`]; its outcome is returned beside
-    /// the read's).
+    /// the read's, each known or failed on its own). An `Err`: neither is
+    /// known.
     pub(super) async fn native(
         &self,
         conn: &mut (impl ConnectionLike + Send),
         ack: Option<&Ack<'_>>,
-    ) -> Result<(Native, Option<Result<Vec<Acked>, Error>>), Error> {
+    ) -> Result<NativeRead, Error> {
         let by = self.by;
         let stream = &by.unit.lanes[0].primary;
         let mut inv = Invocation::new(&SCRIPTS.verify);
@@ -226,16 +240,10 @@ impl Read<'_> {
             .arg(stream)
             .arg(">")
             .add_command(inv.command());
-        // Sent again as a whole when Redis did not know the script: the
-        // read ran the first time, so the check sees more pending than the
-        // second read delivered, and the caller re-reads its pending
-        // entries.
-        //
-        // The same for an acknowledgement in front that Redis did not know:
-        // it did not run, the read did, and the check of the second read
-        // sees what the first delivered.
+        let unknown =
+            |v: &Value| matches!(v, Value::ServerError(e) if no_script(&e.clone().into()));
         let mut loaded = false;
-        let (acked, read, check) = loop {
+        loop {
             let replies: Vec<Value> = pipe
                 .query_async(conn)
                 .await
@@ -253,41 +261,56 @@ impl Read<'_> {
                         .to_owned(),
                 });
             };
-            let unknown = |v: Option<&Value>| match v {
-                Some(Value::ServerError(e)) => no_script(&e.clone().into()),
-                _ => false,
-            };
-            let (verify_unknown, ack_unknown) = (unknown(Some(&check)), unknown(acked.as_ref()));
-            if !loaded && (verify_unknown || ack_unknown) {
+            let ack_unknown = acked.as_ref().is_some_and(unknown);
+            if !loaded && unknown(&check) {
+                // Redis did not know the check: sent again as a whole once
+                // loaded. The read ran the first time, so the check sees more
+                // pending than the second read delivered, and the caller
+                // re-reads its pending entries. (An acknowledgement in front
+                // ran, or if unknown too did not and runs the second time.)
                 loaded = true;
-                if verify_unknown {
-                    load("verify", &inv, conn).await?;
-                }
+                load("verify", &inv, conn).await?;
                 if let (true, Some((_, (ack_inv, _)))) = (ack_unknown, &ack) {
                     load("ack", ack_inv, conn).await?;
                 }
                 continue;
             }
-            break (acked, read, check);
-        };
-        // The acknowledgement's outcome, whatever came of the read.
-        let acked = ack.map(|(a, (_, placed))| match acked {
-            Some(Value::ServerError(e)) => {
-                Err(Error::redis("fenced acknowledgement failed", e.into()))
-            }
-            Some(v) => Reply::parse("ack", v).and_then(|reply| a.answers(&reply, &placed)),
-            None => Err(Error::UnexpectedReply {
-                script: "ack",
-                reply: "no reply".to_owned(),
-            }),
-        });
+            let read = self.checked(read, check);
+            let Some((a, (_, placed))) = &ack else {
+                return Ok((read, None));
+            };
+            let acked = match acked {
+                // Only the acknowledgement did not run; the read and its
+                // check did, and their outcome stands (the check counted the
+                // entries the acknowledgement was to take: the read comes out
+                // unseen). The acknowledgement goes on its own, loading its
+                // script, rather than the whole pipeline again: that would
+                // lose the check's outcome (the ids a replaced owner left
+                // missing are in it, and only there).
+                Some(_) if ack_unknown => a.run(conn, None).await,
+                Some(Value::ServerError(e)) => {
+                    Err(Error::redis("fenced acknowledgement failed", e.into()))
+                }
+                Some(v) => Reply::parse("ack", v).and_then(|reply| a.answers(&reply, placed)),
+                None => Err(Error::UnexpectedReply {
+                    script: "ack",
+                    reply: "no reply".to_owned(),
+                }),
+            };
+            return Ok((read, Some(acked)));
+        }
+    }
+
+    /// What a native read's `XREADGROUP` reply and `verify.lua`'s check of
+    /// it come to.
+    fn checked(&self, read: Value, check: Value) -> Result<Native, Error> {
         // Refused before running (a redirection, a replica's READONLY): the
         // cluster client follows a redirection only for a request that
         // fails as a whole, which this pipeline of error replies does not,
         // so the script, sent on its own, reads instead.
         let refused = |v: &Value| matches!(v, Value::ServerError(e) if refused_reply(e));
         if refused(&read) || refused(&check) {
-            return Ok((Native::Refused, acked));
+            return Ok(Native::Refused);
         }
         if let Value::ServerError(e) = check {
             return Err(Error::redis("checking a native read failed", e.into()));
@@ -295,13 +318,13 @@ impl Read<'_> {
         let check = Reply::parse("verify", check)?;
         match &check.status {
             Status::Done => {}
-            Status::Refused(why) => return Ok((Native::Read(ReadReply::Refused(*why)), acked)),
-            Status::MovedBack => return Ok((Native::Read(moved_back(check)), acked)),
+            Status::Refused(why) => return Ok(Native::Read(ReadReply::Refused(*why))),
+            Status::MovedBack => return Ok(Native::Read(moved_back(check))),
             _ => return Err(check.unexpected()),
         }
         let batch = match read {
             Value::ServerError(e) if matches!(e.code(), "NOGROUP" | "WRONGTYPE") => {
-                return Ok((Native::Script, acked));
+                return Ok(Native::Script);
             }
             Value::ServerError(e) => return Err(Error::redis("native read failed", e.into())),
             Value::Nil => Vec::new(),
@@ -326,7 +349,7 @@ impl Read<'_> {
                 batch,
             )
         };
-        Ok((Native::Read(reply), acked))
+        Ok(Native::Read(reply))
     }
 
     /// The read inside `read.lua`, behind its fence check.
