@@ -376,21 +376,11 @@ impl<I: UnitIo> Worker<I> {
                         Ok(ReadReply::Entries(at, batch)) => {
                             backoff.reset();
                             self.idle.store(false, Ordering::Relaxed);
-                            let short = batch.len() < self.batch_asked;
-                            self.batch_left = batch.len();
-                            let mut outcome = Outcome::Handled { short };
-                            for mut entry in batch {
-                                self.batch_left -= 1;
-                                match Box::pin(self.process(at, &mut entry)).await {
-                                    Step::Done => last_active = tokio::time::Instant::now(),
-                                    Step::Halted => {
-                                        outcome = Outcome::Halted;
-                                        break;
-                                    }
-                                    Step::Exit(e) => return e,
-                                }
+                            // One boxed future per batch, not per entry.
+                            match Box::pin(self.handle_batch(at, batch, &mut last_active)).await {
+                                Ok(outcome) => outcome,
+                                Err(exit) => return exit,
                             }
-                            outcome
                         }
                         Ok(ReadReply::Empty) => Outcome::Empty,
                         Ok(ReadReply::Refused(why)) => Outcome::Refused(why),
@@ -549,6 +539,28 @@ impl<I: UnitIo> Worker<I> {
                 }
             }
         }
+    }
+
+    /// Handles a batch's entries in order, each to its end, until one
+    /// halts the unit or the worker exits; `last_active` is when the last
+    /// one was handled.
+    async fn handle_batch(
+        &mut self,
+        at: At,
+        batch: Vec<Entry>,
+        last_active: &mut tokio::time::Instant,
+    ) -> Result<Outcome, Exit> {
+        let short = batch.len() < self.batch_asked;
+        self.batch_left = batch.len();
+        for mut entry in batch {
+            self.batch_left -= 1;
+            match self.process(at, &mut entry).await {
+                Step::Done => *last_active = tokio::time::Instant::now(),
+                Step::Halted => return Ok(Outcome::Halted),
+                Step::Exit(e) => return Err(e),
+            }
+        }
+        Ok(Outcome::Handled { short })
     }
 
     /// Handles one entry to the end: success and ack, halt, or exit.
