@@ -16,9 +16,10 @@ use convoy_core::error::Error;
 /// transaction raising for a key waits here until the first ends, so its
 /// rows get larger ids and, within a key, id order is commit order. Then
 /// the rows, in raise order. Unless `[outbox] notify = false`, with the
-/// locks the shared *flush* lock, and a notification that PostgreSQL
-/// delivers to the relay when (and only if) the transaction commits,
-/// unless the relay is busy (see [`crate::pace`]).
+/// locks, in the same statement, the shared *flush* lock, and a
+/// notification that PostgreSQL delivers to the relay when (and only if)
+/// the transaction commits, unless the relay is busy (see
+/// [`crate::pace`]).
 pub(super) async fn insert(
     conn: &mut PgConnection,
     tables: &Tables,
@@ -39,44 +40,48 @@ pub(super) async fn insert(
         .collect();
     locks.sort_unstable();
     locks.dedup();
-    // With notifications, the shared *flush* lock too, held until the
-    // transaction ends: the relay going idle waits for this transaction if
-    // it skips its notification (see `crate::pace`). The relay holds it
-    // exclusively for one statement at most and never waits for a key
-    // lock, so it goes in the same statement as those, in any order.
-    let flush = notify.then_some(tables.flush_lock);
-    if flush.is_some() || !locks.is_empty() {
-        // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
-        // PostgreSQL take the key locks in that (sorted) order.
+    if notify {
+        // The shared *flush* lock too, held until the transaction ends: the
+        // relay going idle waits for this transaction if it skips its
+        // notification (see `crate::pace`). The relay holds it exclusively
+        // for one statement at most and never waits for a key lock, so it
+        // goes with those, in any order. Then, in the same statement (one
+        // round trip), the notification (PostgreSQL delivers it at commit)
+        // unless the relay is busy, reading every millisecond anyway: the
+        // test lets go of the lock at once, so a writer never keeps the
+        // relay from getting busy. `CASE` runs its branches in order, the
+        // test only once *flush* is held.
         sqlx::query(
-            "SELECT (SELECT count(pg_advisory_xact_lock(l)) FROM (
-                SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-             ) s),
-             (SELECT count(pg_advisory_xact_lock_shared(f)) FROM (
-                SELECT $2::bigint AS f
-             ) flush WHERE f IS NOT NULL)",
+            "SELECT CASE WHEN (SELECT count(pg_advisory_xact_lock(l)) FROM (
+                    SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+                 ) s) >= 0 AND (SELECT count(pg_advisory_xact_lock_shared($2))) >= 0
+             THEN (SELECT count(pg_notify($3, '')) FROM (
+                    SELECT CASE WHEN pg_try_advisory_lock_shared($4)
+                        THEN pg_advisory_unlock_shared($4) ELSE false END AS idle
+                 ) relay WHERE relay.idle)
+             END",
         )
         .bind(&locks)
-        .bind(flush)
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_error(ctx("locking the partition keys")))?;
-    }
-    if notify {
-        // Notify (PostgreSQL delivers it at commit) unless the relay is
-        // busy, reading every millisecond anyway. The test lets go of the
-        // lock at once: a writer never keeps the relay from getting busy.
-        sqlx::query(
-            "SELECT pg_notify($1, '') FROM (
-                SELECT CASE WHEN pg_try_advisory_lock_shared($2)
-                    THEN pg_advisory_unlock_shared($2) ELSE false END AS idle
-             ) relay WHERE relay.idle",
-        )
+        .bind(tables.flush_lock)
         .bind(&tables.channel)
         .bind(tables.busy_lock)
         .execute(&mut *conn)
         .await
-        .map_err(pg_error(ctx("notifying the relay")))?;
+        .map_err(pg_error(ctx(
+            "locking the partition keys and notifying the relay",
+        )))?;
+    } else if !locks.is_empty() {
+        // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
+        // PostgreSQL take the key locks in that (sorted) order.
+        sqlx::query(
+            "SELECT count(pg_advisory_xact_lock(l)) FROM (
+                SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+             ) s",
+        )
+        .bind(&locks)
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_error(ctx("locking the partition keys")))?;
     }
     let mut categories = Vec::with_capacity(envelopes.len());
     let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(envelopes.len());
