@@ -292,34 +292,20 @@ async fn drive_woken(
     drive_on(shared(reap_idle), halted, reads, halts, reaps, wake_at).await
 }
 
-/// [`drive`] with no reap or halt, the acknowledgements' outcomes scripted.
+/// [`drive`] with no reap or halt, the acknowledgements' outcomes
+/// scripted; returns the calls.
 async fn drive_acks(
     reads: Vec<Result<ReadReply, Error>>,
     acks: Vec<Result<Acked, Arc<Error>>>,
 ) -> Vec<(Call, Duration)> {
-    let s = shared(HOUR);
-    let unit = Arc::new(s.unit("k1"));
     let stop = CancellationToken::new();
     let io = Scripted {
         reads: Mutex::new(reads.into()),
         acks: Mutex::new(acks.into()),
-        stop: stop.clone(),
+        stop,
         ..Scripted::default()
     };
-    let calls = io.calls.clone();
-    let fence = Fence {
-        owner: "e0".to_owned(),
-        generation: 7,
-    };
-    let mut w = Worker::new(s, io, unit, fence, false, None, stop);
-    let start = tokio::time::Instant::now();
-    if w.reclaim().await.is_ok() {
-        w.consume().await;
-    }
-    calls
-        .lock()
-        .map(|c| c.iter().map(|(call, at)| (*call, *at - start)).collect())
-        .unwrap_or_default()
+    drive_io(shared(HOUR), io, false, None).await.1
 }
 
 /// [`drive_woken`], on what `s` shares.
@@ -331,16 +317,28 @@ async fn drive_on(
     reaps: Vec<Reaped>,
     wake_at: Option<Duration>,
 ) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
-    let unit = Arc::new(s.unit("k1"));
-    assert_eq!(unit.lanes.len(), 1, "one lane, no backfill");
     let stop = CancellationToken::new();
     let io = Scripted {
         reads: Mutex::new(reads.into()),
         halted: Mutex::new(halts.into()),
         reaps: Mutex::new(reaps.into()),
-        stop: stop.clone(),
+        stop,
         ..Scripted::default()
     };
+    drive_io(s, io, halted, wake_at).await
+}
+
+/// A worker of one single-stream unit on `io` (stopped with `io.stop`),
+/// woken `wake_at` after the start.
+async fn drive_io(
+    s: Arc<Shared>,
+    io: Scripted,
+    halted: bool,
+    wake_at: Option<Duration>,
+) -> (Exit, Vec<(Call, Duration)>, Worker<Scripted>) {
+    let unit = Arc::new(s.unit("k1"));
+    assert_eq!(unit.lanes.len(), 1, "one lane, no backfill");
+    let stop = io.stop.clone();
     let calls = io.calls.clone();
     let fence = Fence {
         owner: "e0".to_owned(),
