@@ -8,6 +8,17 @@ use super::{missing_table, pg_error};
 use convoy_core::envelope::Envelope;
 use convoy_core::error::Error;
 
+/// The subquery that takes the transaction-scoped lock of every key in
+/// `$1` (sorted): `unnest ... WITH ORDINALITY` with an explicit ORDER BY
+/// makes PostgreSQL take them in that order.
+macro_rules! key_locks {
+    () => {
+        "(SELECT count(pg_advisory_xact_lock(l)) FROM (
+            SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
+         ) s)"
+    };
+}
+
 /// Inserts `envelopes` in the transaction open on `conn`.
 ///
 /// First the transaction-scoped advisory lock of every partition key among
@@ -50,17 +61,17 @@ pub(super) async fn insert(
         // unless the relay is busy, reading every millisecond anyway: the
         // test lets go of the lock at once, so a writer never keeps the
         // relay from getting busy. `CASE` runs its branches in order, the
-        // test only once *flush* is held.
-        sqlx::query(
-            "SELECT CASE WHEN (SELECT count(pg_advisory_xact_lock(l)) FROM (
-                    SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-                 ) s) >= 0 AND (SELECT count(pg_advisory_xact_lock_shared($2))) >= 0
+        // test only once the key locks and *flush* are held.
+        sqlx::query(concat!(
+            "SELECT CASE WHEN ",
+            key_locks!(),
+            " >= 0 AND (SELECT count(pg_advisory_xact_lock_shared($2))) >= 0
              THEN (SELECT count(pg_notify($3, '')) FROM (
                     SELECT CASE WHEN pg_try_advisory_lock_shared($4)
                         THEN pg_advisory_unlock_shared($4) ELSE false END AS idle
                  ) relay WHERE relay.idle)
-             END",
-        )
+             END"
+        ))
         .bind(&locks)
         .bind(tables.flush_lock)
         .bind(&tables.channel)
@@ -71,17 +82,11 @@ pub(super) async fn insert(
             "locking the partition keys and notifying the relay",
         )))?;
     } else if !locks.is_empty() {
-        // `unnest ... WITH ORDINALITY` with an explicit ORDER BY makes
-        // PostgreSQL take the key locks in that (sorted) order.
-        sqlx::query(
-            "SELECT count(pg_advisory_xact_lock(l)) FROM (
-                SELECT l FROM unnest($1::bigint[]) WITH ORDINALITY AS u(l, n) ORDER BY n
-             ) s",
-        )
-        .bind(&locks)
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_error(ctx("locking the partition keys")))?;
+        sqlx::query(concat!("SELECT ", key_locks!()))
+            .bind(&locks)
+            .execute(&mut *conn)
+            .await
+            .map_err(pg_error(ctx("locking the partition keys")))?;
     }
     let mut categories = Vec::with_capacity(envelopes.len());
     let mut keys: Vec<Option<Vec<u8>>> = Vec::with_capacity(envelopes.len());

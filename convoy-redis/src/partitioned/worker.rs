@@ -517,13 +517,12 @@ impl<I: UnitIo> Worker<I> {
         };
         match self.io.ack_then_read(ack, first_lane, count).await {
             (Ok(Acked::Refused(why)), _) => Err(Exit::Lost(why)),
-            (Ok(Acked::Acked(_)), Some(read)) => {
+            (Ok(Acked::Acked(_)), read) => {
                 self.acked(at, &ids, touch, true);
-                Ok(read)
-            }
-            (Ok(Acked::Acked(_)), None) => {
-                self.acked(at, &ids, touch, true);
-                Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await)
+                match read {
+                    Some(read) => Ok(read),
+                    None => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
+                }
             }
             (Err(e), read) => {
                 if self.past_deadline() {
