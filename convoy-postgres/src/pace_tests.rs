@@ -237,3 +237,58 @@ async fn a_stalled_busy_relay_loses_busy_after_the_leader_timeout() {
         "the idle session ended, and busy with it"
     );
 }
+
+/// A writer tests *busy* only once it holds *flush*: a write that waits
+/// for *flush* while the relay goes idle finds *busy* free and notifies.
+/// (Had it tested first, it would have seen the relay busy and skipped
+/// its notification, and the relay, settled once *flush* was free, would
+/// wait for one that never comes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_tests_busy_only_once_it_holds_flush() {
+    let server = PgServer::start().expect("postgres");
+    let outbox = outbox(&server).await;
+    let mut l = listen(&outbox).await;
+    // Another session holds *flush* exclusively (as the relay does for a
+    // moment going idle).
+    let mut other = outbox.pool().acquire().await.expect("a session");
+    let flush = outbox.inner.tables.flush_lock;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(flush)
+        .execute(&mut *other)
+        .await
+        .expect("hold flush");
+    assert!(outbox.publisher_busy().await);
+    let writer = tokio::spawn({
+        let outbox = outbox.clone();
+        async move { write(&outbox, "a").await.commit().await }
+    });
+    // The writer's statement waits for *flush*.
+    let mut waiting = 0;
+    for _ in 0..250 {
+        waiting = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(outbox.pool())
+        .await
+        .expect("pg_locks");
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(waiting, 1, "the writer waits for flush");
+    assert!(
+        !outbox.publisher_idle().await,
+        "flush is held: the relay lets go of busy but does not settle"
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(flush)
+        .execute(&mut *other)
+        .await
+        .expect("release flush");
+    writer.await.expect("writer").expect("commit");
+    assert!(
+        notified(&mut l, DELIVERED).await,
+        "busy was free when the writer held flush: notified"
+    );
+}

@@ -406,11 +406,7 @@ impl<I: UnitIo> Worker<I> {
                             // A replaced owner read entries natively after it
                             // lost the lease; they are this consumer's now,
                             // below anything new: read them first.
-                            tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), stream = %Escaped(&stream), moved, "entries a replaced owner read after losing the lease were moved back; reading them before anything new");
-                            convoy_core::metrics::reclaimed(self.group(), moved);
-                            if !missing.is_empty() {
-                                self.report_missing(&stream, &missing);
-                            }
+                            self.report_reclaimed(&stream, moved, &missing);
                             Outcome::Unseen
                         }
                         Err(e) => {
@@ -516,7 +512,19 @@ impl<I: UnitIo> Worker<I> {
             trim: true,
         };
         match self.io.ack_then_read(ack, first_lane, count).await {
-            (Ok(Acked::Refused(why)), _) => Err(Exit::Lost(why)),
+            (Ok(Acked::Refused(why)), read) => {
+                // What the read's check acknowledged as missing is reported
+                // on every way out, or it would go unseen.
+                if let Some(Ok(ReadReply::Reclaimed {
+                    stream,
+                    moved,
+                    missing,
+                })) = read
+                {
+                    self.report_reclaimed(&stream, moved, &missing);
+                }
+                Err(Exit::Lost(why))
+            }
             (Ok(Acked::Acked(_)), read) => {
                 self.acked(at, &ids, touch, true);
                 match read {
@@ -525,16 +533,31 @@ impl<I: UnitIo> Worker<I> {
                 }
             }
             (Err(e), read) => {
+                // A read whose check sent it to the pending entries is right
+                // whatever came of the acknowledgement: its missing ids are
+                // reported now, before any way out below, and it stands as
+                // `Unseen`.
+                let pending_first = match read {
+                    Some(Ok(ReadReply::Unseen)) => true,
+                    Some(Ok(ReadReply::Reclaimed {
+                        stream,
+                        moved,
+                        missing,
+                    })) => {
+                        self.report_reclaimed(&stream, moved, &missing);
+                        true
+                    }
+                    _ => false,
+                };
                 if self.past_deadline() {
                     return Err(Exit::Expired);
                 }
                 tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&*e), "ack failed; retrying");
                 self.ack(at, &ids, true).await?;
-                match read {
-                    Some(Ok(read @ (ReadReply::Unseen | ReadReply::Reclaimed { .. }))) => {
-                        Ok(Ok(read))
-                    }
-                    _ => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
+                if pending_first {
+                    Ok(Ok(ReadReply::Unseen))
+                } else {
+                    Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await)
                 }
             }
         }
@@ -854,6 +877,17 @@ impl<I: UnitIo> Worker<I> {
         // A permanent error halts at once: no retry can mend it.
         let halt = err.is_permanent().then_some(PERMANENT);
         self.record_failure_after(id, failures, err, halt).await
+    }
+
+    /// Logs and counts what a [`ReadReply::Reclaimed`] did: entries a
+    /// replaced owner read after losing the lease, moved back to this
+    /// consumer, and any of them gone from the stream.
+    fn report_reclaimed(&self, stream: &str, moved: u64, missing: &[String]) {
+        tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), stream = %Escaped(stream), moved, "entries a replaced owner read after losing the lease were moved back; reading them before anything new");
+        convoy_core::metrics::reclaimed(self.group(), moved);
+        if !missing.is_empty() {
+            self.report_missing(stream, missing);
+        }
     }
 
     /// Logs and counts entries that were pending for this unit but are gone

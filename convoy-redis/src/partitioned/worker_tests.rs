@@ -622,4 +622,51 @@ async fn after_a_failed_acknowledgement_in_front_of_a_read_only_a_read_of_pendin
     // next, no new read.
     let calls = drive_acks(vec![empty(), entries(n), reclaimed()], acks()).await;
     assert_eq!(after(calls)[..4], [Call::Ack, NEW, Call::Ack, PENDING]);
+    // It found entries a lost reply delivered pending and unseen: the same.
+    let unseen = Ok(ReadReply::Unseen);
+    let calls = drive_acks(vec![empty(), entries(n), unseen], acks()).await;
+    assert_eq!(after(calls)[..4], [Call::Ack, NEW, Call::Ack, PENDING]);
+}
+
+/// The entries counted as missing on this thread's recorder since the
+/// last call (a snapshot drains the counters).
+fn missing_counted(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == convoy_core::metrics::MISSING_ENTRIES)
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// What a replaced owner left missing is reported when the read that
+/// found it went with an acknowledgement that was refused (the worker
+/// exits) or failed, not only when the acknowledgement was done.
+#[tokio::test(start_paused = true)]
+async fn missing_entries_a_read_found_are_reported_whatever_came_of_the_acknowledgement_in_front() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // The test's runtime runs on this thread.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let n = PRIMARY_BATCH;
+    let ok = || (1..n).map(|_| Ok(Acked::Acked(1))).collect::<Vec<_>>();
+    let reads = || vec![empty(), entries(n), reclaimed()];
+    let mut refused = ok();
+    refused.push(Ok(Acked::Refused(Refusal::FencedOut)));
+    let calls = drive_acks(reads(), refused).await;
+    assert_eq!(calls.last().map(|(c, _)| *c), Some(NEW), "exits after it");
+    // The batch's own entries are gone from the stream too (no fields).
+    let batch = n as u64;
+    assert_eq!(missing_counted(&snapshotter), batch + 1, "refused");
+    let mut lost = ok();
+    lost.push(Err(Arc::new(Error::redis(
+        "the acknowledgement's reply was lost",
+        redis::RedisError::from(std::io::Error::other("connection reset")),
+    ))));
+    drive_acks(reads(), lost).await;
+    assert_eq!(missing_counted(&snapshotter), batch + 1, "failed");
 }

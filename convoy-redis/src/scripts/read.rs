@@ -283,7 +283,7 @@ impl Read<'_> {
                 // Only the acknowledgement did not run; the read and its
                 // check did, and their outcome stands (the check counted the
                 // entries the acknowledgement was to take: the read comes out
-                // unseen). The acknowledgement goes on its own, loading its
+                // usually unseen). The acknowledgement goes on its own, loading its
                 // script, rather than the whole pipeline again: that would
                 // lose the check's outcome (the ids a replaced owner left
                 // missing are in it, and only there).
