@@ -150,7 +150,15 @@ impl Ack<'_> {
         // 1-based KEYS indexes of the shared keys.
         let counter_at = |c: usize| na + units + 1 + c;
         let groups_at = |g: usize| na + units + counters.len() + 1 + g;
-        let mut inv = Invocation::new(&SCRIPTS.ack);
+        // Per unit two keys (lease, stream) and one more at times (state),
+        // a run's three values at most, its token, spec and ids.
+        let ids: usize = self.items.iter().map(|i| i.ids.len()).sum();
+        let mut inv = Invocation::sized(
+            &SCRIPTS.ack,
+            na + counters.len() + groups.len() + 3 * units,
+            5 + na + 5 * units + ids,
+            64 + 40 * units + 24 * ids,
+        );
         inv.arg(self.group)
             .arg(self.now_ms)
             .arg(na)

@@ -293,6 +293,17 @@ impl Invocation {
         }
     }
 
+    /// [`Invocation::new`], with room for about `keys` keys and `args`
+    /// values of `bytes` bytes in all, so a call of many units or records
+    /// is not put together by growing its buffers again and again.
+    pub(crate) fn sized(script: &'static Script, keys: usize, args: usize, bytes: usize) -> Self {
+        Invocation {
+            script,
+            keys: Cmd::with_capacity(keys, keys * KEY_BYTES),
+            args: Cmd::with_capacity(args, bytes),
+        }
+    }
+
     /// Appends a key (`KEYS[i]`; one per element for a list).
     pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
         self.keys.arg(key);
@@ -326,6 +337,9 @@ impl Invocation {
         cmd
     }
 }
+
+/// About how long a key's name is, for [`Invocation::sized`].
+const KEY_BYTES: usize = 48;
 
 /// The length of one argument of a command being put together.
 fn arg_len(a: redis::Arg<&[u8]>) -> usize {

@@ -108,7 +108,6 @@ impl Publish<'_> {
     /// Each category's index and count are named once, and each run gives
     /// its category's number.
     fn invocation(&self) -> Invocation {
-        let mut inv = Invocation::new(&SCRIPTS.publish);
         let shard = self.shard;
         let producer = self.producer.name.as_str();
         let mut categories: Vec<&str> = Vec::new();
@@ -118,6 +117,42 @@ impl Publish<'_> {
                 categories.push(category);
             }
         }
+        // The records in runs: by stream, in the order streams first
+        // appear, each stream's records in the batch's order (a stable
+        // sort), cut where the shape changes.
+        let mut rank: HashMap<&str, usize> = HashMap::new();
+        let mut order: Vec<(usize, usize)> = self
+            .batch
+            .iter()
+            .enumerate()
+            .map(|(at, r)| {
+                let next = rank.len();
+                (*rank.entry(r.stream.as_str()).or_insert(next), at)
+            })
+            .collect();
+        order.sort_by_key(|(stream, _)| *stream);
+        let records: Vec<(&Routed<'_>, Shape<'_>)> = order
+            .iter()
+            .map(|(_, at)| {
+                let r = &self.batch[*at];
+                (r, Shape::of(r, producer))
+            })
+            .collect();
+        // Sized for the usual entries (a run's four values at most per
+        // record, and its seq, meta and payload); others grow it.
+        let bytes: usize = records
+            .iter()
+            .map(|(_, shape)| match shape {
+                Shape::Usual { meta, payload } => 32 + meta.len() + payload.len(),
+                Shape::Fields(_) => 64,
+            })
+            .sum();
+        let mut inv = Invocation::sized(
+            &SCRIPTS.publish,
+            3 + 3 * categories.len() + rank.len(),
+            9 + 7 * records.len(),
+            128 + bytes,
+        );
         inv.key(names::producer_sent(shard, producer))
             .key(names::producer_epoch(shard, producer))
             .key(names::producer_last(shard, producer))
@@ -143,27 +178,6 @@ impl Publish<'_> {
                 inv.key(names::wake_stream(category));
             }
         }
-        // The records in runs: by stream, in the order streams first
-        // appear, each stream's records in the batch's order (a stable
-        // sort), cut where the shape changes.
-        let mut rank: HashMap<&str, usize> = HashMap::new();
-        let mut order: Vec<(usize, usize)> = self
-            .batch
-            .iter()
-            .enumerate()
-            .map(|(at, r)| {
-                let next = rank.len();
-                (*rank.entry(r.stream.as_str()).or_insert(next), at)
-            })
-            .collect();
-        order.sort_by_key(|(stream, _)| *stream);
-        let records: Vec<(&Routed<'_>, Shape<'_>)> = order
-            .iter()
-            .map(|(_, at)| {
-                let r = &self.batch[*at];
-                (r, Shape::of(r, producer))
-            })
-            .collect();
         let mut from = 0;
         while from < records.len() {
             let (first, shape) = &records[from];
