@@ -150,22 +150,22 @@ impl Ack<'_> {
         // 1-based KEYS indexes of the shared keys.
         let counter_at = |c: usize| na + units + 1 + c;
         let groups_at = |g: usize| na + units + counters.len() + 1 + g;
-        // Per unit two keys (lease, stream) and one more at times (state),
-        // a run's three values at most, its token, spec and ids.
+        // Every key first (the call is written as the command itself):
+        // the shared ones, then per unit its stream and, with 'h' or 'a',
+        // its state hash; then the values.
+        let ns = na + units + counters.len() + groups.len();
+        let state = |item: &AckItem<'_>| item.clear_head || item.touch;
+        let keys = ns + units + self.items.iter().filter(|i| state(i)).count();
+        // Per unit a run's three values at most, its token, spec and ids.
         let ids: usize = self.items.iter().map(|i| i.ids.len()).sum();
-        let mut inv = Invocation::sized(
+        let mut inv = Invocation::keys_first(
             &SCRIPTS.ack,
-            na + counters.len() + groups.len() + 3 * units,
+            keys,
             5 + na + 5 * units + ids,
             64 + 40 * units + 24 * ids,
         );
-        inv.arg(self.group)
-            .arg(self.now_ms)
-            .arg(na)
-            .arg(units)
-            .arg(na + units + counters.len() + groups.len());
-        for (alive, inc) in &pairs {
-            inv.key(*alive).arg(*inc);
+        for (alive, _) in &pairs {
+            inv.key(*alive);
         }
         for &(_, _, i) in &sent {
             inv.key(&self.items[i].unit.lease);
@@ -174,6 +174,21 @@ impl Ack<'_> {
             inv.key(*acked);
         }
         inv.key(groups.as_slice());
+        for &(_, _, i) in &sent {
+            let item = &self.items[i];
+            inv.key(item.unit.stream(item.at));
+            if state(item) {
+                inv.key(&item.unit.state);
+            }
+        }
+        inv.arg(self.group)
+            .arg(self.now_ms)
+            .arg(na)
+            .arg(units)
+            .arg(ns);
+        for (_, inc) in &pairs {
+            inv.arg(*inc);
+        }
         let mut spec = String::new();
         for (at, &((pair, counter), set, i)) in sent.iter().enumerate() {
             if at == 0 || sent[at - 1].0 != (pair, counter) {
@@ -184,10 +199,6 @@ impl Ack<'_> {
                 inv.arg(pair + 1).arg(counter_at(counter)).arg(m);
             }
             let item = &self.items[i];
-            inv.key(item.unit.stream(item.at));
-            if item.clear_head || item.touch {
-                inv.key(&item.unit.state);
-            }
             inv.arg(item.token);
             let flags = item.flags();
             if flags.is_empty() {

@@ -37,6 +37,7 @@ pub(crate) mod replay;
 pub(crate) mod rest;
 pub(crate) mod save_state;
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
@@ -276,11 +277,21 @@ fn unexpected(script: &'static str, raw: &Value) -> Error {
 /// kept in one buffer, sent as one `EVALSHA`. (`redis::ScriptInvocation`
 /// allocates a buffer per key and per value, and copies them all again into
 /// the command: for an acknowledgement call that was about a dozen heap
-/// allocations per acknowledged unit.)
+/// allocations per acknowledged unit.) A call whose key count is known
+/// before its first key ([`Invocation::keys_first`]) is written as the
+/// command itself, copied no more.
 pub(crate) struct Invocation {
     script: &'static Script,
-    keys: Cmd,
-    args: Cmd,
+    built: Built,
+}
+
+/// How an [`Invocation`] is being written.
+enum Built {
+    /// Keys and values apart, put together by [`Invocation::command`].
+    Apart { keys: Cmd, args: Cmd },
+    /// The command itself: `EVALSHA`, the hash, the key count, then the
+    /// keys (`keys_left` of them still to come), then the values.
+    Whole { cmd: Cmd, keys_left: usize },
 }
 
 impl Invocation {
@@ -288,40 +299,74 @@ impl Invocation {
     pub(crate) fn new(script: &'static Script) -> Self {
         Invocation {
             script,
-            keys: Cmd::new(),
-            args: Cmd::new(),
+            built: Built::Apart {
+                keys: Cmd::new(),
+                args: Cmd::new(),
+            },
         }
     }
 
-    /// [`Invocation::new`], with room for about `keys` keys and `args`
-    /// values of `bytes` bytes in all, so a call of many units or records
-    /// is not put together by growing its buffers again and again.
-    pub(crate) fn sized(script: &'static Script, keys: usize, args: usize, bytes: usize) -> Self {
+    /// A call of `script` with exactly `keys` keys, every one of them
+    /// appended before the first value, and room for about `args` values
+    /// of `bytes` bytes: written as the command itself.
+    pub(crate) fn keys_first(
+        script: &'static Script,
+        keys: usize,
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        let mut cmd = Cmd::with_capacity(3 + keys + args, 64 + keys * KEY_BYTES + bytes);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Invocation {
             script,
-            keys: Cmd::with_capacity(keys, keys * KEY_BYTES),
-            args: Cmd::with_capacity(args, bytes),
+            built: Built::Whole {
+                cmd,
+                keys_left: keys,
+            },
         }
     }
 
     /// Appends a key (`KEYS[i]`; one per element for a list).
     pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
-        self.keys.arg(key);
+        match &mut self.built {
+            Built::Apart { keys, .. } => {
+                keys.arg(key);
+            }
+            Built::Whole { cmd, keys_left } => {
+                let n = key.num_of_args();
+                debug_assert!(n <= *keys_left, "more keys than the call was sized for");
+                *keys_left = keys_left.saturating_sub(n);
+                cmd.arg(key);
+            }
+        }
         self
     }
 
     /// Appends a value (`ARGV[i]`; one per element for a list).
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
-        self.args.arg(arg);
+        match &mut self.built {
+            Built::Apart { args, .. } => {
+                args.arg(arg);
+            }
+            Built::Whole { cmd, keys_left } => {
+                debug_assert_eq!(*keys_left, 0, "a value before the last key");
+                cmd.arg(arg);
+            }
+        }
         self
     }
 
     /// The `EVALSHA` command: the script's hash, the key count, the keys,
     /// the values. (Keys and values are plain arguments: `Arg::Cursor` is
     /// `SCAN`'s, never one of them.)
-    fn command(&self) -> Cmd {
-        let keys = self.keys.args_iter();
-        let args = self.args.args_iter();
+    fn command(&self) -> Cow<'_, Cmd> {
+        let (keys, args) = match &self.built {
+            Built::Whole { cmd, keys_left } => {
+                debug_assert_eq!(*keys_left, 0, "fewer keys than the call was sized for");
+                return Cow::Borrowed(cmd);
+            }
+            Built::Apart { keys, args } => (keys.args_iter(), args.args_iter()),
+        };
         let mut cmd = Cmd::with_capacity(
             2 + keys.len() + args.len(),
             64 + keys.clone().chain(args.clone()).map(arg_len).sum::<usize>(),
@@ -334,11 +379,11 @@ impl Invocation {
                 cmd.arg(bytes);
             }
         }
-        cmd
+        Cow::Owned(cmd)
     }
 }
 
-/// About how long a key's name is, for [`Invocation::sized`].
+/// About how long a key's name is, for [`Invocation::keys_first`].
 const KEY_BYTES: usize = 48;
 
 /// The length of one argument of a command being put together.
@@ -438,7 +483,7 @@ async fn call_replicated(
         return call(script, inv, conn, doing).await;
     };
     let mut pipe = redis::pipe();
-    pipe.add_command(inv.command())
+    pipe.add_command(inv.command().into_owned())
         .cmd("WAIT")
         .arg(w.replicas)
         .arg(w.timeout_ms);

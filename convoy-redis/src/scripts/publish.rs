@@ -147,37 +147,8 @@ impl Publish<'_> {
                 Shape::Fields(_) => 64,
             })
             .sum();
-        let mut inv = Invocation::sized(
-            &SCRIPTS.publish,
-            3 + 3 * categories.len() + rank.len(),
-            9 + 7 * records.len(),
-            128 + bytes,
-        );
-        inv.key(names::producer_sent(shard, producer))
-            .key(names::producer_epoch(shard, producer))
-            .key(names::producer_last(shard, producer))
-            .arg(if self.producer.epoch > 0 {
-                0
-            } else {
-                PRODUCER_TTL_MS
-            })
-            .arg(self.floor)
-            .arg(self.producer.epoch)
-            .arg(categories.len())
-            .arg(self.call)
-            .arg(self.behind.unwrap_or(""))
-            .arg(producer)
-            .arg(if self.wakes { categories.len() } else { 0 })
-            .arg(names::WAKE_MAXLEN);
-        for category in &categories {
-            inv.key(names::partition_index(shard, category))
-                .key(names::published(shard, category));
-        }
-        if self.wakes {
-            for category in &categories {
-                inv.key(names::wake_stream(category));
-            }
-        }
+        // The runs: records of one stream and one shape, as (first, len).
+        let mut runs: Vec<(usize, usize)> = Vec::with_capacity(rank.len());
         let mut from = 0;
         while from < records.len() {
             let (first, shape) = &records[from];
@@ -186,13 +157,52 @@ impl Publish<'_> {
                 .iter()
                 .take_while(|(r, shape)| r.stream == first.stream && shape.is_usual() == usual)
                 .count();
+            runs.push((from, len));
+            from += len;
+        }
+        let wakes = if self.wakes { categories.len() } else { 0 };
+        // Every key first (the call is written as the command itself),
+        // then the values.
+        let mut inv = Invocation::keys_first(
+            &SCRIPTS.publish,
+            3 + 2 * categories.len() + wakes + runs.len(),
+            9 + 4 * runs.len() + 3 * records.len(),
+            128 + bytes,
+        );
+        inv.key(names::producer_sent(shard, producer))
+            .key(names::producer_epoch(shard, producer))
+            .key(names::producer_last(shard, producer));
+        for category in &categories {
+            inv.key(names::partition_index(shard, category))
+                .key(names::published(shard, category));
+        }
+        for category in &categories[..wakes] {
+            inv.key(names::wake_stream(category));
+        }
+        for &(first, _) in &runs {
+            inv.key(&records[first].0.stream);
+        }
+        inv.arg(if self.producer.epoch > 0 {
+            0
+        } else {
+            PRODUCER_TTL_MS
+        })
+        .arg(self.floor)
+        .arg(self.producer.epoch)
+        .arg(categories.len())
+        .arg(self.call)
+        .arg(self.behind.unwrap_or(""))
+        .arg(producer)
+        .arg(wakes)
+        .arg(names::WAKE_MAXLEN);
+        for &(from, len) in &runs {
+            let (first, shape) = &records[from];
             let category = first.publication.envelope.category.as_str();
             let number = categories.iter().position(|c| *c == category).unwrap_or(0) + 1;
-            inv.key(&first.stream)
-                .arg(len)
+            inv.arg(len)
                 .arg(number)
                 .arg(first.partition.unwrap_or(""))
-                .arg(if usual { "k" } else { "f" });
+                .arg(if shape.is_usual() { "k" } else { "f" });
             for (r, shape) in &records[from..from + len] {
                 inv.arg(r.publication.seq);
                 match shape {
@@ -207,7 +217,6 @@ impl Publish<'_> {
                     }
                 }
             }
-            from += len;
         }
         inv
     }

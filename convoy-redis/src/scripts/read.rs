@@ -228,7 +228,7 @@ impl Read<'_> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         if let Some((_, (ack_inv, _))) = &ack {
-            pipe.add_command(ack_inv.command());
+            pipe.add_command(ack_inv.command().into_owned());
         }
         pipe.cmd("XREADGROUP")
             .arg("GROUP")
@@ -239,7 +239,7 @@ impl Read<'_> {
             .arg("STREAMS")
             .arg(stream)
             .arg(">")
-            .add_command(inv.command());
+            .add_command(inv.command().into_owned());
         let unknown =
             |v: &Value| matches!(v, Value::ServerError(e) if no_script(&e.clone().into()));
         let mut loaded = false;
