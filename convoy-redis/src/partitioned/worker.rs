@@ -534,30 +534,35 @@ impl<I: UnitIo> Worker<I> {
             }
             (Err(e), read) => {
                 // A read whose check sent it to the pending entries is right
-                // whatever came of the acknowledgement: its missing ids are
-                // reported now, before any way out below, and it stands as
-                // `Unseen`.
+                // whatever came of the acknowledgement, and stands: the ids
+                // it found missing are reported now, before any way out
+                // below, the rest when it is used.
                 let pending_first = match read {
-                    Some(Ok(ReadReply::Unseen)) => true,
+                    Some(Ok(ReadReply::Unseen)) => Some(ReadReply::Unseen),
                     Some(Ok(ReadReply::Reclaimed {
                         stream,
                         moved,
                         missing,
                     })) => {
-                        self.report_reclaimed(&stream, moved, &missing);
-                        true
+                        if !missing.is_empty() {
+                            self.report_missing(&stream, &missing);
+                        }
+                        Some(ReadReply::Reclaimed {
+                            stream,
+                            moved,
+                            missing: Vec::new(),
+                        })
                     }
-                    _ => false,
+                    _ => None,
                 };
                 if self.past_deadline() {
                     return Err(Exit::Expired);
                 }
                 tracing::warn!(handler = self.group(), key = ?Escaped(&self.unit.key), error = %chain(&*e), "ack failed; retrying");
                 self.ack(at, &ids, true).await?;
-                if pending_first {
-                    Ok(Ok(ReadReply::Unseen))
-                } else {
-                    Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await)
+                match pending_first {
+                    Some(read) => Ok(Ok(read)),
+                    None => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
                 }
             }
         }

@@ -277,9 +277,10 @@ fn unexpected(script: &'static str, raw: &Value) -> Error {
 /// kept in one buffer, sent as one `EVALSHA`. (`redis::ScriptInvocation`
 /// allocates a buffer per key and per value, and copies them all again into
 /// the command: for an acknowledgement call that was about a dozen heap
-/// allocations per acknowledged unit.) A call whose key count is known
-/// before its first key ([`Invocation::keys_first`]) is written as the
-/// command itself, copied no more.
+/// allocations per acknowledged unit.) A call that knows how many keys it
+/// has and gives every one before its first value
+/// ([`Invocation::keys_first`]) is written as the command itself, copied
+/// no more.
 pub(crate) struct Invocation {
     script: &'static Script,
     built: Built,
@@ -289,9 +290,14 @@ pub(crate) struct Invocation {
 enum Built {
     /// Keys and values apart, put together by [`Invocation::command`].
     Apart { keys: Cmd, args: Cmd },
-    /// The command itself: `EVALSHA`, the hash, the key count, then the
-    /// keys (`keys_left` of them still to come), then the values.
-    Whole { cmd: Cmd, keys_left: usize },
+    /// The command itself: `EVALSHA`, the hash, the key count `declared`,
+    /// the `written` keys so far, then (once `values`) the values.
+    Whole {
+        cmd: Cmd,
+        declared: usize,
+        written: usize,
+        values: bool,
+    },
 }
 
 impl Invocation {
@@ -306,9 +312,11 @@ impl Invocation {
         }
     }
 
-    /// A call of `script` with exactly `keys` keys, every one of them
-    /// appended before the first value, and room for about `args` values
-    /// of `bytes` bytes: written as the command itself.
+    /// A call of `script` with `keys` keys, every one of them given before
+    /// the first value, and room for about `args` values of `bytes` bytes:
+    /// written as the command itself. (Another number of keys, or a key
+    /// after a value, still makes the right command, at the cost of a
+    /// copy.)
     pub(crate) fn keys_first(
         script: &'static Script,
         keys: usize,
@@ -321,22 +329,26 @@ impl Invocation {
             script,
             built: Built::Whole {
                 cmd,
-                keys_left: keys,
+                declared: keys,
+                written: 0,
+                values: false,
             },
         }
     }
 
     /// Appends a key (`KEYS[i]`; one per element for a list).
     pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        if matches!(self.built, Built::Whole { values: true, .. }) {
+            self.apart();
+        }
         match &mut self.built {
             Built::Apart { keys, .. } => {
                 keys.arg(key);
             }
-            Built::Whole { cmd, keys_left } => {
-                let n = key.num_of_args();
-                debug_assert!(n <= *keys_left, "more keys than the call was sized for");
-                *keys_left = keys_left.saturating_sub(n);
+            Built::Whole { cmd, written, .. } => {
+                let before = cmd.args_iter().len();
                 cmd.arg(key);
+                *written += cmd.args_iter().len() - before;
             }
         }
         self
@@ -348,12 +360,43 @@ impl Invocation {
             Built::Apart { args, .. } => {
                 args.arg(arg);
             }
-            Built::Whole { cmd, keys_left } => {
-                debug_assert_eq!(*keys_left, 0, "a value before the last key");
+            Built::Whole {
+                cmd,
+                declared,
+                written,
+                values,
+            } => {
+                if !*values {
+                    *values = true;
+                    if *written != *declared {
+                        *cmd = recounted(cmd, *written);
+                        *declared = *written;
+                    }
+                }
                 cmd.arg(arg);
             }
         }
         self
+    }
+
+    /// Turns a call written as the command back into keys and values
+    /// apart (a key came after a value).
+    fn apart(&mut self) {
+        let Built::Whole { cmd, written, .. } = &self.built else {
+            return;
+        };
+        let (mut keys, mut args) = (Cmd::new(), Cmd::new());
+        // After `EVALSHA`, the hash and the key count.
+        for (i, a) in cmd.args_iter().enumerate().skip(3) {
+            if let redis::Arg::Simple(bytes) = a {
+                if i < 3 + written {
+                    keys.arg(bytes);
+                } else {
+                    args.arg(bytes);
+                }
+            }
+        }
+        self.built = Built::Apart { keys, args };
     }
 
     /// The `EVALSHA` command: the script's hash, the key count, the keys,
@@ -361,14 +404,22 @@ impl Invocation {
     /// `SCAN`'s, never one of them.)
     fn command(&self) -> Cow<'_, Cmd> {
         let (keys, args) = match &self.built {
-            Built::Whole { cmd, keys_left } => {
-                debug_assert_eq!(*keys_left, 0, "fewer keys than the call was sized for");
-                return Cow::Borrowed(cmd);
+            Built::Whole {
+                cmd,
+                declared,
+                written,
+                ..
+            } => {
+                return if written == declared {
+                    Cow::Borrowed(cmd)
+                } else {
+                    Cow::Owned(recounted(cmd, *written))
+                };
             }
             Built::Apart { keys, args } => (keys.args_iter(), args.args_iter()),
         };
         let mut cmd = Cmd::with_capacity(
-            2 + keys.len() + args.len(),
+            3 + keys.len() + args.len(),
             64 + keys.clone().chain(args.clone()).map(arg_len).sum::<usize>(),
         );
         cmd.arg("EVALSHA")
@@ -381,6 +432,35 @@ impl Invocation {
         }
         Cow::Owned(cmd)
     }
+
+    /// The command, without a copy where it was written as one (for a
+    /// pipeline, which keeps its commands).
+    fn into_command(self) -> Cmd {
+        match self.built {
+            Built::Whole {
+                cmd,
+                declared,
+                written,
+                ..
+            } if declared == written => cmd,
+            _ => self.command().into_owned(),
+        }
+    }
+}
+
+/// `cmd`, an `EVALSHA` whose key count is wrong, with `keys`, the number
+/// of keys it holds, as its count.
+fn recounted(cmd: &Cmd, keys: usize) -> Cmd {
+    let args = cmd.args_iter();
+    let mut out = Cmd::with_capacity(args.len(), 64 + args.clone().map(arg_len).sum::<usize>());
+    for (i, a) in args.enumerate() {
+        if i == 2 {
+            out.arg(keys);
+        } else if let redis::Arg::Simple(bytes) = a {
+            out.arg(bytes);
+        }
+    }
+    out
 }
 
 /// About how long a key's name is, for [`Invocation::keys_first`].
@@ -423,7 +503,7 @@ async fn call(
             }
             Err(e) if !loaded && no_script(&e) => {
                 loaded = true;
-                load(script, inv, conn).await?;
+                load(script, inv.script, conn).await?;
             }
             r => break r.map_err(|e| Error::redis(doing, e))?,
         }
@@ -431,14 +511,14 @@ async fn call(
     Reply::parse(script, raw)
 }
 
-/// Loads `inv`'s script (on a cluster, on every master).
+/// Loads `code`, the script named `script` (on a cluster, on every
+/// master).
 async fn load(
     script: &'static str,
-    inv: &Invocation,
+    code: &Script,
     conn: &mut (impl ConnectionLike + Send),
 ) -> Result<(), Error> {
-    inv.script
-        .load_async(conn)
+    code.load_async(conn)
         .await
         .map(drop)
         .map_err(|e| Error::redis(format!("failed to load the {script} script"), e))
@@ -500,7 +580,7 @@ async fn call_replicated(
             }
             Err(e) if !loaded && no_script(&e) => {
                 loaded = true;
-                load(script, inv, conn).await?;
+                load(script, inv.script, conn).await?;
             }
             Err(e) => return Err(Error::redis(doing, e)),
         }

@@ -224,12 +224,14 @@ impl Read<'_> {
             .arg(by.token)
             .arg(&by.unit.group)
             .arg(by.incarnation);
-        let ack = ack.map(|a| (a, a.invocation()));
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        if let Some((_, (ack_inv, _))) = &ack {
-            pipe.add_command(ack_inv.command().into_owned());
-        }
+        // The pipeline keeps its commands: the calls go in as written.
+        let ack = ack.map(|a| {
+            let (ack_inv, placed) = a.invocation();
+            pipe.add_command(ack_inv.into_command());
+            (a, placed)
+        });
         pipe.cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&by.unit.group)
@@ -239,7 +241,7 @@ impl Read<'_> {
             .arg("STREAMS")
             .arg(stream)
             .arg(">")
-            .add_command(inv.command().into_owned());
+            .add_command(inv.into_command());
         let unknown =
             |v: &Value| matches!(v, Value::ServerError(e) if no_script(&e.clone().into()));
         let mut loaded = false;
@@ -269,14 +271,14 @@ impl Read<'_> {
                 // re-reads its pending entries. (An acknowledgement in front
                 // ran, or if unknown too did not and runs the second time.)
                 loaded = true;
-                load("verify", &inv, conn).await?;
-                if let (true, Some((_, (ack_inv, _)))) = (ack_unknown, &ack) {
-                    load("ack", ack_inv, conn).await?;
+                load("verify", &SCRIPTS.verify, conn).await?;
+                if ack_unknown && ack.is_some() {
+                    load("ack", &SCRIPTS.ack, conn).await?;
                 }
                 continue;
             }
             let read = self.checked(read, check);
-            let Some((a, (_, placed))) = &ack else {
+            let Some((a, placed)) = &ack else {
                 return Ok((read, None));
             };
             let acked = match acked {

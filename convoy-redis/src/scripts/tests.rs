@@ -1996,3 +1996,54 @@ async fn an_acknowledgement_redis_forgot_in_front_of_a_read_goes_on_its_own() {
     );
     assert_eq!(pending_of_a(&mut c, &token).await, ["1-3", "1-4"]);
 }
+
+/// A command's arguments, as text.
+fn words(cmd: &redis::Cmd) -> Vec<String> {
+    cmd.args_iter()
+        .map(|a| match a {
+            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => "<not a plain argument>".to_owned(),
+        })
+        .collect()
+}
+
+/// A call written keys first is the same `EVALSHA` as one written keys and
+/// values apart, whatever number of keys it was sized for and even when a
+/// key comes after a value; the key count is what was given.
+#[test]
+fn a_call_written_keys_first_is_the_same_command_however_its_keys_come() {
+    use super::{Invocation, SCRIPTS};
+    let script = &SCRIPTS.ack;
+    let hash = script.get_hash();
+    let mut apart = Invocation::new(script);
+    apart
+        .key("k1")
+        .arg("v1")
+        .key(["k2", "k3"].as_slice())
+        .arg(7);
+    let mut first = Invocation::keys_first(script, 3, 2, 8);
+    first
+        .key("k1")
+        .key(["k2", "k3"].as_slice())
+        .arg("v1")
+        .arg(7);
+    // Sized for one key, given three, one of them after a value.
+    let mut late = Invocation::keys_first(script, 1, 2, 8);
+    late.key("k1")
+        .key(Vec::<String>::new())
+        .arg("v1")
+        .key(["k2", "k3"].as_slice())
+        .arg(7);
+    let want = ["EVALSHA", hash, "3", "k1", "k2", "k3", "v1", "7"];
+    for inv in [&apart, &first, &late] {
+        assert_eq!(words(&inv.command()), want);
+    }
+    assert_eq!(words(&first.into_command()), want);
+    assert_eq!(words(&late.into_command()), want);
+    let mut keys_only = Invocation::keys_first(script, 0, 0, 0);
+    keys_only.key("k1");
+    assert_eq!(words(&keys_only.command()), ["EVALSHA", hash, "1", "k1"]);
+    let mut none = Invocation::keys_first(script, 2, 1, 8);
+    none.arg("v1");
+    assert_eq!(words(&none.into_command()), ["EVALSHA", hash, "0", "v1"]);
+}
