@@ -232,7 +232,7 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
         // 0.08 (the acknowledged count, once per category per call: the
         // counts are read summed over the shards), reads and trims;
         // 0.10-0.16 client calls (reads and acknowledgements of many keys
-        // share a call), 30.4-30.6 allocations (read entries move out of the
+        // share a call), 30.4-31.6 allocations (with the client calls: acknowledgements share calls as they happen to finish together) (read entries move out of the
         // reply, an entry has four fields, an acknowledgement or publish
         // call is written as the command itself, keys first; 32.5 when its
         // keys and values were put in two buffers, grown as they went, and
@@ -253,7 +253,7 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
         ),
         // Publish 1.01, consume 4.31-4.36 commands (per event one script:
         // its MGET of lease and liveness, XACK, INCRBY), 1.23-1.28 client
-        // calls, 44.7-45.4 allocations (57.1 before an acknowledgement call was
+        // calls, 44.7-45.5 allocations (57.1 before an acknowledgement call was
         // written as the command itself, sized up front; 58.0-59.1 before
         // a batch's handling was boxed once rather than each entry's; 57.2
         // before reads of
@@ -274,7 +274,7 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
                 allocations: 48.0,
             },
         ),
-        // Publish 1.09, consume 0.31 commands, 0.09 client calls, 26.4-26.5
+        // Publish 1.09, consume 0.31 commands, 0.09 client calls, 26.2-26.5
         // allocations (26.8 before a script call was written as the
         // command itself; 27.8 before a batch's handling was boxed once
         // rather than each entry's; 0.28-0.29, 0.07-0.08 and 27.4 before a unit's

@@ -34,6 +34,11 @@ pub(crate) struct AckItem<'a> {
 }
 
 impl AckItem<'_> {
+    /// Whether the call names the unit's state hash (flags 'h' or 'a').
+    fn names_state(&self) -> bool {
+        self.clear_head || self.touch
+    }
+
     /// The flags as ack.lua reads them (`""` for none).
     fn flags(&self) -> &'static str {
         match (self.clear_head, self.touch, self.trim) {
@@ -154,8 +159,7 @@ impl Ack<'_> {
         // the shared ones, then per unit its stream and, with 'h' or 'a',
         // its state hash; then the values.
         let ns = na + units + counters.len() + groups.len();
-        let state = |item: &AckItem<'_>| item.clear_head || item.touch;
-        let keys = ns + units + self.items.iter().filter(|i| state(i)).count();
+        let keys = ns + units + self.items.iter().filter(|i| i.names_state()).count();
         // Per unit a run's three values at most, its token, spec and ids.
         let ids: usize = self.items.iter().map(|i| i.ids.len()).sum();
         let mut inv = Invocation::keys_first(
@@ -177,7 +181,7 @@ impl Ack<'_> {
         for &(_, _, i) in &sent {
             let item = &self.items[i];
             inv.key(item.unit.stream(item.at));
-            if state(item) {
+            if item.names_state() {
                 inv.key(&item.unit.state);
             }
         }

@@ -291,12 +291,11 @@ enum Built {
     /// Keys and values apart, put together by [`Invocation::command`].
     Apart { keys: Cmd, args: Cmd },
     /// The command itself: `EVALSHA`, the hash, the key count `declared`,
-    /// the `written` keys so far, then (once `values`) the values.
+    /// the `written` keys so far, then the values.
     Whole {
         cmd: Cmd,
         declared: usize,
         written: usize,
-        values: bool,
     },
 }
 
@@ -331,14 +330,15 @@ impl Invocation {
                 cmd,
                 declared: keys,
                 written: 0,
-                values: false,
             },
         }
     }
 
     /// Appends a key (`KEYS[i]`; one per element for a list).
     pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
-        if matches!(self.built, Built::Whole { values: true, .. }) {
+        if matches!(&self.built, Built::Whole { cmd, written, .. } if cmd.args_iter().len() > 3 + written)
+        {
+            // A key after a value.
             self.apart();
         }
         match &mut self.built {
@@ -356,23 +356,15 @@ impl Invocation {
 
     /// Appends a value (`ARGV[i]`; one per element for a list).
     pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        if matches!(&self.built, Built::Whole { declared, written, .. } if written != declared) {
+            // Not the keys the call was written for.
+            self.apart();
+        }
         match &mut self.built {
             Built::Apart { args, .. } => {
                 args.arg(arg);
             }
-            Built::Whole {
-                cmd,
-                declared,
-                written,
-                values,
-            } => {
-                if !*values {
-                    *values = true;
-                    if *written != *declared {
-                        *cmd = recounted(cmd, *written);
-                        *declared = *written;
-                    }
-                }
+            Built::Whole { cmd, .. } => {
                 cmd.arg(arg);
             }
         }
@@ -380,7 +372,7 @@ impl Invocation {
     }
 
     /// Turns a call written as the command back into keys and values
-    /// apart (a key came after a value).
+    /// apart.
     fn apart(&mut self) {
         let Built::Whole { cmd, written, .. } = &self.built else {
             return;
@@ -400,37 +392,24 @@ impl Invocation {
     }
 
     /// The `EVALSHA` command: the script's hash, the key count, the keys,
-    /// the values. (Keys and values are plain arguments: `Arg::Cursor` is
-    /// `SCAN`'s, never one of them.)
+    /// the values.
     fn command(&self) -> Cow<'_, Cmd> {
-        let (keys, args) = match &self.built {
+        match &self.built {
             Built::Whole {
                 cmd,
                 declared,
                 written,
-                ..
-            } => {
-                return if written == declared {
-                    Cow::Borrowed(cmd)
-                } else {
-                    Cow::Owned(recounted(cmd, *written))
-                };
+            } if written == declared => Cow::Borrowed(cmd),
+            // Keys only, not as many as declared.
+            Built::Whole { cmd, written, .. } => {
+                Cow::Owned(evalsha(self.script, *written, cmd.args_iter().skip(3)))
             }
-            Built::Apart { keys, args } => (keys.args_iter(), args.args_iter()),
-        };
-        let mut cmd = Cmd::with_capacity(
-            3 + keys.len() + args.len(),
-            64 + keys.clone().chain(args.clone()).map(arg_len).sum::<usize>(),
-        );
-        cmd.arg("EVALSHA")
-            .arg(self.script.get_hash())
-            .arg(keys.len());
-        for a in keys.chain(args) {
-            if let redis::Arg::Simple(bytes) = a {
-                cmd.arg(bytes);
-            }
+            Built::Apart { keys, args } => Cow::Owned(evalsha(
+                self.script,
+                keys.args_iter().len(),
+                keys.args_iter().chain(args.args_iter()),
+            )),
         }
-        Cow::Owned(cmd)
     }
 
     /// The command, without a copy where it was written as one (for a
@@ -441,26 +420,31 @@ impl Invocation {
                 cmd,
                 declared,
                 written,
-                ..
             } if declared == written => cmd,
             _ => self.command().into_owned(),
         }
     }
 }
 
-/// `cmd`, an `EVALSHA` whose key count is wrong, with `keys`, the number
-/// of keys it holds, as its count.
-fn recounted(cmd: &Cmd, keys: usize) -> Cmd {
-    let args = cmd.args_iter();
-    let mut out = Cmd::with_capacity(args.len(), 64 + args.clone().map(arg_len).sum::<usize>());
-    for (i, a) in args.enumerate() {
-        if i == 2 {
-            out.arg(keys);
-        } else if let redis::Arg::Simple(bytes) = a {
-            out.arg(bytes);
+/// `EVALSHA` of `script` with `keys` keys, then `args`: the keys and the
+/// values. (Keys and values are plain arguments: `Arg::Cursor` is `SCAN`'s,
+/// never one of them.)
+fn evalsha<'a>(
+    script: &Script,
+    keys: usize,
+    args: impl Iterator<Item = redis::Arg<&'a [u8]>> + Clone,
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(
+        3 + args.clone().count(),
+        64 + args.clone().map(arg_len).sum::<usize>(),
+    );
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    for a in args {
+        if let redis::Arg::Simple(bytes) = a {
+            cmd.arg(bytes);
         }
     }
-    out
+    cmd
 }
 
 /// About how long a key's name is, for [`Invocation::keys_first`].

@@ -284,11 +284,11 @@ impl Read<'_> {
             let acked = match acked {
                 // Only the acknowledgement did not run; the read and its
                 // check did, and their outcome stands (the check counted the
-                // entries the acknowledgement was to take: the read comes out
-                // usually unseen). The acknowledgement goes on its own, loading its
-                // script, rather than the whole pipeline again: that would
-                // lose the check's outcome (the ids a replaced owner left
-                // missing are in it, and only there).
+                // entries the acknowledgement was to take: the read usually
+                // comes out unseen). The acknowledgement goes on its own,
+                // loading its script, rather than the whole pipeline again:
+                // that would lose the check's outcome (the ids a replaced
+                // owner left missing are in it, and only there).
                 Some(_) if ack_unknown => a.run(conn, None).await,
                 Some(Value::ServerError(e)) => {
                     Err(Error::redis("fenced acknowledgement failed", e.into()))
