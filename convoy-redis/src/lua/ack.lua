@@ -17,22 +17,25 @@
 --                          unit's shard, one per (key, incarnation) pair the
 --                          call's units name
 -- KEYS[na+1 .. na+u]       the units' leases, unit r at na+r
--- KEYS[na+u+1 .. ns]       shared keys: the groups' acknowledged counts (for
---                          lag: read only summed over a category's shards,
---                          so a call adds every unit of a category to one
---                          counter, one INCRBY per counter named), then the
---                          categories' sets of registered groups (for trims)
+-- KEYS[na+u+1 .. na+u+C]   the groups' acknowledged counts, one per category
+--                          (for lag: read only summed over a category's
+--                          shards, so a call adds every unit of a category to
+--                          one counter, one INCRBY per counter)
+-- KEYS[na+u+C+1 .. ns]     the categories' sets of registered groups (for
+--                          trims)
 -- KEYS[ns+1 ..]            per unit: its stream, then its state hash only
 --                          when its flags name 'h' or 'a'
 -- ARGV[1] group, ARGV[2] now (ms), ARGV[3] na, ARGV[4] u, ARGV[5] ns,
--- ARGV[6 .. 5+na] the incarnation of each liveness pair, then the units in
--- runs that share a liveness pair and a counter: per run its pair (1 ..
--- na), its counter (an index into KEYS) and how many units it has, then
--- per unit its fence token, its spec and its ids. The spec is the number
--- of ids alone when the unit has no flags, else 'n:flags:groups' with
--- flags of 'h' (the head had failures, clear them), 'a' (record the unit's
--- last activity), 't' (trim what every group consumed), and groups the
--- index into KEYS of the category's groups set (0 without 't').
+-- ARGV[6] C, ARGV[7] S (one more than the most ids a unit of the call
+-- has), ARGV[8 .. 7+na] the incarnation of each liveness pair, then per
+-- unit its fence token, its spec and its ids. The spec is a number when
+-- the unit has no flags: ((pair - 1) * C + counter - 1) * S + n, for its
+-- liveness pair (1 .. na), its counter (1 .. C) and its n ids; else
+-- 'number:flags:groups' with flags of 'h' (the head had
+-- failures, clear them), 'a' (record the unit's last activity), 't' (trim
+-- what every group consumed), and groups the index into KEYS of the
+-- category's groups set (0 without 't'). A number, not a string to match,
+-- since most units have no flags and arithmetic costs Lua less.
 --
 -- A trim never removes an entry that is still pending for any consumer of
 -- any group: after a read whose reply was lost, this consumer may have
@@ -46,33 +49,24 @@ local now = ARGV[2]
 local na = tonumber(ARGV[3])
 local units = tonumber(ARGV[4])
 local ns = tonumber(ARGV[5])
--- How many groups a category's set has, read once per call.
-local group_counts = {}
-local function groups_of(key)
-  local n = group_counts[key]
-  if n == nil then
-    n = redis.call('SCARD', key)
-    group_counts[key] = n
-  end
-  return n
-end
+local counters = tonumber(ARGV[6])
+local span = tonumber(ARGV[7])
 
-local function less(a, b)
-  local am, as = string.match(a, '(%d+)-(%d+)')
-  local bm, bs = string.match(b, '(%d+)-(%d+)')
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  return am < bm or (am == bm and as < bs)
-end
-
-local function after(id)
-  local ms, seq = string.match(id, '(%d+)-(%d+)')
-  return ms .. '-' .. (tonumber(seq) + 1)
-end
-
-
--- Removes what every registered group has consumed.
+-- Removes from `stream` what every registered group has consumed. One
+-- function (its helpers inside): a script's functions are made again at
+-- every call, and most calls trim nothing.
 local function trim(stream, groups_key, last)
-  if groups_of(groups_key) <= 1 then
+  local function less(a, b)
+    local am, as = string.match(a, '(%d+)-(%d+)')
+    local bm, bs = string.match(b, '(%d+)-(%d+)')
+    am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+    return am < bm or (am == bm and as < bs)
+  end
+  local function after(id)
+    local ms, seq = string.match(id, '(%d+)-(%d+)')
+    return ms .. '-' .. (tonumber(seq) + 1)
+  end
+  if redis.call('SCARD', groups_key) <= 1 then
     -- The only group reading this stream: everything up to the last id
     -- acknowledged is done, except what is still pending (entries of a
     -- read whose reply never arrived, not handled yet).
@@ -117,62 +111,54 @@ local held = redis.call('MGET', unpack(KEYS, 1, na + units))
 
 local out = {1}
 local counts = {}
-local a = 6 + na
+local a = 8 + na
 local k = ns + 1
-local r = 0
-while r < units do
-  -- A run of units that share a liveness pair and a counter.
-  local pair, counter, m = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  a = a + 3
-  local live, inc = held[pair], ARGV[5 + pair]
-  local done_in_run = 0
-  for _ = 1, m do
-    r = r + 1
-    local token = ARGV[a]
-    local spec = ARGV[a + 1]
-    local n = tonumber(spec)
-    local groups_key, flags = nil, ''
-    if n == nil then
-      local g
-      n, flags, g = string.match(spec, '^(%d+):(%a*):(%d+)$')
-      n = tonumber(n)
-      groups_key = KEYS[tonumber(g)]
-    end
-    -- The ids are ARGV[first .. last] (unpacked from ARGV, no table).
-    local first, last = a + 2, a + 1 + n
-    a = last + 1
-    local stream = KEYS[k]
-    local unit = nil
-    k = k + 1
-    if string.find(flags, '[ha]') then
-      unit = KEYS[k]
-      k = k + 1
-    end
-    local no = refusal_held(live, held[na + r], token, inc)
-    if no then
-      out[#out + 1] = no
-    else
-      local done = redis.call('XACK', stream, group, unpack(ARGV, first, last))
-      done_in_run = done_in_run + done
-      if flags ~= '' then
-        if string.find(flags, 'h', 1, true) then
-          redis.call('HDEL', unit, 'head', 'attempts')
-        end
-        if string.find(flags, 'a', 1, true) then
-          redis.call('HSET', unit, 'active', now)
-        end
-        if string.find(flags, 't', 1, true) then
-          trim(stream, groups_key, ARGV[last])
-        end
-      end
-      out[#out + 1] = done
-    end
+for r = 1, units do
+  local token = ARGV[a]
+  local spec = ARGV[a + 1]
+  local code = tonumber(spec)
+  local flags, groups_key = nil, nil
+  if code == nil then
+    local c, f, g = string.match(spec, '^(%d+):(%a*):(%d+)$')
+    code, flags, groups_key = tonumber(c), f, KEYS[tonumber(g)]
   end
-  counts[counter] = (counts[counter] or 0) + done_in_run
+  local n = code % span
+  code = (code - n) / span
+  local counter = code % counters
+  local pair = (code - counter) / counters + 1
+  -- The ids are ARGV[first .. last] (unpacked from ARGV, no table).
+  local first, last = a + 2, a + 1 + n
+  a = last + 1
+  local stream = KEYS[k]
+  local unit = nil
+  k = k + 1
+  if flags and string.find(flags, '[ha]') then
+    unit = KEYS[k]
+    k = k + 1
+  end
+  local live, cur = held[pair], held[na + r]
+  if live == ARGV[7 + pair] and cur == token then
+    local done = redis.call('XACK', stream, group, unpack(ARGV, first, last))
+    counts[counter] = (counts[counter] or 0) + done
+    if flags then
+      if string.find(flags, 'h', 1, true) then
+        redis.call('HDEL', unit, 'head', 'attempts')
+      end
+      if string.find(flags, 'a', 1, true) then
+        redis.call('HSET', unit, 'active', now)
+      end
+      if string.find(flags, 't', 1, true) then
+        trim(stream, groups_key, ARGV[last])
+      end
+    end
+    out[#out + 1] = done
+  else
+    out[#out + 1] = refusal_held(live, cur, token, ARGV[7 + pair])
+  end
 end
 for c, n in pairs(counts) do
   if n > 0 then
-    redis.call('INCRBY', KEYS[c], n)
+    redis.call('INCRBY', KEYS[na + units + 1 + c], n)
   end
 end
 return out

@@ -54,15 +54,6 @@ impl AckItem<'_> {
     }
 }
 
-/// Where an item goes in the call: its run (liveness pair, counter), its
-/// groups set (for a trim) and its position among the items.
-type Sent = ((usize, usize), Option<usize>, usize);
-
-/// Where each item of an [`Ack`] went in its call, in the order the script
-/// answers.
-#[derive(Debug)]
-pub(crate) struct Placed(SmallVec<[Sent; 8]>);
-
 /// The position of `item` in `list`, pushing it when it is new.
 fn index_of<A: Array>(list: &mut SmallVec<A>, item: A::Item) -> usize
 where
@@ -113,19 +104,17 @@ impl Ack<'_> {
         conn: &mut (impl ConnectionLike + Send),
         wait: Option<Replicated>,
     ) -> Result<Vec<Acked>, Error> {
-        let (inv, sent) = self.invocation();
+        let inv = self.invocation();
         let reply =
             call_replicated("ack", &inv, conn, "fenced acknowledgement failed", wait).await?;
-        self.answers(&reply, &sent)
+        self.answers(&reply)
     }
 
-    /// The script call, and where each item went in it (for
-    /// [`Ack::answers`]).
-    pub(crate) fn invocation(&self) -> (Invocation, Placed) {
+    /// The script call.
+    pub(crate) fn invocation(&self) -> Invocation {
         // What the units share is named once per call (see ack.lua): the
         // (liveness key, incarnation) pairs, the acknowledged counters and
-        // the groups sets; the units go in runs that share a pair and a
-        // counter.
+        // the groups sets; each unit names its pair and counter in its spec.
         //
         // The acknowledged counts are only ever read summed over a
         // category's shards (lag is published - acknowledged; a count going
@@ -137,8 +126,10 @@ impl Ack<'_> {
         // Per category: its name and the counter its units add to.
         let mut counters: SmallVec<[(&str, &str); 4]> = SmallVec::new();
         let mut groups: SmallVec<[&str; 4]> = SmallVec::new();
-        let mut sent: SmallVec<[Sent; 8]> = SmallVec::with_capacity(self.items.len());
-        for (i, item) in self.items.iter().enumerate() {
+        // Per item: its pair, its counter and its groups set (for a trim).
+        let mut placed: SmallVec<[(usize, usize, Option<usize>); 8]> =
+            SmallVec::with_capacity(self.items.len());
+        for item in self.items {
             let lane = item.unit.lane(item.at);
             let pair = index_of(&mut pairs, (item.alive, item.incarnation));
             let category = index_of_by(&mut counters, (&lane.category, &lane.acked), |a, b| {
@@ -147,39 +138,37 @@ impl Ack<'_> {
             let set = item
                 .trim
                 .then(|| index_of(&mut groups, lane.groups.as_str()));
-            sent.push(((pair, category), set, i));
+            placed.push((pair, category, set));
         }
-        // Stable: the units of a run keep their order.
-        sent.sort_by_key(|&(run, _, _)| run);
         let (na, units) = (pairs.len(), self.items.len());
-        // 1-based KEYS indexes of the shared keys.
-        let counter_at = |c: usize| na + units + 1 + c;
+        // 1-based KEYS index of a groups set.
         let groups_at = |g: usize| na + units + counters.len() + 1 + g;
         // Every key first (the call is written as the command itself):
         // the shared ones, then per unit its stream and, with 'h' or 'a',
         // its state hash; then the values.
         let ns = na + units + counters.len() + groups.len();
         let keys = ns + units + self.items.iter().filter(|i| i.names_state()).count();
-        // Per unit a run's three values at most, its token, spec and ids.
+        // Per unit its token, spec and ids.
         let ids: usize = self.items.iter().map(|i| i.ids.len()).sum();
+        // One more than the most ids a unit of the call acknowledges.
+        let span = self.items.iter().map(|i| i.ids.len()).max().unwrap_or(0) + 1;
         let mut inv = Invocation::keys_first(
             &SCRIPTS.ack,
             keys,
-            5 + na + 5 * units + ids,
+            7 + na + 2 * units + ids,
             64 + 40 * units + 24 * ids,
         );
         for (alive, _) in &pairs {
             inv.key(*alive);
         }
-        for &(_, _, i) in &sent {
-            inv.key(&self.items[i].unit.lease);
+        for item in self.items {
+            inv.key(&item.unit.lease);
         }
         for (_, acked) in &counters {
             inv.key(*acked);
         }
         inv.key(groups.as_slice());
-        for &(_, _, i) in &sent {
-            let item = &self.items[i];
+        for item in self.items {
             inv.key(item.unit.stream(item.at));
             if item.names_state() {
                 inv.key(&item.unit.state);
@@ -189,54 +178,57 @@ impl Ack<'_> {
             .arg(self.now_ms)
             .arg(na)
             .arg(units)
-            .arg(ns);
+            .arg(ns)
+            .arg(counters.len())
+            .arg(span);
         for (_, inc) in &pairs {
             inv.arg(*inc);
         }
         let mut spec = String::new();
-        for (at, &((pair, counter), set, i)) in sent.iter().enumerate() {
-            if at == 0 || sent[at - 1].0 != (pair, counter) {
-                let m = sent[at..]
-                    .iter()
-                    .take_while(|s| s.0 == (pair, counter))
-                    .count();
-                inv.arg(pair + 1).arg(counter_at(counter)).arg(m);
-            }
-            let item = &self.items[i];
+        for (item, &(pair, counter, set)) in self.items.iter().zip(&placed) {
             inv.arg(item.token);
+            let code = spec_code(pair, counter, counters.len(), span, item.ids.len());
             let flags = item.flags();
             if flags.is_empty() {
-                inv.arg(item.ids.len());
+                inv.arg(code);
             } else {
                 spec.clear();
                 let groups = set.map_or(0, groups_at);
                 // Writing to a String cannot fail.
-                let _ = write!(spec, "{}:{flags}:{groups}", item.ids.len());
+                let _ = write!(spec, "{code}:{flags}:{groups}");
                 inv.arg(spec.as_str());
             }
             inv.arg(item.ids);
         }
-        (inv, Placed(sent))
+        inv
     }
 
     /// One outcome per item, in order, from the script's `reply` to the
     /// call [`Ack::invocation`] put together.
-    pub(crate) fn answers(&self, reply: &Reply, placed: &Placed) -> Result<Vec<Acked>, Error> {
-        let sent = &placed.0;
+    pub(crate) fn answers(&self, reply: &Reply) -> Result<Vec<Acked>, Error> {
         if reply.status != Status::Done || reply.values().len() != self.items.len() {
             return Err(reply.unexpected());
         }
-        // The script answers in the order the units were sent.
-        let mut out = vec![Acked::Acked(0); self.items.len()];
-        for (v, &(_, _, i)) in reply.values().iter().zip(sent) {
-            out[i] = match int(v) {
-                Some(n) if n >= 0 => Acked::Acked(n as u64),
+        // The script answers in the order of the items.
+        reply
+            .values()
+            .iter()
+            .map(|v| match int(v) {
+                Some(n) if n >= 0 => Ok(Acked::Acked(n as u64)),
                 Some(n) => Refusal::from_code(n)
                     .map(Acked::Refused)
-                    .ok_or_else(|| reply.unexpected())?,
-                None => return Err(reply.unexpected()),
-            };
-        }
-        Ok(out)
+                    .ok_or_else(|| reply.unexpected()),
+                None => Err(reply.unexpected()),
+            })
+            .collect()
     }
+}
+
+/// A unit's spec as ack.lua reads it: its liveness pair, its counter (both
+/// 0-based here, among `counters`) and its id count (below `span`, the
+/// call's) in one number. At most 256 units with a pair and a counter each,
+/// and far fewer than 2^30 ids: well within the 2^53 a Lua number holds
+/// exactly.
+fn spec_code(pair: usize, counter: usize, counters: usize, span: usize, ids: usize) -> u64 {
+    ((pair * counters + counter) * span + ids) as u64
 }

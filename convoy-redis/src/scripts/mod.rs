@@ -95,11 +95,20 @@ impl Scripts {
     }
 }
 
-/// The fence check and shared helpers, prepended to every fenced script.
+/// The fence check, prepended to every fenced script.
 const FENCE: &str = include_str!("../lua/fence.lua");
+/// Helpers of the fenced scripts that read or move a unit's entries.
+const ENTRIES: &str = include_str!("../lua/entries.lua");
 
-/// A script that starts with the fence check.
+/// A script that starts with the fence check and the entries' helpers.
 fn fenced(body: &str) -> Script {
+    Script::new(&format!("{FENCE}\n{ENTRIES}\n{body}"))
+}
+
+/// A script that starts with the fence check alone: Redis makes a script's
+/// functions again at every call, and the acknowledgement, run for nearly
+/// every event, needs none of the entries' helpers.
+fn fence_only(body: &str) -> Script {
     Script::new(&format!("{FENCE}\n{body}"))
 }
 
@@ -109,7 +118,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(include_str!("../lua/release.lua")),
     read: fenced(include_str!("../lua/read.lua")),
     verify: fenced(include_str!("../lua/verify.lua")),
-    ack: fenced(include_str!("../lua/ack.lua")),
+    ack: fence_only(include_str!("../lua/ack.lua")),
     fail: fenced(include_str!("../lua/fail.lua")),
     claim: fenced(include_str!("../lua/claim.lua")),
     reap: fenced(include_str!("../lua/reap.lua")),

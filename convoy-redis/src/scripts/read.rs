@@ -227,11 +227,9 @@ impl Read<'_> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         // The pipeline keeps its commands: the calls go in as written.
-        let ack = ack.map(|a| {
-            let (ack_inv, placed) = a.invocation();
-            pipe.add_command(ack_inv.into_command());
-            (a, placed)
-        });
+        if let Some(a) = ack {
+            pipe.add_command(a.invocation().into_command());
+        }
         pipe.cmd("XREADGROUP")
             .arg("GROUP")
             .arg(&by.unit.group)
@@ -278,7 +276,7 @@ impl Read<'_> {
                 continue;
             }
             let read = self.checked(read, check);
-            let Some((a, placed)) = &ack else {
+            let Some(a) = ack else {
                 return Ok((read, None));
             };
             let acked = match acked {
@@ -293,7 +291,7 @@ impl Read<'_> {
                 Some(Value::ServerError(e)) => {
                     Err(Error::redis("fenced acknowledgement failed", e.into()))
                 }
-                Some(v) => Reply::parse("ack", v).and_then(|reply| a.answers(&reply, placed)),
+                Some(v) => Reply::parse("ack", v).and_then(|reply| a.answers(&reply)),
                 None => Err(Error::UnexpectedReply {
                     script: "ack",
                     reply: "no reply".to_owned(),
