@@ -293,6 +293,23 @@ async fn commands_client_calls_and_allocations_per_event_stay_within_their_budge
                 allocations: 28.0,
             },
         ),
+        // Publish 1.01, consume 0.30 commands, 0.19 client calls, 28.9
+        // allocations (28.4 and the same commands without reading ahead:
+        // a full batch sends the next read before it is handled, and its
+        // check counts that batch as held; a check that counted wrong
+        // would send the worker to its pending entries after every batch,
+        // a scripted read and its XPENDING more each time).
+        (
+            1,
+            1000,
+            100,
+            Figures {
+                publish: 1.10,
+                consume: 0.33,
+                consume_calls: 0.22,
+                allocations: 31.0,
+            },
+        ),
     ];
     let mut over = Vec::new();
     for (keys, per_key, mu, budget) in cases {

@@ -6,6 +6,7 @@
 //!   dropped with the connection after Redis ran the read (through the
 //!   testing kit's `FaultProxy`): the entries it delivered are re-read and
 //!   handled in order, never skipped and trimmed away;
+//! - the same for a read sent ahead, while the batch in hand is handled;
 //! - entries a replaced owner read natively after it lost the lease: moved
 //!   back to the owner and handled first, in order;
 //! - Redis restarted without persistence: fence generations never repeat,
@@ -273,6 +274,60 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
     .await;
 
     let all: Vec<Posted> = (0..5).map(|seq| Posted::new("c0", seq)).collect();
+    let seen = rec.seen_all().await.expect("seen");
+    convoy_runtime::testing::check_order(&published(&all), &seen, 0)
+        .expect("every event handled once, in order");
+    engine.shutdown().await.expect("shutdown");
+}
+
+/// A unit with one busy key reads its next batch ahead while it handles
+/// the one in hand. A read sent ahead whose reply is dropped with the
+/// connection (Redis ran it), and one whose reply comes after the engine
+/// gave up on it: what they delivered is read again and handled in order,
+/// never skipped, never twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_sent_ahead_whose_replies_are_lost_are_read_again_not_skipped() {
+    let sut = RedisServer::start().expect("redis");
+    let record = RedisServer::start().expect("redis for the record");
+    let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
+    let rec = Recorder::new(&record.url(), "lost-ahead").expect("recorder");
+    // A backlog of one key: every read of new entries but the last is a
+    // full batch, which sends the next read ahead before its first event.
+    let p = publisher(test_config(&sut.url()), "p");
+    let all: Vec<Posted> = (0..600).map(|seq| Posted::new("c0", seq)).collect();
+    publish(&p, &all, Priority::Normal).await;
+    let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
+        .expect("broker")
+        .response_timeout(Duration::from_millis(500));
+    let engine = Domain::builder()
+        .config(test_config(&proxy.url()))
+        .instance_id("e0")
+        .broker(broker)
+        .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
+        .init()
+        .expect("domain")
+        .engine()
+        .spawn();
+    let read = script_sha("verify").expect("the read's check");
+    let seen = |n: usize| {
+        let rec = rec.clone();
+        async move { rec.seen("c0").await.is_ok_and(|s| s.len() >= n) }
+    };
+    // Handling the first batch: the read after it was sent ahead already,
+    // the next check is that of the read the second batch sends ahead.
+    wait_until(WAIT, "the first batch handled", || seen(1)).await;
+    proxy.drop_reply(Match::Script(read.clone()), 1);
+    wait_until(WAIT, "a read's reply dropped", || async {
+        proxy.fired() == 1
+    })
+    .await;
+    wait_until(WAIT, "half the backlog handled", || seen(300)).await;
+    proxy.delay_reply(Match::Script(read), Duration::from_millis(1500), 1);
+    wait_until(WAIT, "a read's reply delayed", || async {
+        proxy.fired() == 2
+    })
+    .await;
+    wait_until(WAIT, "the backlog handled", || seen(all.len())).await;
     let seen = rec.seen_all().await.expect("seen");
     convoy_runtime::testing::check_order(&published(&all), &seen, 0)
         .expect("every event handled once, in order");

@@ -4,6 +4,8 @@
 //! with the replies, and its phase machine ([`super::phase`]) what comes
 //! next.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use super::super::connection::Conn;
@@ -27,6 +29,10 @@ pub(super) const PRIMARY_BATCH: usize = 100;
 /// owns: a unit's read asks for this much divided by the units owned,
 /// between [`MIN_PRIMARY_BATCH`] and [`PRIMARY_BATCH`].
 pub(super) const READ_AHEAD: usize = 6400;
+/// The most units a consumer owns while its units read ahead
+/// ([`UnitIo::read_ahead`]): a consumer of more units has other units'
+/// events to handle while one waits for its next batch.
+pub(super) const READ_AHEAD_UNITS: usize = 16;
 /// The fewest entries a fenced read asks of the primary lane (unless
 /// `max_unacked` is larger: a read batch then holds a whole
 /// acknowledgement).
@@ -101,6 +107,20 @@ pub(super) trait UnitIo {
         held: (At, usize),
     ) -> Result<ReadReply, Error>;
 
+    /// A read of up to `count` new entries of a unit of one stream, to run
+    /// while the worker handles the batch it holds (`held`: its handled
+    /// entries not acknowledged yet and the batch's, all pending), awaited
+    /// once that batch is acknowledged. `None` where this I/O does not read
+    /// ahead. Its check counts `held` as this consumer's own pending
+    /// entries: sent before the worker acknowledges any of them, it sees
+    /// exactly those; sent later, it finds fewer than it counts, and sends
+    /// the worker to its pending entries first (as after a lost reply),
+    /// which hold what it delivered.
+    fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
+        let _ = (count, held);
+        None
+    }
+
     /// A fenced acknowledgement (committed in one call with other units'
     /// acknowledgements of the same moment, see [`super::acks`]); an error
     /// may have run.
@@ -149,6 +169,10 @@ pub(super) trait UnitIo {
     async fn record_gap(&self, gap: GapOf<'_>) -> Result<(), Error>;
 }
 
+/// A read started ahead ([`UnitIo::read_ahead`]): it owns what it needs,
+/// so the worker keeps it while handling a batch.
+pub(super) type ReadAhead = Pin<Box<dyn Future<Output = Result<ReadReply, Error>> + Send>>;
+
 /// What [`UnitIo::ack_then_read`] came to: the acknowledgement's outcome
 /// (an error may have run), and the read's where it ran.
 pub(super) type AckThenRead = (Result<Acked, Arc<Error>>, Option<Result<ReadReply, Error>>);
@@ -171,6 +195,7 @@ async fn ack_then_read_apart<I: UnitIo + ?Sized>(
 
 /// A unit's I/O on Redis: its scripts, on the instance's shared
 /// connection.
+#[derive(Clone)]
 pub(super) struct RedisUnit {
     pub(super) s: Arc<Shared>,
     pub(super) unit: Arc<Unit>,
@@ -228,6 +253,20 @@ impl UnitIo for RedisUnit {
         }
         .run(&mut c)
         .await
+    }
+
+    fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
+        // A native read (a unit of one stream), and only where the client
+        // never sends a command again by itself (a cluster client sends a
+        // read again after a dropped connection, and its check then goes
+        // through read.lua, which knows nothing of a batch in hand).
+        if self.s.redis.is_cluster() || !self.unit.one_stream() {
+            return None;
+        }
+        let io = self.clone();
+        Some(Box::pin(async move {
+            io.read(Which::New, 0, count, held).await
+        }))
     }
 
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {

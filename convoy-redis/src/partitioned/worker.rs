@@ -44,7 +44,9 @@ use super::super::scripts::release::Released;
 use super::super::scripts::rest::Rested;
 use super::super::unit::{At, Unit};
 use super::phase::{Action, Exit, Machine, Outcome, Timer, idle_timer};
-use super::unit_io::{AckOf, GapOf, PRIMARY_BATCH, RedisUnit, UnitIo, primary_batch};
+use super::unit_io::{
+    AckOf, GapOf, PRIMARY_BATCH, READ_AHEAD_UNITS, ReadAhead, RedisUnit, UnitIo, primary_batch,
+};
 use super::{Shared, UnitHandle, mono_ms};
 use crate::tracing;
 use convoy_core::backoff::{Backoff, jitter};
@@ -108,6 +110,11 @@ struct Worker<I: UnitIo = RedisUnit> {
     /// A gap the next event's handler sees (`on_poison = "dead_letter"`
     /// moved the head before it to the key's dead letters).
     gap: Option<Gap>,
+    /// The read of new entries sent while the batch in hand is handled
+    /// ([`Worker::read_ahead`]), used by the next read of new entries (in a
+    /// mutex only to be `Sync`, as the worker's future must be: reached
+    /// through `&mut self`, never locked).
+    ahead: std::sync::Mutex<Option<ReadAhead>>,
 }
 
 pub(super) fn spawn(
@@ -178,6 +185,7 @@ impl<I: UnitIo> Worker<I> {
         Worker {
             rotate: 0,
             gap: None,
+            ahead: std::sync::Mutex::new(None),
             io,
             s,
             unit,
@@ -333,6 +341,14 @@ impl<I: UnitIo> Worker<I> {
         // Failed reads are retried with back-off up to the poll interval.
         let mut backoff = Backoff::retry(self.s.settings.poll);
         loop {
+            if !matches!(action, Action::Read(Which::New)) {
+                // A read sent ahead is used only by the next read of new
+                // entries. Dropped, what it delivered is pending, unseen:
+                // the next read of new entries finds more pending than it
+                // knows of and reads the pending entries first, as after a
+                // lost reply.
+                *self.ahead_mut() = None;
+            }
             let outcome = match action {
                 Action::Exit(exit) => return exit,
                 _ if self.stop.is_cancelled() => return Exit::Release,
@@ -359,7 +375,20 @@ impl<I: UnitIo> Worker<I> {
                     }
                 }
                 Action::Read(which) => {
-                    let read = if which == Which::New && !self.unacked.is_empty() {
+                    let ahead = if which == Which::New {
+                        self.ahead_mut().take()
+                    } else {
+                        None
+                    };
+                    let read = if let Some(ahead) = ahead {
+                        // Sent while the batch was handled: used once what
+                        // was handled is acknowledged, as with a read sent
+                        // behind the acknowledgement.
+                        if let Err(exit) = Box::pin(self.flush()).await {
+                            return exit;
+                        }
+                        ahead.await
+                    } else if which == Which::New && !self.unacked.is_empty() {
                         // The batch's acknowledgement goes with the next
                         // read, in front of it.
                         match Box::pin(self.ack_then_read()).await {
@@ -377,7 +406,10 @@ impl<I: UnitIo> Worker<I> {
                             backoff.reset();
                             self.idle.store(false, Ordering::Relaxed);
                             // One boxed future per batch, not per entry.
-                            match Box::pin(self.handle_batch(at, batch, &mut last_active)).await {
+                            let new = which == Which::New;
+                            match Box::pin(self.handle_batch(at, batch, new, &mut last_active))
+                                .await
+                            {
                                 Ok(outcome) => outcome,
                                 Err(exit) => return exit,
                             }
@@ -481,6 +513,42 @@ impl<I: UnitIo> Worker<I> {
         self.io.read(which, first_lane, count, held).await
     }
 
+    /// Sends the next read of new entries now, while the `in_hand` entries
+    /// just read (at `at`) are handled, where the unit's I/O reads ahead and
+    /// the consumer owns at most [`READ_AHEAD_UNITS`] units (one of many
+    /// units has other units' events to handle while it waits for its
+    /// read). A unit with one busy key otherwise waits, after each batch,
+    /// for Redis to read the next one. Polled once and the connection's
+    /// task let run here, so it is sent before anything of this batch is
+    /// acknowledged and its check sees the whole batch pending.
+    async fn read_ahead(&mut self, at: At, in_hand: usize) {
+        if self.ahead_mut().is_some() || self.s.plan.health.owned() > READ_AHEAD_UNITS {
+            return;
+        }
+        let held = (at, self.unacked.len() + in_hand);
+        let (_, count) = self.next_read();
+        let Some(mut read) = self.io.read_ahead(count, held) else {
+            return;
+        };
+        if let std::task::Poll::Ready(done) =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await
+        {
+            read = Box::pin(std::future::ready(done));
+        }
+        *self.ahead_mut() = Some(read);
+        // The connection's task writes it to the socket: let it run now
+        // rather than once this batch's handling happens to yield.
+        tokio::task::yield_now().await;
+    }
+
+    /// The read sent ahead, if any.
+    fn ahead_mut(&mut self) -> &mut Option<ReadAhead> {
+        // Never locked: a poisoned lock still holds the value.
+        self.ahead
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The lane the next read looks at first, and the entries it asks of a
     /// primary lane.
     fn next_read(&mut self) -> (usize, usize) {
@@ -575,9 +643,14 @@ impl<I: UnitIo> Worker<I> {
         &mut self,
         at: At,
         batch: Vec<Entry>,
+        new: bool,
         last_active: &mut tokio::time::Instant,
     ) -> Result<Outcome, Exit> {
         let short = batch.len() < self.batch_asked;
+        if new && !short {
+            // A full batch of new entries: more are likely waiting.
+            self.read_ahead(at, batch.len()).await;
+        }
         self.batch_left = batch.len();
         for mut entry in batch {
             self.batch_left -= 1;

@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::super::Settings;
 use super::super::membership::Liveness;
-use super::super::unit_io::{AckThenRead, MIN_PRIMARY_BATCH};
+use super::super::unit_io::{AckThenRead, MIN_PRIMARY_BATCH, ReadAhead};
 use super::*;
 use crate::connection::{Client, Connection};
 use convoy_core::broker::outage::Outage;
@@ -30,6 +30,9 @@ use convoy_core::registry::{BrokerFacts, Registry};
 enum Call {
     Claim,
     Read(Which),
+    /// A read of new entries sent ahead ([`UnitIo::read_ahead`]), with the
+    /// entries it counts as held.
+    ReadAhead(usize),
     Ack,
     Fail,
     Reap,
@@ -52,6 +55,9 @@ struct Scripted {
     /// How many entries each read asked for.
     counts: Arc<Mutex<Vec<usize>>>,
     stop: CancellationToken,
+    /// Reads ahead, as on one Redis server (else it does not, as on a
+    /// cluster).
+    reads_ahead: bool,
 }
 
 impl Scripted {
@@ -92,6 +98,26 @@ impl UnitIo for Scripted {
             self.stop.cancel();
             Ok(ReadReply::Empty)
         })
+    }
+
+    /// The next scripted read, taken now (as Redis runs a read sent
+    /// ahead before anything sent after it), answered when awaited.
+    fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
+        if !self.reads_ahead {
+            return None;
+        }
+        self.record(Call::ReadAhead(held.1));
+        if let Ok(mut counts) = self.counts.lock() {
+            counts.push(count);
+        }
+        let next = self.reads.lock().ok().and_then(|mut r| r.pop_front());
+        let stop = self.stop.clone();
+        Some(Box::pin(async move {
+            next.unwrap_or_else(|| {
+                stop.cancel();
+                Ok(ReadReply::Empty)
+            })
+        }))
     }
 
     async fn ack(&self, ack: AckOf<'_>) -> Result<Acked, Arc<Error>> {
@@ -579,6 +605,65 @@ async fn entries_gone_from_the_stream_are_acknowledged_one_by_one() {
         !calls
             .iter()
             .any(|(c, _)| matches!(c, Call::Fail | Call::Release))
+    );
+}
+
+/// With few units, a full batch of new entries sends the next read before
+/// its first entry is handled, counting the whole batch as held (pending,
+/// not acknowledged); the batch's last acknowledgement then goes on its
+/// own, and the next read of new entries is the one sent ahead. A short
+/// batch sends none (the unit is likely drained), and neither does a
+/// batch of pending entries, nor a consumer of many units.
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_of_new_entries_reads_the_next_one_ahead() {
+    let n = PRIMARY_BATCH;
+    let run = |s: Arc<Shared>| async move {
+        let io = Scripted {
+            reads: Mutex::new(vec![empty(), entries(n), entries(3)].into()),
+            reads_ahead: true,
+            ..Scripted::default()
+        };
+        drive_io(s, io, false, None)
+            .await
+            .1
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect::<Vec<_>>()
+    };
+    let calls = run(shared(HOUR)).await;
+    let ahead = calls
+        .iter()
+        .position(|c| matches!(c, Call::ReadAhead(_)))
+        .expect("a read sent ahead");
+    // Sent right after the full batch's read, before any of its entries is
+    // acknowledged, holding the whole batch.
+    assert_eq!(calls[ahead - 1], NEW, "{calls:?}");
+    assert_eq!(calls[ahead], Call::ReadAhead(n), "{calls:?}");
+    // Every entry acknowledged (max_unacked = 1): the full batch's, the
+    // last on its own, then the 3 read ahead (short: the last before the
+    // unit waits).
+    let acks = calls.iter().filter(|c| **c == Call::Ack).count();
+    assert_eq!(acks, n + 3, "{calls:?}");
+    // The read sent ahead stands for a read of new entries: one before it,
+    // one after the wait (past the script).
+    assert_eq!(calls.iter().filter(|c| **c == NEW).count(), 2, "{calls:?}");
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|c| matches!(c, Call::ReadAhead(_)))
+            .count(),
+        1,
+        "a short batch reads nothing ahead: {calls:?}"
+    );
+    // A consumer of many units reads nothing ahead.
+    let s = shared(HOUR);
+    for _ in 0..=READ_AHEAD_UNITS {
+        s.plan.health.unit_started();
+    }
+    let calls = run(s).await;
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::ReadAhead(_))),
+        "{calls:?}"
     );
 }
 
