@@ -209,18 +209,25 @@ async fn a_stall_across_a_redis_restart_leaves_no_lease_without_a_worker() {
     drop((a, b));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
+/// A Redis under test behind a fault proxy, a second Redis for the
+/// record (`name`'s recorder), and a publisher that talks to the first
+/// directly. The servers stop when the first value is dropped.
+fn behind_a_proxy(name: &str) -> ((RedisServer, RedisServer), FaultProxy, Recorder, Domain) {
     let sut = RedisServer::start().expect("redis");
     let record = RedisServer::start().expect("redis for the record");
     let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
-    let rec = Recorder::new(&record.url(), "lost-read").expect("recorder");
-    // The engine talks to Redis through the proxy, with a short response
-    // timeout; the publisher talks to Redis directly.
+    let rec = Recorder::new(&record.url(), name).expect("recorder");
+    let p = publisher(test_config(&sut.url()), "p");
+    ((sut, record), proxy, rec, p)
+}
+
+/// An engine `e0` that records what it handles in `rec`, talking to Redis
+/// through `proxy` with a short response timeout.
+fn engine_through(proxy: &FaultProxy, rec: &Recorder) -> convoy_runtime::EngineHandle {
     let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
         .expect("broker")
         .response_timeout(Duration::from_millis(500));
-    let engine = Domain::builder()
+    Domain::builder()
         .config(test_config(&proxy.url()))
         .instance_id("e0")
         .broker(broker)
@@ -228,8 +235,13 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
         .init()
         .expect("domain")
         .engine()
-        .spawn();
-    let p = publisher(test_config(&sut.url()), "p");
+        .spawn()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
+    let (_servers, proxy, rec, p) = behind_a_proxy("lost-read");
+    let engine = engine_through(&proxy, &rec);
     // A read of new entries is a plain XREADGROUP with the check of
     // verify.lua behind it in one pipeline: the check's reply ends it.
     let read = script_sha("verify").expect("the read's check");
@@ -287,27 +299,12 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
 /// never skipped, never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_sent_ahead_whose_replies_are_lost_are_read_again_not_skipped() {
-    let sut = RedisServer::start().expect("redis");
-    let record = RedisServer::start().expect("redis for the record");
-    let proxy = FaultProxy::start(([127, 0, 0, 1], sut.port()).into()).expect("proxy");
-    let rec = Recorder::new(&record.url(), "lost-ahead").expect("recorder");
+    let (_servers, proxy, rec, p) = behind_a_proxy("lost-ahead");
     // A backlog of one key: every read of new entries but the last is a
     // full batch, which sends the next read ahead before its first event.
-    let p = publisher(test_config(&sut.url()), "p");
     let all: Vec<Posted> = (0..600).map(|seq| Posted::new("c0", seq)).collect();
     publish(&p, &all, Priority::Normal).await;
-    let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
-        .expect("broker")
-        .response_timeout(Duration::from_millis(500));
-    let engine = Domain::builder()
-        .config(test_config(&proxy.url()))
-        .instance_id("e0")
-        .broker(broker)
-        .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
-        .init()
-        .expect("domain")
-        .engine()
-        .spawn();
+    let engine = engine_through(&proxy, &rec);
     let read = script_sha("verify").expect("the read's check");
     let seen = |n: usize| {
         let rec = rec.clone();
