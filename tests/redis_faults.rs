@@ -222,13 +222,20 @@ fn behind_a_proxy(name: &str) -> ((RedisServer, RedisServer), FaultProxy, Record
 }
 
 /// An engine `e0` that records what it handles in `rec`, talking to Redis
-/// through `proxy` with a short response timeout.
-fn engine_through(proxy: &FaultProxy, rec: &Recorder) -> convoy_runtime::EngineHandle {
+/// through `proxy` with a short response timeout, acknowledging every
+/// `max_unacked` handled events.
+fn engine_through(
+    proxy: &FaultProxy,
+    rec: &Recorder,
+    max_unacked: usize,
+) -> convoy_runtime::EngineHandle {
     let broker = convoy_runtime::redis::RedisBroker::from_url(&proxy.url())
         .expect("broker")
         .response_timeout(Duration::from_millis(500));
+    let mut config = test_config(&proxy.url());
+    config.server.partitioning.max_unacked = max_unacked;
     Domain::builder()
-        .config(test_config(&proxy.url()))
+        .config(config)
         .instance_id("e0")
         .broker(broker)
         .handler(Recording::new(rec.clone(), "e0", Duration::ZERO))
@@ -241,7 +248,7 @@ fn engine_through(proxy: &FaultProxy, rec: &Recorder) -> convoy_runtime::EngineH
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
     let (_servers, proxy, rec, p) = behind_a_proxy("lost-read");
-    let engine = engine_through(&proxy, &rec);
+    let engine = engine_through(&proxy, &rec, 1);
     // A read of new entries is a plain XREADGROUP with the check of
     // verify.lua behind it in one pipeline: the check's reply ends it.
     let read = script_sha("verify").expect("the read's check");
@@ -300,11 +307,12 @@ async fn a_read_whose_reply_is_lost_is_read_again_not_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_sent_ahead_whose_replies_are_lost_are_read_again_not_skipped() {
     let (_servers, proxy, rec, p) = behind_a_proxy("lost-ahead");
-    // A backlog of one key: every read of new entries but the last is a
-    // full batch, which sends the next read ahead before its first event.
+    // A backlog of one key, acknowledged a batch at a time: every read of
+    // new entries but the last is a full batch, which sends the next read
+    // ahead before its first event.
     let all: Vec<Posted> = (0..600).map(|seq| Posted::new("c0", seq)).collect();
     publish(&p, &all, Priority::Normal).await;
-    let engine = engine_through(&proxy, &rec);
+    let engine = engine_through(&proxy, &rec, 100);
     let read = script_sha("verify").expect("the read's check");
     let seen = |n: usize| {
         let rec = rec.clone();
@@ -326,8 +334,10 @@ async fn reads_sent_ahead_whose_replies_are_lost_are_read_again_not_skipped() {
     .await;
     wait_until(WAIT, "the backlog handled", || seen(all.len())).await;
     let seen = rec.seen_all().await.expect("seen");
-    convoy_runtime::testing::check_order(&published(&all), &seen, 0)
-        .expect("every event handled once, in order");
+    // The dropped connection may take an acknowledgement with it: a batch
+    // handled again at most.
+    convoy_runtime::testing::check_order(&published(&all), &seen, 100)
+        .expect("every event handled, in order, a batch again at most");
     engine.shutdown().await.expect("shutdown");
 }
 

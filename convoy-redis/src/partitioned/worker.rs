@@ -375,19 +375,18 @@ impl<I: UnitIo> Worker<I> {
                     }
                 }
                 Action::Read(which) => {
-                    let ahead = if which == Which::New {
-                        self.ahead_mut().take()
-                    } else {
-                        None
-                    };
-                    let read = if let Some(ahead) = ahead {
+                    let read = if which == Which::New && self.ahead_mut().is_some() {
                         // Sent while the batch was handled: used once what
                         // was handled is acknowledged, as with a read sent
-                        // behind the acknowledgement.
+                        // behind the acknowledgement (which waits for it to
+                        // have run: it is still in place for that).
                         if let Err(exit) = Box::pin(self.flush()).await {
                             return exit;
                         }
-                        ahead.await
+                        match self.ahead_mut().take() {
+                            Some(ahead) => ahead.await,
+                            None => Box::pin(self.read(which)).await,
+                        }
                     } else if which == Which::New && !self.unacked.is_empty() {
                         // The batch's acknowledgement goes with the next
                         // read, in front of it.
@@ -514,18 +513,29 @@ impl<I: UnitIo> Worker<I> {
     }
 
     /// Sends the next read of new entries now, while the `in_hand` entries
-    /// just read (at `at`) are handled, where the unit's I/O reads ahead and
+    /// just read (at `at`) are handled, where the unit's I/O reads ahead,
     /// the consumer owns at most [`READ_AHEAD_UNITS`] units (one of many
     /// units has other units' events to handle while it waits for its
-    /// read). A unit with one busy key otherwise waits, after each batch,
-    /// for Redis to read the next one. Polled once and the connection's
-    /// task let run here, so it is sent before anything of this batch is
-    /// acknowledged and its check sees the whole batch pending.
+    /// read), and the batch is acknowledged at its end, in one call. A unit
+    /// with one busy key otherwise waits, after each batch, for Redis to
+    /// read the next one.
+    ///
+    /// Its check counts the batch and what is handled but not acknowledged
+    /// as this consumer's own pending entries. That holds as long as it
+    /// runs before any of them is acknowledged, which [`Self::settle_ahead`]
+    /// sees to: what would change them waits for it first. (Sent after
+    /// an acknowledgement, it would count entries no longer pending, and
+    /// as many entries an earlier read delivered unseen would go unnoticed:
+    /// the worker would pass over them.)
     async fn read_ahead(&mut self, at: At, in_hand: usize) {
-        if self.ahead_mut().is_some() || self.s.plan.health.owned() > READ_AHEAD_UNITS {
+        let held = self.unacked.len() + in_hand;
+        if self.ahead_mut().is_some()
+            || held > self.max_unacked
+            || self.s.plan.health.owned() > READ_AHEAD_UNITS
+        {
             return;
         }
-        let held = (at, self.unacked.len() + in_hand);
+        let held = (at, held);
         let (_, count) = self.next_read();
         let Some(mut read) = self.io.read_ahead(count, held) else {
             return;
@@ -539,6 +549,18 @@ impl<I: UnitIo> Worker<I> {
         // The connection's task writes it to the socket: let it run now
         // rather than once this batch's handling happens to yield.
         tokio::task::yield_now().await;
+    }
+
+    /// Waits for the read sent ahead to be done, if there is one: whatever
+    /// changes this consumer's pending entries (an acknowledgement, a dead
+    /// letter) goes after it, so its check counted them right. It is done
+    /// long before, as a rule; one held up (its connection being made
+    /// again) holds the acknowledgement up as long.
+    async fn settle_ahead(&mut self) {
+        if let Some(read) = self.ahead_mut().take() {
+            let done = read.await;
+            *self.ahead_mut() = Some(Box::pin(std::future::ready(done)));
+        }
     }
 
     /// The read sent ahead, if any.
@@ -843,6 +865,8 @@ impl<I: UnitIo> Worker<I> {
     ) -> Result<(), Exit> {
         let reason = err.to_string();
         let message_id = entry.envelope(stream).map(|e| e.id).unwrap_or_default();
+        // Dead-lettering the head acknowledges it.
+        self.settle_ahead().await;
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         let dlq_id = loop {
             if self.past_deadline() {
@@ -984,6 +1008,7 @@ impl<I: UnitIo> Worker<I> {
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
     async fn ack(&mut self, at: At, ids: &Arc<[String]>, trim: bool) -> Result<(), Exit> {
+        self.settle_ahead().await;
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
             let touch = self.touch_due();

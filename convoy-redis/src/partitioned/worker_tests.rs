@@ -33,6 +33,8 @@ enum Call {
     /// A read of new entries sent ahead ([`UnitIo::read_ahead`]), with the
     /// entries it counts as held.
     ReadAhead(usize),
+    /// That read run (a second after it was sent).
+    ReadAheadRan,
     Ack,
     Fail,
     Reap,
@@ -100,8 +102,9 @@ impl UnitIo for Scripted {
         })
     }
 
-    /// The next scripted read, taken now (as Redis runs a read sent
-    /// ahead before anything sent after it), answered when awaited.
+    /// The next scripted read, taken now, run (recorded) a second later,
+    /// as a read held up on its way (its connection made again): only if
+    /// the worker awaits it.
     fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
         if !self.reads_ahead {
             return None;
@@ -112,7 +115,12 @@ impl UnitIo for Scripted {
         }
         let next = self.reads.lock().ok().and_then(|mut r| r.pop_front());
         let stop = self.stop.clone();
+        let calls = self.calls.clone();
         Some(Box::pin(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Ok(mut calls) = calls.lock() {
+                calls.push((Call::ReadAheadRan, tokio::time::Instant::now()));
+            }
             next.unwrap_or_else(|| {
                 stop.cancel();
                 Ok(ReadReply::Empty)
@@ -202,7 +210,18 @@ fn shared(reap_idle: Duration) -> Arc<Shared> {
 /// What one subscription `g` of category `c` (one shard, this instance
 /// `e0` alive as `alive`) shares, connecting to the Redis at `url`.
 pub(in crate::partitioned) fn shared_on(url: &str, reap_idle: Duration) -> Arc<Shared> {
-    let config = Config::default();
+    shared_configured(url, reap_idle, Config::default())
+}
+
+/// [`shared`], acknowledging every `max_unacked` handled entries.
+fn shared_acking(max_unacked: usize) -> Arc<Shared> {
+    let mut config = Config::default();
+    config.server.partitioning.max_unacked = max_unacked;
+    shared_configured("redis://127.0.0.1:1/", HOUR, config)
+}
+
+/// [`shared_on`], with `config`.
+fn shared_configured(url: &str, reap_idle: Duration, config: Config) -> Arc<Shared> {
     let none = BrokerFacts {
         name: "test",
         stream_partitioning: true,
@@ -608,12 +627,13 @@ async fn entries_gone_from_the_stream_are_acknowledged_one_by_one() {
     );
 }
 
-/// With few units, a full batch of new entries sends the next read before
-/// its first entry is handled, counting the whole batch as held (pending,
-/// not acknowledged); the batch's last acknowledgement then goes on its
-/// own, and the next read of new entries is the one sent ahead. A short
-/// batch sends none (the unit is likely drained), and neither does a
-/// batch of pending entries, nor a consumer of many units.
+/// With few units, a full batch of new entries acknowledged at its end
+/// sends the next read before its first entry is handled, counting the
+/// whole batch as held (pending, not acknowledged); the batch's
+/// acknowledgement waits for that read to have run (so the count was
+/// right), and the next read of new entries is the one sent ahead. A
+/// short batch sends none (the unit is likely drained), nor does a batch
+/// acknowledged in parts, nor a consumer of many units.
 #[tokio::test(start_paused = true)]
 async fn a_full_batch_of_new_entries_reads_the_next_one_ahead() {
     let n = PRIMARY_BATCH;
@@ -630,20 +650,22 @@ async fn a_full_batch_of_new_entries_reads_the_next_one_ahead() {
             .map(|(c, _)| c)
             .collect::<Vec<_>>()
     };
-    let calls = run(shared(HOUR)).await;
+    let calls = run(shared_acking(n)).await;
     let ahead = calls
         .iter()
         .position(|c| matches!(c, Call::ReadAhead(_)))
         .expect("a read sent ahead");
-    // Sent right after the full batch's read, before any of its entries is
-    // acknowledged, holding the whole batch.
+    // Sent right after the full batch's read, holding the whole batch.
     assert_eq!(calls[ahead - 1], NEW, "{calls:?}");
     assert_eq!(calls[ahead], Call::ReadAhead(n), "{calls:?}");
-    // Every entry acknowledged (max_unacked = 1): the full batch's, the
-    // last on its own, then the 3 read ahead (short: the last before the
-    // unit waits).
-    let acks = calls.iter().filter(|c| **c == Call::Ack).count();
-    assert_eq!(acks, n + 3, "{calls:?}");
+    // The batch acknowledged in one call once that read ran; the 3 read
+    // ahead (short) before the unit waits.
+    assert_eq!(
+        calls[ahead + 1..ahead + 3],
+        [Call::ReadAheadRan, Call::Ack],
+        "{calls:?}"
+    );
+    assert_eq!(calls.iter().filter(|c| **c == Call::Ack).count(), 2);
     // The read sent ahead stands for a read of new entries: one before it,
     // one after the wait (past the script).
     assert_eq!(calls.iter().filter(|c| **c == NEW).count(), 2, "{calls:?}");
@@ -655,8 +677,14 @@ async fn a_full_batch_of_new_entries_reads_the_next_one_ahead() {
         1,
         "a short batch reads nothing ahead: {calls:?}"
     );
+    // Acknowledged after each entry (max_unacked = 1): nothing read ahead.
+    let calls = run(shared(HOUR)).await;
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::ReadAhead(_))),
+        "{calls:?}"
+    );
     // A consumer of many units reads nothing ahead.
-    let s = shared(HOUR);
+    let s = shared_acking(n);
     for _ in 0..=READ_AHEAD_UNITS {
         s.plan.health.unit_started();
     }
