@@ -18,12 +18,14 @@ end
 
 -- What the consumers of `group` hold pending in `stream` (XPENDING's
 -- summary, a line per consumer that holds any): how many `consumer`
--- holds, and whether any other consumer holds one. A stream or group that
--- does not exist (or a key of another type) holds nothing.
+-- holds, whether any other consumer holds one, and the oldest pending id
+-- of the group (`consumer`'s own oldest when no other consumer holds one;
+-- false for none). A stream or group that does not exist (or a key of
+-- another type) holds nothing.
 local function pending_of(stream, group, consumer)
   local p = redis.pcall('XPENDING', stream, group)
   if type(p) ~= 'table' or p.err then
-    return 0, false
+    return 0, false, false
   end
   local own, others = 0, false
   for _, c in ipairs(p[4] or {}) do
@@ -33,7 +35,7 @@ local function pending_of(stream, group, consumer)
       others = true
     end
   end
-  return own, others
+  return own, others, p[2]
 end
 
 -- Moves every entry of `stream` pending in `group` to `consumer` (entries

@@ -18,10 +18,14 @@
 --   pending entries, in order, before anything new. (read.lua looks too,
 --   before every read: a read whose check never ran is followed by one.)
 -- - Lost replies: the caller compares what its consumer holds pending with
---   what it knows of (its handled entries not acknowledged yet plus what
---   this read delivered). More means an earlier read, or this one sent
---   twice by the client, delivered entries the caller never saw; any
---   difference sends the caller to its pending entries first.
+--   what it knows of (its handled entries not acknowledged yet, a batch it
+--   holds while it reads ahead, plus what this read delivered), and the
+--   oldest pending id with the oldest it holds. More means an earlier read,
+--   or this one sent twice by the client, delivered entries the caller
+--   never saw; any difference sends the caller to its pending entries
+--   first. (The oldest id tells a read that ran before the caller
+--   acknowledged what it holds from one that ran after, when as many
+--   unseen entries make up the count.)
 --
 -- KEYS[1] lease, KEYS[2] stream, KEYS[3] the owner's liveness key
 -- ARGV[1] fence token (the consumer name), ARGV[2] group,
@@ -29,15 +33,16 @@
 --
 -- Returns {refusal} (see fence.lua) when fenced out; {2, ...} (see
 -- moved_back in fence.lua) when other consumers held entries; else
--- {1, pending}: how many entries this consumer holds pending (0 too when
--- the stream or its group does not exist: the read failed then, and the
--- caller falls back to the scripted read, which creates the group).
+-- {1, pending, oldest}: how many entries this consumer holds pending (0
+-- too when the stream or its group does not exist: the read failed then,
+-- and the caller falls back to the scripted read, which creates the
+-- group), and the oldest one's id ('' for none).
 local no = refusal(KEYS[1], ARGV[1], KEYS[3], ARGV[3])
 if no then
   return {no}
 end
-local own, others = pending_of(KEYS[2], ARGV[2], ARGV[1])
+local own, others, oldest = pending_of(KEYS[2], ARGV[2], ARGV[1])
 if others then
   return moved_back(KEYS[2], ARGV[2], ARGV[1], own)
 end
-return {1, own}
+return {1, own, oldest or ''}

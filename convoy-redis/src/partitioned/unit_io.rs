@@ -104,19 +104,19 @@ pub(super) trait UnitIo {
         which: Which,
         first_lane: usize,
         count: usize,
-        held: (At, usize),
+        held: (At, usize, Option<&str>),
     ) -> Result<ReadReply, Error>;
 
     /// A read of up to `count` new entries of a unit of one stream, to run
     /// while the worker handles the batch it holds (`held`: its handled
-    /// entries not acknowledged yet and the batch's, all pending), awaited
-    /// once that batch is acknowledged. `None` where this I/O does not read
-    /// ahead. Its check counts `held` as this consumer's own pending
-    /// entries: sent before the worker acknowledges any of them, it sees
-    /// exactly those; sent later, it finds fewer than it counts, and sends
-    /// the worker to its pending entries first (as after a lost reply),
-    /// which hold what it delivered.
-    fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
+    /// entries not acknowledged yet and the batch's, all pending, with the
+    /// oldest one's id), awaited once that batch is acknowledged. `None`
+    /// where this I/O does not read ahead. Its check finds what it expects
+    /// pending only if it runs before any of them is acknowledged; run
+    /// after, it finds fewer, or the oldest gone, and sends the worker to
+    /// its pending entries first (as after a lost reply), which hold what
+    /// it delivered.
+    fn read_ahead(&self, count: usize, held: (At, usize, String)) -> Option<ReadAhead> {
         let _ = (count, held);
         None
     }
@@ -187,7 +187,10 @@ async fn ack_then_read_apart<I: UnitIo + ?Sized>(
 ) -> AckThenRead {
     let acked = io.ack(ack).await;
     let read = match acked {
-        Ok(Acked::Acked(_)) => Some(io.read(Which::New, first_lane, count, (ack.at, 0)).await),
+        Ok(Acked::Acked(_)) => Some(
+            io.read(Which::New, first_lane, count, (ack.at, 0, None))
+                .await,
+        ),
         _ => None,
     };
     (acked, read)
@@ -237,7 +240,7 @@ impl UnitIo for RedisUnit {
         which: Which,
         first_lane: usize,
         count: usize,
-        held: (At, usize),
+        held: (At, usize, Option<&str>),
     ) -> Result<ReadReply, Error> {
         let mut c = self.conn().await?;
         let resent = c.is_cluster();
@@ -255,7 +258,7 @@ impl UnitIo for RedisUnit {
         .await
     }
 
-    fn read_ahead(&self, count: usize, held: (At, usize)) -> Option<ReadAhead> {
+    fn read_ahead(&self, count: usize, held: (At, usize, String)) -> Option<ReadAhead> {
         // A native read (a unit of one stream), and only where the client
         // never sends a command again by itself (a cluster client sends a
         // read again after a dropped connection, and its check then goes
@@ -265,7 +268,8 @@ impl UnitIo for RedisUnit {
         }
         let io = self.clone();
         Some(Box::pin(async move {
-            io.read(Which::New, 0, count, held).await
+            let (at, n, oldest) = held;
+            io.read(Which::New, 0, count, (at, n, Some(&oldest))).await
         }))
     }
 
@@ -318,7 +322,7 @@ impl UnitIo for RedisUnit {
             backfill_count: BACKFILL_BATCH,
             whole: WHOLE,
             first_lane,
-            held: (ack.at, 0),
+            held: (ack.at, 0, None),
             resent: false,
         };
         match read.after_ack(&acknowledge, &mut c).await {

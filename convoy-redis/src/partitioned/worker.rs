@@ -378,8 +378,7 @@ impl<I: UnitIo> Worker<I> {
                     let read = if which == Which::New && self.ahead_mut().is_some() {
                         // Sent while the batch was handled: used once what
                         // was handled is acknowledged, as with a read sent
-                        // behind the acknowledgement (which waits for it to
-                        // have run: it is still in place for that).
+                        // behind the acknowledgement.
                         if let Err(exit) = Box::pin(self.flush()).await {
                             return exit;
                         }
@@ -501,41 +500,41 @@ impl<I: UnitIo> Worker<I> {
     async fn read(&mut self, which: Which) -> Result<ReadReply, Error> {
         // On a cluster the client sends a read again after a dropped
         // connection: the script checks that nothing pending is unseen.
+        let (first_lane, count) = self.next_read();
         let held = (
             self.unacked_at.unwrap_or(At {
                 lane: 0,
                 backfill: false,
             }),
             self.unacked.len(),
+            self.unacked.first().map(String::as_str),
         );
-        let (first_lane, count) = self.next_read();
         self.io.read(which, first_lane, count, held).await
     }
 
-    /// Sends the next read of new entries now, while the `in_hand` entries
-    /// just read (at `at`) are handled, where the unit's I/O reads ahead,
+    /// Sends the next read of new entries now, while the entries just read
+    /// (`in_hand`, at `at`) are handled, where the unit's I/O reads ahead,
     /// the consumer owns at most [`READ_AHEAD_UNITS`] units (one of many
     /// units has other units' events to handle while it waits for its
     /// read), and the batch is acknowledged at its end, in one call. A unit
     /// with one busy key otherwise waits, after each batch, for Redis to
-    /// read the next one.
-    ///
-    /// Its check counts the batch and what is handled but not acknowledged
-    /// as this consumer's own pending entries. That holds as long as it
-    /// runs before any of them is acknowledged, which [`Self::settle_ahead`]
-    /// sees to: what would change them waits for it first. (Sent after
-    /// an acknowledgement, it would count entries no longer pending, and
-    /// as many entries an earlier read delivered unseen would go unnoticed:
-    /// the worker would pass over them.)
-    async fn read_ahead(&mut self, at: At, in_hand: usize) {
-        let held = self.unacked.len() + in_hand;
+    /// read the next one. Its check counts the batch and what is handled
+    /// but not acknowledged as this consumer's own pending entries, the
+    /// oldest first: run after the batch's acknowledgement (held up on its
+    /// way), it finds otherwise, and the worker reads its pending entries
+    /// first.
+    async fn read_ahead(&mut self, at: At, in_hand: &[Entry]) {
+        let held = self.unacked.len() + in_hand.len();
         if self.ahead_mut().is_some()
             || held > self.max_unacked
             || self.s.plan.health.owned() > READ_AHEAD_UNITS
         {
             return;
         }
-        let held = (at, held);
+        let Some(oldest) = self.unacked.first().or(in_hand.first().map(|e| &e.id)) else {
+            return;
+        };
+        let held = (at, held, oldest.clone());
         let (_, count) = self.next_read();
         let Some(mut read) = self.io.read_ahead(count, held) else {
             return;
@@ -549,18 +548,6 @@ impl<I: UnitIo> Worker<I> {
         // The connection's task writes it to the socket: let it run now
         // rather than once this batch's handling happens to yield.
         tokio::task::yield_now().await;
-    }
-
-    /// Waits for the read sent ahead to be done, if there is one: whatever
-    /// changes this consumer's pending entries (an acknowledgement, a dead
-    /// letter) goes after it, so its check counted them right. It is done
-    /// long before, as a rule; one held up (its connection being made
-    /// again) holds the acknowledgement up as long.
-    async fn settle_ahead(&mut self) {
-        if let Some(read) = self.ahead_mut().take() {
-            let done = read.await;
-            *self.ahead_mut() = Some(Box::pin(std::future::ready(done)));
-        }
     }
 
     /// The read sent ahead, if any.
@@ -619,7 +606,10 @@ impl<I: UnitIo> Worker<I> {
                 self.acked(at, &ids, touch, true);
                 match read {
                     Some(read) => Ok(read),
-                    None => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
+                    None => Ok(self
+                        .io
+                        .read(Which::New, first_lane, count, (at, 0, None))
+                        .await),
                 }
             }
             (Err(e), read) => {
@@ -652,7 +642,10 @@ impl<I: UnitIo> Worker<I> {
                 self.ack(at, &ids, true).await?;
                 match pending_first {
                     Some(read) => Ok(Ok(read)),
-                    None => Ok(self.io.read(Which::New, first_lane, count, (at, 0)).await),
+                    None => Ok(self
+                        .io
+                        .read(Which::New, first_lane, count, (at, 0, None))
+                        .await),
                 }
             }
         }
@@ -671,7 +664,7 @@ impl<I: UnitIo> Worker<I> {
         let short = batch.len() < self.batch_asked;
         if new && !short {
             // A full batch of new entries: more are likely waiting.
-            self.read_ahead(at, batch.len()).await;
+            self.read_ahead(at, &batch).await;
         }
         self.batch_left = batch.len();
         for mut entry in batch {
@@ -865,8 +858,6 @@ impl<I: UnitIo> Worker<I> {
     ) -> Result<(), Exit> {
         let reason = err.to_string();
         let message_id = entry.envelope(stream).map(|e| e.id).unwrap_or_default();
-        // Dead-lettering the head acknowledges it.
-        self.settle_ahead().await;
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         let dlq_id = loop {
             if self.past_deadline() {
@@ -1008,7 +999,6 @@ impl<I: UnitIo> Worker<I> {
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
     async fn ack(&mut self, at: At, ids: &Arc<[String]>, trim: bool) -> Result<(), Exit> {
-        self.settle_ahead().await;
         let mut backoff = Backoff::retry(Duration::from_millis(500));
         loop {
             let touch = self.touch_due();

@@ -47,12 +47,16 @@ pub(crate) struct Read<'a> {
     /// categories of one unit).
     pub(crate) first_lane: usize,
     /// The entries the caller holds pending (handled, not yet
-    /// acknowledged), and where. A read of new entries checks that the
-    /// consumer holds nothing else pending: more means a read ran without
-    /// the caller seeing its reply (failed, or sent again by the client
-    /// after a dropped connection, as the Redis Cluster client does), and
-    /// what it delivered would be passed over.
-    pub(crate) held: (At, usize),
+    /// acknowledged, or a batch in hand while it reads ahead), where, and
+    /// the oldest one's id. A read of new entries checks that the consumer
+    /// holds nothing else pending: more means a read ran without the
+    /// caller seeing its reply (failed, or sent again by the client after
+    /// a dropped connection, as the Redis Cluster client does), and what it
+    /// delivered would be passed over. The native read's check also finds
+    /// the oldest pending entry to be the oldest held: a read that ran
+    /// after the caller acknowledged some of them counts fewer, and would
+    /// otherwise take as many unseen entries for them.
+    pub(crate) held: (At, usize, Option<&'a str>),
     /// Whether the scripted read checks [`Read::held`] too (the native read
     /// always does): where the client sends a read again by itself (a
     /// cluster). Elsewhere a read either answers or fails, and the caller
@@ -335,8 +339,10 @@ impl Read<'_> {
                 .unwrap_or_default(),
         };
         // A unit of one stream holds its entries in that stream.
-        let (_, held) = self.held;
-        let reply = if usize::try_from(check.int(0)).ok() != Some(held + batch.len()) {
+        let (_, held, oldest) = self.held;
+        let reply = if usize::try_from(check.int(0)).ok() != Some(held + batch.len())
+            || oldest.is_some_and(|oldest| check.text(1) != oldest)
+        {
             ReadReply::Unseen
         } else if batch.is_empty() {
             ReadReply::Empty
@@ -384,7 +390,7 @@ impl Read<'_> {
             .arg(by.incarnation)
             .arg(if backfill_on { "1" } else { "0" });
         match self.held {
-            (at, n) if self.resent && self.which == Which::New => {
+            (at, n, _) if self.resent && self.which == Which::New => {
                 // KEYS index (1-based) of the stream holding them.
                 let index = 2 + at.lane + if at.backfill { lanes.len() } else { 0 };
                 inv.arg(n).arg(index);

@@ -237,7 +237,7 @@ async fn read_new(
         backfill_count: count,
         whole,
         first_lane: 0,
-        held: (PRIMARY, held.unwrap_or(0)),
+        held: (PRIMARY, held.unwrap_or(0), None),
         resent: held.is_some(),
     }
     .scripted(c)
@@ -1635,7 +1635,7 @@ async fn a_mixed_call_answers_each_unit_by_its_own_fence_and_keys() {
 
 /// A read of up to `count` new entries of the primary lane by `by`, who
 /// holds `held` entries pending.
-fn new_read(by: Caller<'_>, count: usize, held: usize) -> Read<'_> {
+fn new_read<'a>(by: Caller<'a>, count: usize, held: usize, oldest: Option<&'a str>) -> Read<'a> {
     Read {
         by,
         which: Which::New,
@@ -1643,7 +1643,7 @@ fn new_read(by: Caller<'_>, count: usize, held: usize) -> Read<'_> {
         backfill_count: count,
         whole: count,
         first_lane: 0,
-        held: (PRIMARY, held),
+        held: (PRIMARY, held, oldest),
         resent: false,
     }
 }
@@ -1659,8 +1659,21 @@ async fn read_native(
     held: usize,
     count: usize,
 ) -> Option<ReadReply> {
+    read_native_holding(c, token, alive, inc, (held, None), count).await
+}
+
+/// [`read_native`] by a caller that holds `held.0` pending entries, the
+/// oldest `held.1`.
+async fn read_native_holding(
+    c: &mut Conn,
+    token: &str,
+    alive: &str,
+    inc: &str,
+    held: (usize, Option<&str>),
+    count: usize,
+) -> Option<ReadReply> {
     let u = unit();
-    let native = new_read(by(&u, token, alive, inc), count, held)
+    let native = new_read(by(&u, token, alive, inc), count, held.0, held.1)
         .native(c, None)
         .await
         .expect("native read")
@@ -1682,6 +1695,69 @@ fn ids_of(r: Option<ReadReply>) -> Vec<String> {
         }
         other => panic!("entries, not {other:?}"),
     }
+}
+
+/// A read sent ahead counts the batch it goes beside as held, the oldest
+/// first. Held up on its way until after that batch was acknowledged, it
+/// finds the batch gone; when as many entries an earlier read delivered
+/// unseen make up the count, the oldest pending is not the oldest held, and
+/// the caller reads its pending entries first rather than passing over
+/// them.
+#[tokio::test]
+async fn a_read_run_after_what_it_held_was_acknowledged_sends_the_caller_to_its_pending_entries() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut c = Conn::Node(server.connection().await.expect("connection"));
+    cmd(&mut c, &["SET", ALIVE_A, "a1"]).await;
+    let a = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
+    // No stream yet: the script reads (and Redis loads the check).
+    assert!(read_native(&mut c, &a, ALIVE_A, "a1", 0, 1).await.is_none());
+    for i in 1..=6 {
+        cmd(&mut c, &["XADD", STREAM, &format!("1-{i}"), "f", "v"]).await;
+    }
+    cmd(&mut c, &["XGROUP", "CREATE", STREAM, "g", "0"]).await;
+    // The batch in hand: 1-1 and 1-2.
+    assert_eq!(
+        ids_of(read_native(&mut c, &a, ALIVE_A, "a1", 0, 2).await),
+        ["1-1", "1-2"]
+    );
+    // A read whose reply was lost delivered 1-3 and 1-4, unseen.
+    cmd(
+        &mut c,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            &a,
+            "COUNT",
+            "2",
+            "STREAMS",
+            STREAM,
+            ">",
+        ],
+    )
+    .await;
+    // The batch is acknowledged before the read sent beside it runs.
+    let batch = ["1-1".to_owned(), "1-2".to_owned()];
+    assert_eq!(
+        ack(&mut c, &a, ALIVE_A, "a1", &batch, false).await,
+        vec![Acked::Acked(2)]
+    );
+    // It delivers 1-5 and 1-6: 4 pending, as the 2 held and 2 delivered
+    // would be; but the oldest is 1-3, not 1-1.
+    let late = read_native_holding(&mut c, &a, ALIVE_A, "a1", (2, Some("1-1")), 2).await;
+    assert!(matches!(late, Some(ReadReply::Unseen)), "{late:?}");
+    let Value::Array(summary) = cmd(&mut c, &["XPENDING", STREAM, "g"]).await else {
+        panic!("XPENDING")
+    };
+    assert_eq!(summary[0], Value::Int(4), "the count alone would pass");
+    // The pending entries come first, in order.
+    let u = unit();
+    let pending = Read {
+        which: Which::Pending,
+        ..new_read(by(&u, &a, ALIVE_A, "a1"), 10, 0, None)
+    };
+    let read = pending.run(&mut c).await.expect("pending read");
+    assert_eq!(ids_of(Some(read)), ["1-3", "1-4", "1-5", "1-6"]);
 }
 
 /// The native read is safe without a fence of its own: `verify.lua`,
@@ -1787,7 +1863,7 @@ async fn a_native_read_is_checked_after_it_and_a_replaced_owner_s_read_is_moved_
         backfill_count: 10,
         whole: 10,
         first_lane: 0,
-        held: (PRIMARY, 0),
+        held: (PRIMARY, 0, None),
         resent: false,
     };
     let read = pending.run(&mut c).await.expect("pending read");
@@ -1843,7 +1919,7 @@ async fn after_ack(
         now_ms: 1,
         items: &items,
     };
-    new_read(by(&u, token, ALIVE_A, "a1"), count, 0)
+    new_read(by(&u, token, ALIVE_A, "a1"), count, 0, None)
         .after_ack(&ack, c)
         .await
         .expect("acknowledged and read")
@@ -1938,7 +2014,7 @@ async fn pending_of_a(c: &mut Conn, token: &str) -> Vec<String> {
         backfill_count: 10,
         whole: 10,
         first_lane: 0,
-        held: (PRIMARY, 0),
+        held: (PRIMARY, 0, None),
         resent: false,
     }
     .run(c)
