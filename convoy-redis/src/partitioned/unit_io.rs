@@ -269,7 +269,19 @@ impl UnitIo for RedisUnit {
         let io = self.clone();
         Some(Box::pin(async move {
             let (at, n, oldest) = held;
-            io.read(Which::New, 0, count, (at, n, Some(&oldest))).await
+            let mut c = io.conn().await?;
+            Read {
+                by: io.caller(),
+                which: Which::New,
+                primary_count: count,
+                backfill_count: BACKFILL_BATCH,
+                whole: WHOLE,
+                first_lane: 0,
+                held: (at, n, Some(&oldest)),
+                resent: false,
+            }
+            .ahead(&mut c)
+            .await
         }))
     }
 

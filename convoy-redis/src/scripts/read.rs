@@ -163,6 +163,24 @@ impl Read<'_> {
         self.scripted(conn).await
     }
 
+    /// New entries of a unit of one stream read ahead, natively only: its
+    /// outcome is used once the entries it counts as held may have been
+    /// acknowledged, and the scripted read's check (more pending than held)
+    /// would then pass over as many unseen entries. A read that needs the
+    /// script, or that Redis refused before running, sends the caller to
+    /// its pending entries first instead (they hold what it delivered, if
+    /// it ran).
+    pub(crate) async fn ahead(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> Result<ReadReply, Error> {
+        debug_assert!(self.which == Which::New && self.by.unit.one_stream());
+        match self.native(conn, None).await?.0? {
+            Native::Read(reply) => Ok(reply),
+            Native::Script | Native::Refused => Ok(ReadReply::Unseen),
+        }
+    }
+
     /// New entries of a unit of one stream, with `ack` (the unit's own
     /// acknowledgement of what it handled) sent in front of the read in one
     /// pipeline: a unit that finished its batch pays one round trip for both

@@ -1702,7 +1702,7 @@ fn ids_of(r: Option<ReadReply>) -> Vec<String> {
 /// finds the batch gone; when as many entries an earlier read delivered
 /// unseen make up the count, the oldest pending is not the oldest held, and
 /// the caller reads its pending entries first rather than passing over
-/// them.
+/// them. Nor does it fall back to the scripted read.
 #[tokio::test]
 async fn a_read_run_after_what_it_held_was_acknowledged_sends_the_caller_to_its_pending_entries() {
     let server = RedisServer::start().expect("redis-server");
@@ -1711,6 +1711,14 @@ async fn a_read_run_after_what_it_held_was_acknowledged_sends_the_caller_to_its_
     let a = acquire(&mut c, "a", "a1").await.expect("a takes the unit");
     // No stream yet: the script reads (and Redis loads the check).
     assert!(read_native(&mut c, &a, ALIVE_A, "a1", 0, 1).await.is_none());
+    // A read sent ahead never falls back to the script (whose check only
+    // looks for more pending than held): it sends the caller to its
+    // pending entries instead.
+    let u = unit();
+    let ahead = new_read(by(&u, &a, ALIVE_A, "a1"), 1, 0, None)
+        .ahead(&mut c)
+        .await;
+    assert!(matches!(ahead, Ok(ReadReply::Unseen)), "{ahead:?}");
     for i in 1..=6 {
         cmd(&mut c, &["XADD", STREAM, &format!("1-{i}"), "f", "v"]).await;
     }
@@ -1751,7 +1759,6 @@ async fn a_read_run_after_what_it_held_was_acknowledged_sends_the_caller_to_its_
     };
     assert_eq!(summary[0], Value::Int(4), "the count alone would pass");
     // The pending entries come first, in order.
-    let u = unit();
     let pending = Read {
         which: Which::Pending,
         ..new_read(by(&u, &a, ALIVE_A, "a1"), 10, 0, None)
