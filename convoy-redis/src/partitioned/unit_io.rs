@@ -222,6 +222,28 @@ impl RedisUnit {
     async fn conn(&self) -> Result<Conn, Error> {
         self.s.redis.shared().await
     }
+
+    /// A fenced read by this worker of up to `count` entries of a primary
+    /// lane (`first_lane` first), holding `held`.
+    fn reading<'a>(
+        &'a self,
+        which: Which,
+        first_lane: usize,
+        count: usize,
+        held: (At, usize, Option<&'a str>),
+        resent: bool,
+    ) -> Read<'a> {
+        Read {
+            by: self.caller(),
+            which,
+            primary_count: count,
+            backfill_count: BACKFILL_BATCH,
+            whole: WHOLE,
+            first_lane,
+            held,
+            resent,
+        }
+    }
 }
 
 impl UnitIo for RedisUnit {
@@ -244,18 +266,9 @@ impl UnitIo for RedisUnit {
     ) -> Result<ReadReply, Error> {
         let mut c = self.conn().await?;
         let resent = c.is_cluster();
-        Read {
-            by: self.caller(),
-            which,
-            primary_count: count,
-            backfill_count: BACKFILL_BATCH,
-            whole: WHOLE,
-            first_lane,
-            held,
-            resent,
-        }
-        .run(&mut c)
-        .await
+        self.reading(which, first_lane, count, held, resent)
+            .run(&mut c)
+            .await
     }
 
     fn read_ahead(&self, count: usize, held: (At, usize, String)) -> Option<ReadAhead> {
@@ -270,18 +283,9 @@ impl UnitIo for RedisUnit {
         Some(Box::pin(async move {
             let (at, n, oldest) = held;
             let mut c = io.conn().await?;
-            Read {
-                by: io.caller(),
-                which: Which::New,
-                primary_count: count,
-                backfill_count: BACKFILL_BATCH,
-                whole: WHOLE,
-                first_lane: 0,
-                held: (at, n, Some(&oldest)),
-                resent: false,
-            }
-            .ahead(&mut c)
-            .await
+            io.reading(Which::New, 0, count, (at, n, Some(&oldest)), false)
+                .ahead(&mut c)
+                .await
         }))
     }
 
@@ -327,16 +331,7 @@ impl UnitIo for RedisUnit {
             now_ms: now_ms(),
             items: &items,
         };
-        let read = Read {
-            by: self.caller(),
-            which: Which::New,
-            primary_count: count,
-            backfill_count: BACKFILL_BATCH,
-            whole: WHOLE,
-            first_lane,
-            held: (ack.at, 0, None),
-            resent: false,
-        };
+        let read = self.reading(Which::New, first_lane, count, (ack.at, 0, None), false);
         match read.after_ack(&acknowledge, &mut c).await {
             Ok(AckedRead { acked, read }) => {
                 let acked = acked.and_then(|answers| {
