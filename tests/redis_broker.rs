@@ -610,7 +610,7 @@ fn ledger_publication(seq: u64) -> Publication {
 fn keyed_publication(seq: u64, key: &str) -> Publication {
     Publication {
         seq,
-        envelope: Envelope {
+        envelope: std::sync::Arc::new(Envelope {
             id: format!("id-{seq}"),
             type_name: "Posted".into(),
             category: "ledger".into(),
@@ -620,7 +620,7 @@ fn keyed_publication(seq: u64, key: &str) -> Publication {
             correlation_id: None,
             payload: format!("{{\"seq\":{seq}}}"),
             origin: None,
-        },
+        }),
     }
 }
 

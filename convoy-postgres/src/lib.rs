@@ -346,7 +346,7 @@ fn record(row: &PgRow) -> Result<OutboxRecord, Error> {
     })?;
     Ok(OutboxRecord {
         seq: id as u64,
-        envelope,
+        envelope: Arc::new(envelope),
         status: match status {
             0 => OutboxStatus::Pending,
             1 => OutboxStatus::Published,

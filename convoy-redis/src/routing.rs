@@ -116,7 +116,7 @@ mod tests {
     fn publication(key: Option<&str>, priority: Priority) -> Publication {
         Publication {
             seq: 1,
-            envelope: Envelope {
+            envelope: std::sync::Arc::new(Envelope {
                 id: "m".into(),
                 type_name: "T".into(),
                 category: "order".into(),
@@ -126,7 +126,7 @@ mod tests {
                 correlation_id: None,
                 payload: "{}".into(),
                 origin: None,
-            },
+            }),
         }
     }
 

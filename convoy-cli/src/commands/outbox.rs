@@ -4,6 +4,7 @@
 //! streams of the partition actions).
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use convoy_runtime::config::redact_url;
@@ -152,7 +153,7 @@ fn abandoned_row(r: OutboxRecord) -> Option<AbandonedRow> {
             id: r.seq,
             reason,
             attempts: r.attempts,
-            envelope: r.envelope,
+            envelope: Arc::unwrap_or_clone(r.envelope),
         }),
         _ => None,
     }
@@ -366,7 +367,7 @@ mod tests {
     fn questions_name_the_row_and_what_follows() {
         let r = OutboxRecord {
             seq: 17,
-            envelope: envelope("slow"),
+            envelope: Arc::new(envelope("slow")),
             status: OutboxStatus::Abandoned {
                 reason: "bad".into(),
             },

@@ -180,7 +180,7 @@ impl Broker for InlineBroker {
 
     fn publish<'a>(
         &'a self,
-        _producer: &'a Producer,
+        producer: &'a Producer,
         batch: &'a [Publication],
     ) -> BoxFuture<'a, Result<(), PublishError>> {
         {
@@ -188,7 +188,7 @@ impl Broker for InlineBroker {
                 .queue
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            q.extend(batch.iter().map(|p| p.envelope.clone()));
+            q.extend(batch.iter().map(|p| p.delivered(producer)));
         }
         self.wake.notify_one();
         Box::pin(async { Ok(()) })

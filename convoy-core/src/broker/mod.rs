@@ -35,7 +35,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, Origin};
 use crate::error::Error;
 use crate::future::BoxFuture;
 use crate::raise::RaisedKey;
@@ -69,14 +69,36 @@ impl Capabilities {
 
 /// One event to publish. The broker routes it: the envelope's category,
 /// partition key and priority say where it goes, and the physical names
-/// (shards, streams) are the broker's own.
+/// (shards, streams) are the broker's own. It goes out with its
+/// [`origin`](Publication::origin), the producer's record `seq`, whatever
+/// the envelope's own `origin` field holds.
 #[derive(Debug, Clone)]
 pub struct Publication {
     /// The outbox sequence number (increasing per producer).
     pub seq: u64,
-    /// The event (its key, when it has one, already checked against the
-    /// key rules).
-    pub envelope: Envelope,
+    /// The event as raised (its key, when it has one, already checked
+    /// against the key rules), shared with the outbox record it was read
+    /// from rather than copied.
+    pub envelope: Arc<Envelope>,
+}
+
+impl Publication {
+    /// Where the event comes from: `producer`'s record [`seq`](Self::seq).
+    pub fn origin(&self, producer: &Producer) -> Origin {
+        Origin {
+            producer: producer.name.clone(),
+            seq: self.seq,
+        }
+    }
+
+    /// The envelope as a consumer reads it back: with its
+    /// [`origin`](Self::origin).
+    pub fn delivered(&self, producer: &Producer) -> Envelope {
+        Envelope {
+            origin: Some(self.origin(producer)),
+            ..Envelope::clone(&self.envelope)
+        }
+    }
 }
 
 /// Who publishes a batch.

@@ -1,5 +1,5 @@
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::{OutboxRecord, OutboxStats, OutboxStatus, OutboxStore};
 use crate::envelope::Envelope;
@@ -67,7 +67,7 @@ impl OutboxStore for MemoryOutbox {
                     seq,
                     Box::new(OutboxRecord {
                         seq,
-                        envelope,
+                        envelope: Arc::new(envelope),
                         status: OutboxStatus::Pending,
                         attempts: 0,
                     }),

@@ -48,7 +48,9 @@ pub struct OutboxRecord {
     /// Position in the outbox; records publish in this order.
     pub seq: u64,
     /// The event; `envelope.partition_key` is the record's partition key.
-    pub envelope: Envelope,
+    /// Shared, so a store that keeps its records in memory hands them to
+    /// the processor without copying them.
+    pub envelope: Arc<Envelope>,
     /// Where it stands.
     pub status: OutboxStatus,
     /// Failed publish attempts so far.

@@ -8,7 +8,6 @@ use tokio_util::sync::CancellationToken;
 use super::{OutboxRecord, OutboxStore};
 use crate::broker::{Broker, KeyUse, Producer, Publication, PublishError};
 use crate::config::PriorityLanesConfig;
-use crate::envelope::Origin;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::key::Escaped;
@@ -184,14 +183,9 @@ impl OutboxProcessor {
                 settled += 1;
                 continue;
             }
-            let mut envelope = r.envelope;
-            envelope.origin = Some(Origin {
-                producer: producer.name.clone(),
-                seq: r.seq,
-            });
             batch.push(Publication {
                 seq: r.seq,
-                envelope,
+                envelope: r.envelope,
             });
         }
         if batch.is_empty() {

@@ -163,7 +163,7 @@ mod tests {
     fn only_an_abandoned_record_can_be_acted_on() {
         let record = |status| OutboxRecord {
             seq: 7,
-            envelope: convoy_core::envelope::Envelope {
+            envelope: std::sync::Arc::new(convoy_core::envelope::Envelope {
                 id: "m".into(),
                 type_name: "T".into(),
                 category: "c".into(),
@@ -173,7 +173,7 @@ mod tests {
                 correlation_id: None,
                 payload: "{}".into(),
                 origin: None,
-            },
+            }),
             status,
             attempts: 0,
         };

@@ -11,6 +11,8 @@ use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::{int, text};
 use crate::routing::Routed;
 use convoy_core::broker::Producer;
+use convoy_core::envelope::Envelope;
+use convoy_core::envelope::fields::ORIGIN;
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -143,7 +145,12 @@ impl Publish<'_> {
         let bytes: usize = records
             .iter()
             .map(|(_, shape)| match shape {
-                Shape::Usual { meta, payload } => 32 + meta.len() + payload.len(),
+                Shape::Usual(e) => {
+                    // `meta`: its five names, time and priority, about 80
+                    // bytes, and its strings.
+                    let meta = 80 + e.id.len() + e.type_name.len() + e.category.len();
+                    32 + meta + e.correlation_id.as_ref().map_or(0, String::len) + e.payload.len()
+                }
                 Shape::Fields(_) => 64,
             })
             .sum();
@@ -195,6 +202,9 @@ impl Publish<'_> {
         .arg(producer)
         .arg(wakes)
         .arg(names::WAKE_MAXLEN);
+        // Each usual record's `meta`, written here before it is copied
+        // into the call.
+        let mut meta = Vec::with_capacity(256);
         for &(from, len) in &runs {
             let (first, shape) = &records[from];
             let category = first.publication.envelope.category.as_str();
@@ -206,8 +216,10 @@ impl Publish<'_> {
             for (r, shape) in &records[from..from + len] {
                 inv.arg(r.publication.seq);
                 match shape {
-                    Shape::Usual { meta, payload } => {
-                        inv.arg(meta.as_str()).arg(*payload);
+                    Shape::Usual(e) => {
+                        meta.clear();
+                        e.write_meta(&mut meta);
+                        inv.arg(meta.as_slice()).arg(e.payload.as_str());
                     }
                     Shape::Fields(fields) => {
                         inv.arg(fields.len() * 2);
@@ -227,58 +239,56 @@ impl Publish<'_> {
 enum Shape<'e> {
     /// convoy's usual entry (`meta`, `payload`, `key` = the record's
     /// partition key, `origin` = `{producer}#{seq}`, in that order), which
-    /// publish.lua writes from the values of `meta` and `payload` alone.
-    Usual {
-        /// The value of `meta`.
-        meta: String,
-        /// The value of `payload`.
-        payload: &'e str,
-    },
+    /// publish.lua writes from the values of `meta` and `payload` alone:
+    /// the envelope they are written from.
+    Usual(&'e Envelope),
     /// Any other entry: every field, in order.
     Fields(Vec<(&'static str, Cow<'e, str>)>),
 }
 
 impl<'e> Shape<'e> {
     /// The shape of `r`'s entry, published by `producer`: usual when the
-    /// envelope has the record's partition key and its origin is this
-    /// producer's record of that seq (read from the envelope, so the
-    /// origin's text is never written out).
+    /// envelope has the record's partition key (its origin is the
+    /// producer's record of its seq, which the script writes from the
+    /// producer's name and the seq: its text is never sent).
     fn of(r: &Routed<'e>, producer: &str) -> Shape<'e> {
-        let e = &r.publication.envelope;
-        let usual = e.partition_key.is_some()
-            && r.partition == e.partition_key.as_deref()
-            && e.origin
-                .as_ref()
-                .is_some_and(|o| o.producer == producer && o.seq == r.publication.seq);
+        let e: &'e Envelope = &r.publication.envelope;
+        let usual = e.partition_key.is_some() && r.partition == e.partition_key.as_deref();
         if usual {
-            Shape::Usual {
-                meta: e.meta(),
-                payload: e.payload.as_str(),
-            }
+            Shape::Usual(e)
         } else {
-            Shape::Fields(e.fields())
+            let mut fields = e.fields();
+            fields.retain(|(name, _)| *name != ORIGIN);
+            fields.push((
+                ORIGIN,
+                Cow::Owned(format!("{producer}#{}", r.publication.seq)),
+            ));
+            Shape::Fields(fields)
         }
     }
 
     /// Whether this is convoy's usual entry.
     fn is_usual(&self) -> bool {
-        matches!(self, Shape::Usual { .. })
+        matches!(self, Shape::Usual(_))
     }
 }
 
 #[cfg(all(test, feature = "testing"))]
 mod tests {
+    use std::sync::Arc;
+
     use super::Shape;
     use crate::routing::Routed;
     use convoy_core::broker::Publication;
     use convoy_core::envelope::{Origin, fields};
 
-    /// Record `seq` of `key` (none: unpartitioned), of `origin`'s producer
-    /// and seq.
+    /// Record `seq` of `key` (none: unpartitioned), whose envelope names
+    /// `origin` as its own.
     fn publication(seq: u64, key: Option<&str>, origin: Option<(&str, u64)>) -> Publication {
         let mut p = super::super::tests::publication(seq, key.unwrap_or_default());
-        p.envelope.partition_key = key.map(Into::into);
-        p.envelope.origin = origin.map(|(producer, seq)| Origin {
+        let e = Arc::make_mut(&mut p.envelope);
+        e.partition_key = key.map(Into::into);
+        e.origin = origin.map(|(producer, seq)| Origin {
             producer: producer.into(),
             seq,
         });
@@ -293,31 +303,35 @@ mod tests {
         }
     }
 
-    /// Only an entry the script writes back exactly is sent as the usual
-    /// one: this producer's origin of this seq, and the record's own key;
-    /// any other entry is sent field by field, as it is.
+    /// A record of its own key is sent as the usual entry, which the script
+    /// writes back with this producer's origin of its seq, whatever origin
+    /// its envelope names; any other entry is sent field by field, with
+    /// that same origin.
     #[test]
-    fn the_usual_entry_is_this_producers_record_of_its_key() {
-        let usual = publication(42, Some("k"), Some(("pg/a", 42)));
-        match Shape::of(&routed(&usual, Some("k")), "pg/a") {
-            Shape::Usual { meta, payload } => {
-                assert_eq!(meta, usual.envelope.meta());
-                assert_eq!(payload, usual.envelope.payload);
+    fn the_usual_entry_is_a_record_of_its_key_and_every_entry_has_this_producers_origin() {
+        for origin in [None, Some(("pg/b", 7))] {
+            let usual = publication(42, Some("k"), origin);
+            match Shape::of(&routed(&usual, Some("k")), "pg/a") {
+                Shape::Usual(e) => assert!(std::ptr::eq(e, &*usual.envelope)),
+                other => panic!("the usual entry sent as {other:?}"),
             }
-            other => panic!("the usual entry sent as {other:?}"),
         }
         for (p, partition) in [
-            (publication(42, Some("k"), Some(("pg/b", 42))), Some("k")),
-            (publication(42, Some("k"), Some(("pg/a", 43))), Some("k")),
-            (publication(42, Some("k"), Some(("pg/a#4", 2))), Some("k")),
-            (publication(42, Some("k"), None), Some("k")),
             (publication(42, Some("k"), Some(("pg/a", 42))), Some("j")),
-            (publication(42, None, Some(("pg/a", 42))), None),
+            (publication(42, None, None), None),
+            (publication(42, None, Some(("pg/b", 3))), None),
         ] {
             let Shape::Fields(f) = Shape::of(&routed(&p, partition), "pg/a") else {
                 panic!("{p:?} sent as the usual entry");
             };
-            assert_eq!(f, p.envelope.fields(), "sent as it is");
+            let want = convoy_core::envelope::Envelope {
+                origin: Some(Origin {
+                    producer: "pg/a".into(),
+                    seq: 42,
+                }),
+                ..convoy_core::envelope::Envelope::clone(&p.envelope)
+            };
+            assert_eq!(f, want.fields(), "sent as it is, with its origin");
             assert_eq!(f[0].0, fields::META);
         }
     }

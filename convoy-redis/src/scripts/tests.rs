@@ -643,7 +643,18 @@ pub(crate) fn publication(seq: u64, key: &str) -> convoy_core::broker::Publicati
         payload: format!("{{\"seq\":{seq}}}"),
         origin: None,
     };
-    convoy_core::broker::Publication { seq, envelope }
+    convoy_core::broker::Publication {
+        seq,
+        envelope: std::sync::Arc::new(envelope),
+    }
+}
+
+/// `p` as a consumer reads it back once producer `pg/x` published it.
+fn sent(p: &convoy_core::broker::Publication) -> convoy_core::envelope::Envelope {
+    p.delivered(&convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    })
 }
 
 async fn publish(
@@ -861,28 +872,37 @@ async fn on_one_server_the_publish_script_writes_the_wake_ups_of_the_keys_it_wro
 async fn the_publish_script_wakes_each_category_with_its_own_keys() {
     let server = RedisServer::start().expect("redis-server");
     let mut c = Conn::Node(server.connection().await.expect("connection"));
-    let of = |seq: u64, category: &str, key: &str, usual: bool| {
+    let of = |seq: u64, category: &str, key: &str| {
         let mut p = publication(seq, key);
-        p.envelope.category = category.into();
-        p.envelope.origin = usual.then(|| convoy_core::envelope::Origin {
-            producer: "pg/x".into(),
-            seq,
-        });
+        std::sync::Arc::make_mut(&mut p.envelope).category = category.into();
         p
     };
     let batch = [
-        of(1, "dog", "d1", true),
-        of(2, "emu", "e1", true),
-        of(3, "dog", "d2", true),
-        of(4, "emu", "e1", false),
+        of(1, "dog", "d1"),
+        of(2, "emu", "e1"),
+        of(3, "dog", "d2"),
+        of(4, "emu", "e1"),
     ];
-    assert_eq!(
-        publish_waking(&mut c, &batch, 1, "a", None, true)
-            .await
-            .expect("written")
-            .written,
-        4
-    );
+    // The last one sent field by field: routed as of no partition.
+    let mut routed = routed(&batch);
+    routed[3].partition = None;
+    let producer = convoy_core::broker::Producer {
+        name: "pg/x".into(),
+        epoch: 1,
+    };
+    let published = super::publish::Publish {
+        producer: &producer,
+        shard: 0,
+        floor: 1,
+        call: "a",
+        behind: None,
+        batch: &routed,
+        wakes: true,
+    }
+    .run(&mut c, None)
+    .await
+    .expect("written");
+    assert_eq!(published.written, 4);
     let dog = convoy_core::names::wake_stream("dog");
     let emu = convoy_core::names::wake_stream("emu");
     assert_eq!(wake_entries(&mut c, &dog).await, [vec!["d1", "d2"]]);
@@ -896,7 +916,7 @@ async fn the_publish_script_wakes_each_category_with_its_own_keys() {
         let want: Vec<Vec<(String, String)>> = records
             .iter()
             .map(|p| {
-                p.envelope
+                sent(p)
                     .to_fields()
                     .into_iter()
                     .map(|(k, v)| (k.to_owned(), v))
@@ -987,23 +1007,14 @@ async fn records_of_both_shapes_interleaved_keep_their_streams_order_and_fields(
     let server = RedisServer::start().expect("redis-server");
     let mut c = Conn::Node(server.connection().await.expect("connection"));
     let batch: Vec<_> = (1..=8)
-        .map(|seq| {
-            let mut p = publication(seq, if seq % 4 == 0 { "j" } else { "k" });
-            if seq % 3 != 0 {
-                p.envelope.origin = Some(convoy_core::envelope::Origin {
-                    producer: "pg/x".into(),
-                    seq,
-                });
-            }
-            p
-        })
+        .map(|seq| publication(seq, if seq % 4 == 0 { "j" } else { "k" }))
         .collect();
-    assert_eq!(
-        publish_call(&mut c, &batch, 1, "a", None)
-            .await
-            .expect("published"),
-        8
-    );
+    // Every third one sent field by field: routed as of no partition.
+    let mut routed = routed(&batch);
+    for r in routed.iter_mut().filter(|r| r.publication.seq % 3 == 0) {
+        r.partition = None;
+    }
+    assert_eq!(publish_routed(&mut c, &routed).await.written, 8);
     for (stream, key, seqs) in [
         ("{0}cat:k", "k", vec![1, 2, 3, 5, 6, 7]),
         ("{0}cat:j", "j", vec![4, 8]),
@@ -1041,7 +1052,7 @@ async fn records_of_both_shapes_interleaved_keep_their_streams_order_and_fields(
             .collect();
         let want: Vec<_> = seqs
             .iter()
-            .map(|&seq| batch[seq as usize - 1].envelope.clone())
+            .map(|&seq| sent(&batch[seq as usize - 1]))
             .collect();
         assert_eq!(got, want, "{key}: in order, every field");
     }
@@ -1083,7 +1094,7 @@ async fn a_batch_of_interleaved_categories_indexes_and_counts_each_record_in_its
     let mut c = Conn::Node(server.connection().await.expect("connection"));
     let of = |seq: u64, category: &str, key: &str| {
         let mut p = publication(seq, key);
-        p.envelope.category = category.into();
+        std::sync::Arc::make_mut(&mut p.envelope).category = category.into();
         p
     };
     let batch = [
@@ -1127,25 +1138,18 @@ async fn a_batch_of_interleaved_categories_indexes_and_counts_each_record_in_its
 }
 
 /// Records of convoy's usual entry (sent as values only) and of any other
-/// shape (sent with their field names: no origin, a key field that is not
-/// the partition) in one call: each entry holds exactly the envelope's
-/// fields, in order, and reads back as the envelope published.
+/// shape (sent with their field names: a key field that is not the
+/// partition) in one call: each entry holds exactly the published
+/// envelope's fields (its origin the producer's), in order, and reads back
+/// as it.
 #[tokio::test]
 async fn entries_of_every_shape_hold_the_envelopes_fields_in_order() {
     let server = RedisServer::start().expect("redis-server");
     let mut c = Conn::Node(server.connection().await.expect("connection"));
-    let with_origin = |seq: u64, key: &str| {
-        let mut p = publication(seq, key);
-        p.envelope.origin = Some(convoy_core::envelope::Origin {
-            producer: "pg/x".into(),
-            seq,
-        });
-        p
-    };
     let batch = [
-        with_origin(1, "a"),
+        publication(1, "a"),
         publication(2, "b"),
-        with_origin(3, "c"),
+        publication(3, "c"),
     ];
     let mut routed = routed(&batch);
     // Record 3 goes to a stream of no partition: its key field is not the
@@ -1169,9 +1173,7 @@ async fn entries_of_every_shape_hold_the_envelopes_fields_in_order() {
                 .collect(),
             other => panic!("fields: {other:?}"),
         };
-        let expected: Vec<String> = r
-            .publication
-            .envelope
+        let expected: Vec<String> = sent(r.publication)
             .fields()
             .into_iter()
             .flat_map(|(k, v)| [k.to_owned(), v.into_owned()])
@@ -1185,7 +1187,7 @@ async fn entries_of_every_shape_hold_the_envelopes_fields_in_order() {
                 .map(|p| (p[0].as_str(), p[1].as_bytes())),
         )
         .expect("reads back");
-        assert_eq!(read, r.publication.envelope);
+        assert_eq!(read, sent(r.publication));
     }
 }
 
