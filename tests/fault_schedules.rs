@@ -34,8 +34,12 @@
 //! (`{instance}-p{process}.log`), the timeline of the faults on the record
 //! server's clock (`timeline.txt`), and what convoy left in Redis for the
 //! keys in question with their windows (`evidence.txt`). Even seeds run
-//! with `max_unacked = 1`, odd ones with `5`. A seed gives the same faults
-//! as long as `faults::plan` and `Settings::new` are unchanged.
+//! with `max_unacked = 1`, seeds of the form 4n+1 with `5`, and seeds of
+//! the form 4n+3 with `100` after a backlog of 110-200 events per key
+//! committed at the start: their owners read whole batches of new entries
+//! and send each next read ahead while they handle the batch in hand (see
+//! `Worker::read_ahead`), under the same faults. A seed gives the same
+//! faults as long as `faults::plan` and `Settings::new` are unchanged.
 //!
 //! The three ways to run it:
 //!
@@ -124,6 +128,8 @@ struct Settings {
     seed: u64,
     max_unacked: usize,
     load: Workload,
+    /// Events per key committed at once at the start (0: none).
+    backlog: u64,
     faults: Vec<Planned>,
     /// The handlers' dependency down (transient failures of every key):
     /// from, for how long; drawn from its own fork, so the other faults of
@@ -149,12 +155,26 @@ impl Settings {
         let dependency_outage = o
             .chance(50)
             .then(|| (o.ms(0, PHASE.as_millis() as u64), o.ms(500, 3_000)));
+        let (max_unacked, backlog) = match seed % 4 {
+            0 | 2 => (1, 0),
+            1 => (5, 0),
+            _ => (100, root.fork(4).range(110, 200)),
+        };
         Settings {
             dependency_outage,
             seed,
-            max_unacked: if seed.is_multiple_of(2) { 1 } else { 5 },
+            max_unacked,
             load,
+            backlog,
             faults,
+        }
+    }
+
+    /// The workload, for a report.
+    fn describe(&self) -> String {
+        match self.backlog {
+            0 => self.load.describe(),
+            n => format!("{} after a backlog of {n} per key", self.load.describe()),
         }
     }
 
@@ -509,7 +529,7 @@ impl ScheduleOutcome for Outcome {
             "FAILED schedule seed {} (max_unacked {}, {})\n  faults: {}\n",
             self.settings.seed,
             self.settings.max_unacked,
-            self.settings.load.describe(),
+            self.settings.describe(),
             self.settings.fault_list()
         );
         head + &evidence_tail(&self.ran, &replay_command(self.settings.seed))
@@ -573,7 +593,10 @@ async fn run_schedule(seed: u64) -> Outcome {
         harness
     });
     let keys = settings.load.key_names();
-    let spread = settings.load.spread(settings.seed, &keys, PHASE);
+    let spread = settings
+        .load
+        .spread(settings.seed, &keys, PHASE)
+        .after_backlog(settings.backlog);
     let committed = publish_spread::<Booked>(&publisher, &spread).await;
     let mut harness = faults_task.await.expect("fault thread");
 
@@ -689,10 +712,11 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
         }
     );
     println!(
-        "[{what}] {} schedules ({} with max_unacked 1, {} with 5) in {:.0} s; faults: {}; {} events, {} re-runs; {} violations in {} schedule(s){}",
+        "[{what}] {} schedules ({} with max_unacked 1, {} with 5, {} with 100 after a backlog) in {:.0} s; faults: {}; {} events, {} re-runs; {} violations in {} schedule(s){}",
         outcomes.len(),
         by_unacked(1),
         by_unacked(5),
+        by_unacked(100),
         started.elapsed().as_secs_f64(),
         schedule_run::fault_kinds(&outcomes),
         outcomes.iter().map(|o| o.events).sum::<usize>(),
@@ -710,7 +734,8 @@ async fn run_all(what: &str, seeds: impl IntoIterator<Item = u64>) {
 }
 
 /// The bounded run of the normal test suite: 30 schedules, half with
-/// `max_unacked = 1`, half with `5` (`CONVOY_FAULT_BASE` shifts the seeds,
+/// `max_unacked = 1`, a quarter with `5`, a quarter with `100` after a
+/// backlog (`CONVOY_FAULT_BASE` shifts the seeds,
 /// `CONVOY_FAULT_BOUNDED` sets the count: the Valkey pass runs fewer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded_run() {

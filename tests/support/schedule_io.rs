@@ -182,6 +182,10 @@ pub struct Spread<'a> {
     pub burst_percent: u64,
     /// The events are spread over this long.
     pub phase: Duration,
+    /// Events of each key committed at once before the spread ones (a
+    /// backlog: the key's first events, one unit of work per key), so
+    /// its owner reads whole batches of new entries.
+    pub backlog: u64,
 }
 
 impl<'a> Spread<'a> {
@@ -192,6 +196,15 @@ impl<'a> Spread<'a> {
             per_key,
             burst_percent: burst,
             phase,
+            backlog: 0,
+        }
+    }
+
+    /// The same spread after a backlog of `per_key` events per key.
+    pub fn after_backlog(self, per_key: u64) -> Self {
+        Spread {
+            backlog: per_key,
+            ..self
         }
     }
 }
@@ -214,9 +227,26 @@ pub async fn publish_spread<E: Event + DeserializeOwned>(
             .expect("a schedule's event is {client_id, seq}")
     };
     let mut rng = Rng::new(spread.seed).fork(3);
-    let mut left: Vec<(String, u64)> = spread.keys.iter().map(|k| (k.clone(), 0)).collect();
-    let total = spread.keys.len() as u64 * spread.per_key;
     let mut committed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for key in spread.keys.iter().filter(|_| spread.backlog > 0) {
+        let mut uow = domain.unit_of_work();
+        for seq in 0..spread.backlog {
+            uow.raise(event(key, seq)).expect("raise");
+        }
+        if uow.commit().await.is_ok() {
+            committed
+                .entry(key.clone())
+                .or_default()
+                .extend((0..spread.backlog).map(|seq| event_id(key, seq)));
+        }
+    }
+    let per_key = spread.backlog + spread.per_key;
+    let mut left: Vec<(String, u64)> = spread
+        .keys
+        .iter()
+        .map(|k| (k.clone(), spread.backlog))
+        .collect();
+    let total = spread.keys.len() as u64 * spread.per_key;
     let mut raised = 0u64;
     let start = Instant::now();
     while raised < total {
@@ -228,9 +258,7 @@ pub async fn publish_spread<E: Event + DeserializeOwned>(
             rng.range(1, 3)
         };
         for _ in 0..n {
-            let open: Vec<usize> = (0..left.len())
-                .filter(|&i| left[i].1 < spread.per_key)
-                .collect();
+            let open: Vec<usize> = (0..left.len()).filter(|&i| left[i].1 < per_key).collect();
             if open.is_empty() {
                 break;
             }
