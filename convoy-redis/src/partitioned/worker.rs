@@ -114,7 +114,58 @@ struct Worker<I: UnitIo = RedisUnit> {
     /// ([`Worker::read_ahead`]), used by the next read of new entries (in a
     /// mutex only to be `Sync`, as the worker's future must be: reached
     /// through `&mut self`, never locked).
-    ahead: std::sync::Mutex<Option<ReadAhead>>,
+    ahead: std::sync::Mutex<Option<Ahead>>,
+}
+
+/// How long a read sent ahead and given up is waited for, to report what
+/// it found gone from the stream.
+const GIVEN_UP_READ_WAIT: Duration = Duration::from_secs(30);
+
+/// A read sent ahead ([`Worker::read_ahead`]) until the next read of new
+/// entries takes it. Given up instead (the unit halts, turns to its pending
+/// entries, or its worker exits), what it delivered stays pending for the
+/// unit's next read or next owner; but entries its check found gone from
+/// the stream were acknowledged by that read, so once it answers (waited
+/// for in a task of its own) they are reported as a used read reports
+/// them, never dropped unseen.
+struct Ahead {
+    read: Option<ReadAhead>,
+    group: &'static str,
+    unit: Arc<Unit>,
+}
+
+impl Ahead {
+    /// The read, taken to be used.
+    fn into_read(mut self) -> Option<ReadAhead> {
+        self.read.take()
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        let Some(read) = self.read.take() else {
+            return;
+        };
+        // Without a runtime (it is shutting down) nothing can wait for it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (group, unit) = (self.group, self.unit.clone());
+        runtime.spawn(async move {
+            if let Ok(Ok(ReadReply::Reclaimed {
+                stream,
+                moved,
+                missing,
+            })) = tokio::time::timeout(GIVEN_UP_READ_WAIT, read).await
+            {
+                tracing::warn!(handler = group, key = ?Escaped(&unit.key), stream = %Escaped(&stream), moved, "a read sent ahead, given up, moved back entries a replaced owner read after losing the lease; they stay pending, read first by the unit's next read or next owner");
+                convoy_core::metrics::reclaimed(group, moved);
+                if !missing.is_empty() {
+                    report_missing(group, &unit.key, &stream, &missing);
+                }
+            }
+        });
+    }
 }
 
 pub(super) fn spawn(
@@ -346,7 +397,8 @@ impl<I: UnitIo> Worker<I> {
                 // entries. Dropped, what it delivered is pending, unseen:
                 // the next read of new entries finds more pending than it
                 // knows of and reads the pending entries first, as after a
-                // lost reply.
+                // lost reply (and what it found gone from the stream is
+                // reported when it answers: see `Ahead`).
                 *self.ahead_mut() = None;
             }
             let outcome = match action {
@@ -382,7 +434,7 @@ impl<I: UnitIo> Worker<I> {
                         if let Err(exit) = Box::pin(self.flush()).await {
                             return exit;
                         }
-                        match self.ahead_mut().take() {
+                        match self.ahead_mut().take().and_then(Ahead::into_read) {
                             Some(ahead) => ahead.await,
                             None => Box::pin(self.read(which)).await,
                         }
@@ -544,14 +596,18 @@ impl<I: UnitIo> Worker<I> {
         {
             read = Box::pin(std::future::ready(done));
         }
-        *self.ahead_mut() = Some(read);
+        *self.ahead_mut() = Some(Ahead {
+            read: Some(read),
+            group: self.group(),
+            unit: self.unit.clone(),
+        });
         // The connection's task writes it to the socket: let it run now
         // rather than once this batch's handling happens to yield.
         tokio::task::yield_now().await;
     }
 
     /// The read sent ahead, if any.
-    fn ahead_mut(&mut self) -> &mut Option<ReadAhead> {
+    fn ahead_mut(&mut self) -> &mut Option<Ahead> {
         // Never locked: a poisoned lock still holds the value.
         self.ahead
             .get_mut()
@@ -987,14 +1043,7 @@ impl<I: UnitIo> Worker<I> {
     /// from its stream: they can never be handled, and that is an error
     /// an operator must see, not a quiet skip.
     fn report_missing(&self, stream: &str, ids: &[String]) {
-        convoy_core::metrics::missing(self.group(), ids.len());
-        tracing::error!(
-            handler = self.group(),
-            key = ?Escaped(&self.unit.key),
-            stream,
-            entries = ?ids,
-            "pending entries are gone from the stream and can never be handled (deleted by hand, or lost with Redis state); they are acknowledged so the partition can go on"
-        );
+        report_missing(self.group(), &self.unit.key, stream, ids);
     }
 
     /// Fenced ack, retried while the lease is ours and Redis is unreachable.
@@ -1150,6 +1199,20 @@ fn is_fenced_write(err: &HandlerError) -> bool {
     err.as_error()
         .downcast_ref::<Error>()
         .is_some_and(|e| matches!(e, Error::FencedWrite { .. }))
+}
+
+/// Logs and counts entries of `key` that were pending for handler `group`
+/// but are gone from `stream`: they can never be handled, and that is an
+/// error an operator must see, not a quiet skip.
+fn report_missing(group: &'static str, key: &str, stream: &str, ids: &[String]) {
+    convoy_core::metrics::missing(group, ids.len());
+    tracing::error!(
+        handler = group,
+        key = ?Escaped(key),
+        stream,
+        entries = ?ids,
+        "pending entries are gone from the stream and can never be handled (deleted by hand, or lost with Redis state); they are acknowledged so the partition can go on"
+    );
 }
 
 #[cfg(test)]

@@ -786,3 +786,38 @@ async fn missing_entries_a_read_found_are_reported_whatever_came_of_the_acknowle
     drive_acks(reads(), lost).await;
     assert_eq!(missing_counted(&snapshotter), batch + 1, "failed");
 }
+
+/// A read sent ahead that the worker gives up before using it (the
+/// batch's acknowledgement is refused: the worker exits) still reports
+/// what its check found gone from the stream, once it answers: that read
+/// acknowledged those entries, and nothing else would ever report them.
+#[tokio::test(start_paused = true)]
+async fn a_read_sent_ahead_and_given_up_still_reports_the_entries_it_found_missing() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // The test's runtime runs on this thread.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let n = PRIMARY_BATCH;
+    let io = Scripted {
+        reads: Mutex::new(vec![empty(), entries(n), reclaimed()].into()),
+        acks: Mutex::new(vec![Ok(Acked::Refused(Refusal::FencedOut))].into()),
+        reads_ahead: true,
+        ..Scripted::default()
+    };
+    let (exit, calls, worker) = drive_io(shared_acking(n), io, false, None).await;
+    assert_eq!(exit, Exit::Lost(Refusal::FencedOut), "{calls:?}");
+    assert!(
+        calls.iter().any(|(c, _)| *c == Call::ReadAhead(n)),
+        "{calls:?}"
+    );
+    assert!(
+        !calls.iter().any(|(c, _)| *c == Call::ReadAheadRan),
+        "not used: {calls:?}"
+    );
+    // The batch's own entries are gone from the stream (no fields).
+    assert_eq!(missing_counted(&snapshotter), n as u64);
+    drop(worker);
+    // The read answers a second after it was sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(missing_counted(&snapshotter), 1, "the one it found");
+}
