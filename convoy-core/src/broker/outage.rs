@@ -109,24 +109,37 @@ impl Outage {
     pub async fn admit(&self) -> Admission {
         loop {
             let notified = self.resumed.notified();
-            let wait = {
-                let mut s = self.state();
-                if s.paused_since.is_none() {
-                    return Admission::Run;
-                }
-                let now = Instant::now();
-                match s.next_probe {
-                    _ if s.probing => Duration::from_millis(250),
-                    Some(at) if at > now => at - now,
-                    _ => {
-                        s.probing = true;
-                        return Admission::Probe;
-                    }
-                }
+            let wait = match self.admission() {
+                Ok(admission) => return admission,
+                Err(wait) => wait,
             };
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// [`Outage::admit`] without waiting: `None` where it would wait (the
+    /// handler is paused and its probe is not due).
+    #[doc(hidden)]
+    pub fn try_admit(&self) -> Option<Admission> {
+        self.admission().ok()
+    }
+
+    /// The admission now, or how long to wait before asking again.
+    fn admission(&self) -> Result<Admission, Duration> {
+        let mut s = self.state();
+        if s.paused_since.is_none() {
+            return Ok(Admission::Run);
+        }
+        let now = Instant::now();
+        match s.next_probe {
+            _ if s.probing => Err(Duration::from_millis(250)),
+            Some(at) if at > now => Err(at - now),
+            _ => {
+                s.probing = true;
+                Ok(Admission::Probe)
             }
         }
     }
@@ -164,7 +177,8 @@ impl Outage {
     #[doc(hidden)]
     pub fn succeeded(&self, key: &str, probe: bool) {
         let mut s = self.state();
-        let noted = s.failing.remove(key);
+        // Most events succeed with no key failing: no hashing then.
+        let noted = !s.failing.is_empty() && s.failing.remove(key);
         if probe {
             s.probing = false;
         }

@@ -280,11 +280,18 @@ pub struct Attempt {
 impl Attempt {
     /// Attempt `number`, dispatched now, with nothing else known.
     pub fn new(number: u32) -> Self {
+        Self::dispatched(number, std::time::SystemTime::now())
+    }
+
+    /// Attempt `number`, dispatched at `at` (read by the caller, before
+    /// its last check that it may still run the event), with nothing else
+    /// known.
+    pub fn dispatched(number: u32, at: std::time::SystemTime) -> Self {
         Attempt {
             number,
             fence: None,
             position: None,
-            dispatched_at: std::time::SystemTime::now(),
+            dispatched_at: at,
             gap: None,
         }
     }

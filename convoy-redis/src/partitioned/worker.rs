@@ -723,13 +723,24 @@ impl<I: UnitIo> Worker<I> {
             self.read_ahead(at, &batch).await;
         }
         self.batch_left = batch.len();
+        // When the last entry was handled: read once the batch ends (the
+        // worker looks at it only between batches).
+        let mut handled = false;
         for mut entry in batch {
             self.batch_left -= 1;
             match self.process(at, &mut entry).await {
-                Step::Done => *last_active = tokio::time::Instant::now(),
-                Step::Halted => return Ok(Outcome::Halted),
+                Step::Done => handled = true,
+                Step::Halted => {
+                    if handled {
+                        *last_active = tokio::time::Instant::now();
+                    }
+                    return Ok(Outcome::Halted);
+                }
                 Step::Exit(e) => return Err(e),
             }
+        }
+        if handled {
+            *last_active = tokio::time::Instant::now();
         }
         Ok(Outcome::Handled { short })
     }
@@ -741,13 +752,17 @@ impl<I: UnitIo> Worker<I> {
         let stream = unit.stream(at);
         let retry = self.s.settings.retry.clone();
         let mut transient = 0;
+        let mut again = false;
         loop {
             if self.stop.is_cancelled() {
                 return Step::Exit(Exit::Release);
             }
-            if self.past_deadline() {
+            // Checked below, after the clock is read for the dispatch;
+            // here too after a retry's wait.
+            if again && self.past_deadline() {
                 return Step::Exit(Exit::Expired);
             }
+            again = true;
             if self.halted.load(Ordering::SeqCst) {
                 return Step::Halted;
             }
@@ -767,12 +782,15 @@ impl<I: UnitIo> Worker<I> {
             let attempt = failures + 1;
             // A paused handler (an outage of its dependency) starts no
             // event but its one probe; the lease is kept meanwhile.
-            let admission = tokio::select! {
-                _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
-                a = self.s.outage.admit() => a,
+            let (admission, waited) = match self.s.outage.try_admit() {
+                Some(a) => (a, false),
+                None => tokio::select! {
+                    _ = self.stop.cancelled() => return Step::Exit(Exit::Release),
+                    a = self.s.outage.admit() => (a, true),
+                },
             };
             let probe = admission == Admission::Probe;
-            if self.past_deadline() {
+            if waited && self.past_deadline() {
                 self.s.outage.forget(&unit.key, probe);
                 return Step::Exit(Exit::Expired);
             }
@@ -795,13 +813,12 @@ impl<I: UnitIo> Worker<I> {
                         .plan
                         .invoke(self.s.sub(), env, {
                             // `Attempt` is non-exhaustive outside convoy-core.
-                            let mut at = Attempt::new(attempt);
+                            let mut at = Attempt::dispatched(attempt, dispatched_at);
                             at.fence = Some(self.fence.clone());
                             at.position = Some(Position {
                                 stream: stream.to_owned(),
                                 entry_id: entry.id.clone(),
                             });
-                            at.dispatched_at = dispatched_at;
                             at.gap = self.gap.clone();
                             at
                         })
