@@ -28,7 +28,7 @@ pub(super) const PRIMARY_BATCH: usize = 100;
 /// The entries a consumer holds read ahead, about, across the units it
 /// owns: a unit's read asks for this much divided by the units owned,
 /// between [`MIN_PRIMARY_BATCH`] and [`PRIMARY_BATCH`].
-pub(super) const READ_AHEAD: usize = 6400;
+pub(super) const READ_AHEAD: usize = 3200;
 /// The most units a consumer owns while its units read ahead
 /// ([`UnitIo::read_ahead`]): a consumer of more units has other units'
 /// events to handle while one waits for its next batch.

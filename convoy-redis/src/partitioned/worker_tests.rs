@@ -458,9 +458,10 @@ async fn a_consumer_of_many_units_reads_fewer_entries_at_a_time() {
 #[test]
 fn the_read_batch_keeps_the_consumers_read_ahead_bounded() {
     assert_eq!(primary_batch(0, 1), PRIMARY_BATCH);
-    assert_eq!(primary_batch(64, 1), PRIMARY_BATCH);
-    assert_eq!(primary_batch(128, 1), 50);
-    assert_eq!(primary_batch(256, 1), 25);
+    assert_eq!(primary_batch(32, 1), PRIMARY_BATCH);
+    assert_eq!(primary_batch(64, 1), 50);
+    assert_eq!(primary_batch(128, 1), 25);
+    assert_eq!(primary_batch(256, 1), MIN_PRIMARY_BATCH);
     assert_eq!(primary_batch(1024, 1), MIN_PRIMARY_BATCH);
     assert_eq!(primary_batch(100_000, 1), MIN_PRIMARY_BATCH);
     // Never below max_unacked (up to a full batch): one acknowledgement
