@@ -42,8 +42,11 @@
 -- entries pending below the ones it acknowledges, and they must survive
 -- until it has re-read and handled them.
 --
--- Returns {1, per unit: a refusal (see fence.lua) when fenced out, else
--- the number of entries acknowledged}.
+-- Returns {1, the answers}: per unit, in order, a refusal (see fence.lua)
+-- when fenced out, else the number of entries acknowledged, joined by
+-- commas in one string (the client parses one value per call rather than
+-- one per unit: each value of a reply costs it far more than a number in
+-- a string).
 local group = ARGV[1]
 local now = ARGV[2]
 local na = tonumber(ARGV[3])
@@ -109,7 +112,7 @@ end
 -- Every liveness key and lease, in one MGET.
 local held = redis.call('MGET', unpack(KEYS, 1, na + units))
 
-local out = {1}
+local out = {}
 local counts = {}
 local a = 8 + na
 local k = ns + 1
@@ -161,4 +164,4 @@ for c, n in pairs(counts) do
     redis.call('INCRBY', KEYS[na + units + 1 + c], n)
   end
 end
-return out
+return {1, table.concat(out, ',')}

@@ -4,11 +4,11 @@
 
 use std::fmt::Write as _;
 
+use redis::Value;
 use redis::aio::ConnectionLike;
 use smallvec::{Array, SmallVec};
 
 use super::{Invocation, Refusal, Replicated, Reply, SCRIPTS, Status, call_replicated};
-use crate::reply::int;
 use crate::unit::{At, Unit};
 use convoy_core::error::Error;
 
@@ -206,21 +206,31 @@ impl Ack<'_> {
     /// One outcome per item, in order, from the script's `reply` to the
     /// call [`Ack::invocation`] put together.
     pub(crate) fn answers(&self, reply: &Reply) -> Result<Vec<Acked>, Error> {
-        if reply.status != Status::Done || reply.values().len() != self.items.len() {
+        let answers = match (&reply.status, reply.values()) {
+            (Status::Done, [Value::BulkString(joined)]) => joined,
+            _ => return Err(reply.unexpected()),
+        };
+        // The script answers in the order of the items, joined by commas.
+        let out: Vec<Acked> = answers
+            .split(|b| *b == b',')
+            .filter(|_| !answers.is_empty())
+            .map(|a| {
+                match std::str::from_utf8(a)
+                    .ok()
+                    .and_then(|a| a.parse::<i64>().ok())
+                {
+                    Some(n) if n >= 0 => Ok(Acked::Acked(n as u64)),
+                    Some(n) => Refusal::from_code(n)
+                        .map(Acked::Refused)
+                        .ok_or_else(|| reply.unexpected()),
+                    None => Err(reply.unexpected()),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if out.len() != self.items.len() {
             return Err(reply.unexpected());
         }
-        // The script answers in the order of the items.
-        reply
-            .values()
-            .iter()
-            .map(|v| match int(v) {
-                Some(n) if n >= 0 => Ok(Acked::Acked(n as u64)),
-                Some(n) => Refusal::from_code(n)
-                    .map(Acked::Refused)
-                    .ok_or_else(|| reply.unexpected()),
-                None => Err(reply.unexpected()),
-            })
-            .collect()
+        Ok(out)
     }
 }
 

@@ -2135,3 +2135,46 @@ fn a_call_written_keys_first_is_the_same_command_however_its_keys_come() {
     none.arg("v1");
     assert_eq!(words(&none.into_command()), ["EVALSHA", hash, "0", "v1"]);
 }
+
+/// ack.lua answers a call's units in one string, in order: each number is
+/// the unit's acknowledged count, or its refusal; a string of another
+/// length or with something else in it is an unexpected reply, never
+/// taken for answers.
+#[test]
+fn an_acknowledgement_calls_answers_are_read_from_one_string_in_order() {
+    let u = unit();
+    let ids = ["1-1".to_owned()];
+    let items = [
+        plain_ack(&u, "a:1", "alive", &ids),
+        plain_ack(&u, "a:1", "alive", &ids),
+    ];
+    let ack = Ack {
+        group: "g",
+        now_ms: 1,
+        items: &items,
+    };
+    let reply =
+        |v: Vec<Value>| super::Reply::parse("ack", Value::Array(v)).map(|r| ack.answers(&r));
+    let joined = |s: &str| {
+        reply(vec![
+            Value::Int(1),
+            Value::BulkString(s.as_bytes().to_vec()),
+        ])
+    };
+    assert_eq!(
+        joined("3,-1").expect("a reply").expect("answers"),
+        vec![Acked::Acked(3), Acked::Refused(Refusal::FencedOut)]
+    );
+    for wrong in ["3", "3,1,1", "3,x", "", "3,,1"] {
+        assert!(
+            joined(wrong).expect("a reply").is_err(),
+            "{wrong:?} taken for answers"
+        );
+    }
+    // One value per unit (the earlier shape) is not read as answers.
+    assert!(
+        reply(vec![Value::Int(1), Value::Int(3), Value::Int(1)])
+            .expect("a reply")
+            .is_err()
+    );
+}
