@@ -807,6 +807,9 @@ impl<I: UnitIo> Worker<I> {
                     // carries a dispatch time from before it.
                     let dispatched_at = SystemTime::now();
                     if self.past_deadline() {
+                        // A probe that never ran frees the paused handler's
+                        // probe for another key.
+                        self.s.outage.forget(&unit.key, probe);
                         return Step::Exit(Exit::Expired);
                     }
                     self.s

@@ -60,6 +60,8 @@ struct Scripted {
     /// Reads ahead, as on one Redis server (else it does not, as on a
     /// cluster).
     reads_ahead: bool,
+    /// Called with each scripted read's reply as it is returned.
+    after_read: Option<Box<dyn Fn(&Result<ReadReply, Error>) + Send + Sync>>,
 }
 
 impl Scripted {
@@ -96,10 +98,14 @@ impl UnitIo for Scripted {
             counts.push(count);
         }
         let next = self.reads.lock().ok().and_then(|mut r| r.pop_front());
-        next.unwrap_or_else(|| {
+        let reply = next.unwrap_or_else(|| {
             self.stop.cancel();
             Ok(ReadReply::Empty)
-        })
+        });
+        if let Some(after) = &self.after_read {
+            after(&reply);
+        }
+        reply
     }
 
     /// The next scripted read, taken now, run (recorded) a second later,
@@ -821,4 +827,63 @@ async fn a_read_sent_ahead_and_given_up_still_reports_the_entries_it_found_missi
     // The read answers a second after it was sent.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(missing_counted(&snapshotter), 1, "the one it found");
+}
+
+/// A paused handler's probe, admitted at once, whose lease deadline passes
+/// before it is dispatched is given back: another key may probe. (Kept,
+/// the handler would wait for a probe that never runs.)
+#[tokio::test(start_paused = true)]
+async fn a_probe_given_up_at_the_lease_deadline_lets_another_key_probe() {
+    use convoy_core::broker::outage::Admission;
+    let mut config = Config::default();
+    config.server.retry.initial_backoff_ms = 1;
+    config.server.retry.outage_threshold = 1;
+    let s = shared_configured("redis://127.0.0.1:1/", HOUR, config);
+    s.outage.failed("k9", false, "the dependency is down");
+    // The first probe is due a millisecond after the pause (the outage's
+    // clock is the system's, not tokio's paused one).
+    std::thread::sleep(Duration::from_millis(20));
+    let envelope = Envelope {
+        id: "m1".into(),
+        type_name: "T".into(),
+        category: "c".into(),
+        partition_key: Some("k1".into()),
+        time_ms: 1,
+        priority: convoy_core::envelope::Priority::Normal,
+        correlation_id: None,
+        payload: "{}".into(),
+        origin: None,
+    };
+    let entry = Entry {
+        id: "1-0".into(),
+        fields: Some(
+            envelope
+                .to_fields()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.into_bytes()))
+                .collect(),
+        ),
+    };
+    let at = At {
+        lane: 0,
+        backfill: false,
+    };
+    let expire = s.clone();
+    let io = Scripted {
+        reads: Mutex::new(vec![empty(), Ok(ReadReply::Entries(at, vec![entry]))].into()),
+        // The lease runs out while the entry read is handled.
+        after_read: Some(Box::new(move |reply| {
+            if matches!(reply, Ok(ReadReply::Entries(..))) {
+                expire.liveness.set_deadline(0, None);
+            }
+        })),
+        ..Scripted::default()
+    };
+    let (exit, calls, _) = drive_io(s.clone(), io, false, None).await;
+    assert_eq!(exit, Exit::Expired, "{calls:?}");
+    assert_eq!(
+        s.outage.try_admit(),
+        Some(Admission::Probe),
+        "the probe given back"
+    );
 }
