@@ -61,8 +61,11 @@ struct Scripted {
     /// cluster).
     reads_ahead: bool,
     /// Called with each scripted read's reply as it is returned.
-    after_read: Option<Box<dyn Fn(&Result<ReadReply, Error>) + Send + Sync>>,
+    after_read: Option<ReadHook>,
 }
+
+/// What [`Scripted`] calls with each read's reply.
+type ReadHook = Box<dyn Fn(&Result<ReadReply, Error>) + Send + Sync>;
 
 impl Scripted {
     fn record(&self, call: Call) {
