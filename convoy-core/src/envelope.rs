@@ -97,7 +97,12 @@ pub struct Origin {
 impl Origin {
     /// The wire form, `{producer}#{seq}`.
     pub fn to_wire(&self) -> String {
-        format!("{}#{}", self.producer, self.seq)
+        Self::wire(&self.producer, self.seq)
+    }
+
+    /// The wire form of `producer`'s record `seq`, without an `Origin`.
+    pub fn wire(producer: &str, seq: u64) -> String {
+        format!("{producer}#{seq}")
     }
 
     /// Reads the wire form (the last `#` separates the seq, so a producer

@@ -210,10 +210,10 @@ impl Ack<'_> {
             (Status::Done, [Value::BulkString(joined)]) => joined,
             _ => return Err(reply.unexpected()),
         };
-        // The script answers in the order of the items, joined by commas.
+        // The script answers in the order of the items (a call has one at
+        // least), joined by commas.
         let out: Vec<Acked> = answers
             .split(|b| *b == b',')
-            .filter(|_| !answers.is_empty())
             .map(|a| {
                 match std::str::from_utf8(a)
                     .ok()

@@ -11,8 +11,8 @@ use super::{Invocation, Refusal, Replicated, SCRIPTS, Status, call_replicated};
 use crate::reply::{int, text};
 use crate::routing::Routed;
 use convoy_core::broker::Producer;
-use convoy_core::envelope::Envelope;
 use convoy_core::envelope::fields::ORIGIN;
+use convoy_core::envelope::{Envelope, Origin};
 use convoy_core::error::Error;
 use convoy_core::names;
 
@@ -261,7 +261,7 @@ impl<'e> Shape<'e> {
             fields.retain(|(name, _)| *name != ORIGIN);
             fields.push((
                 ORIGIN,
-                Cow::Owned(format!("{producer}#{}", r.publication.seq)),
+                Cow::Owned(Origin::wire(producer, r.publication.seq)),
             ));
             Shape::Fields(fields)
         }
