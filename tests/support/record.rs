@@ -13,9 +13,15 @@
 //! carries a token naming its window; an exit only sets the end once) and
 //! every call is retried until it is answered, within a bound.
 //!
-//! A window starts when the handler was invoked (its first line, by the
-//! engine's clock, which on one machine is the record server's clock) and
-//! ends when the exit script runs (the record server's `TIME`).
+//! A window starts when the engine dispatched the attempt and ends when the
+//! handler's work is over, both read by the engine's clock (the machine's
+//! clock, which the record server's `TIME` reads too). Both ends come from
+//! the handler's own process: an end read by the record server's `TIME`
+//! was once found 36 µs later than the engine's dispatch of the key's next
+//! event, which the engine can only have read after that exit's reply
+//! came (the gap is about 150 µs otherwise): two readings of one clock in
+//! two processes are not ordered as the events they time, and the check
+//! took it for two handlers of one key at once.
 #![allow(dead_code, missing_docs, unreachable_pub)]
 
 use std::sync::LazyLock;
@@ -49,11 +55,10 @@ redis.call('HSET', KEYS[1], window .. ':start', now_us, window .. ':event', ARGV
 return window
 ";
 
-/// KEYS: 1 windows hash. ARGV: 1 window id.
+/// KEYS: 1 windows hash. ARGV: 1 window id, 2 when the handler's work
+/// ended (µs since the epoch, the engine's clock).
 const EXIT_LUA: &str = r"
-local t = redis.call('TIME')
-local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
-redis.call('HSETNX', KEYS[1], ARGV[1] .. ':end', now_us)
+redis.call('HSETNX', KEYS[1], ARGV[1] .. ':end', ARGV[2])
 return 1
 ";
 
@@ -156,12 +161,18 @@ impl Record {
         })
     }
 
-    /// Closes the window (its end is the time of the first exit that ran).
-    pub async fn exit(&self, entered: Entered) -> Result<(), String> {
+    /// Closes the window: the handler's work ended at `worked` (read after
+    /// it, before this call; the first exit that ran sets the end).
+    pub async fn exit(&self, entered: Entered, worked: SystemTime) -> Result<(), String> {
+        let worked_us = worked
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| format!("the clock is before 1970: {e}"))?
+            .as_micros();
         let mut invocation = EXIT.prepare_invoke();
         invocation
             .key(self.key(&format!("windows:{}", entered.key)))
-            .arg(entered.window);
+            .arg(entered.window)
+            .arg(worked_us.to_string());
         let _: i64 = self.retry("exit", &invocation).await?;
         Ok(())
     }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use convoy_runtime::testing::{Recorder, RedisServer, Window};
 use convoy_runtime::{Config, Context, Domain, Event, HandlerError};
@@ -134,7 +134,13 @@ impl Attempts {
             .await
             .map_err(HandlerError::msg)?;
         tokio::time::sleep(rng.ms(self.work_ms.0, self.work_ms.1)).await;
-        self.record.exit(entered).await.map_err(HandlerError::msg)
+        // Read before the exit call: a stop between here and the exit's
+        // script leaves the work's end where it was.
+        let worked = SystemTime::now();
+        self.record
+            .exit(entered, worked)
+            .await
+            .map_err(HandlerError::msg)
     }
 }
 
