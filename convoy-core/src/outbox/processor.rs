@@ -140,7 +140,7 @@ impl OutboxProcessor {
     /// on its predecessor's batches are refused, so no record is published
     /// by both.
     pub async fn process_batch_as(&self, producer: &Producer) -> Result<usize, Error> {
-        let Prepared { batch, settled } = self.prepare(producer, &[]).await?;
+        let Prepared { batch, settled, .. } = self.prepare(producer, &[]).await?;
         if batch.is_empty() {
             return Ok(settled);
         }
@@ -167,9 +167,11 @@ impl OutboxProcessor {
         } else {
             self.store.pending_excluding(self.batch, in_flight).await?
         };
+        let all = records.len() < self.batch;
         let nothing = |settled| Prepared {
             batch: Vec::new(),
             settled,
+            all,
         };
         if records.is_empty() {
             return Ok(nothing(0));
@@ -215,7 +217,11 @@ impl OutboxProcessor {
             }
             batch = kept;
         }
-        Ok(Prepared { batch, settled })
+        Ok(Prepared {
+            batch,
+            settled,
+            all,
+        })
     }
 
     /// The categories of `batch`'s unkeyed publications that the broker
@@ -342,7 +348,9 @@ impl OutboxProcessor {
     }
 
     /// Publishes everything pending now as `producer`; stops at the first
-    /// broker error.
+    /// broker error. A read that finds less than a batch ends the drain
+    /// once that batch is published: what commits meanwhile waits for the
+    /// next drain.
     ///
     /// With a broker that pipelines publishes, the next batch is read,
     /// checked and handed over while up to two earlier ones are in
@@ -417,6 +425,23 @@ impl OutboxProcessor {
                 .map(Flight::first)
                 .fold(prepared.batch[0].seq, u64::min);
             in_flight.push_back(Flight::launch(self, producer, prepared.batch, floor).await);
+            if prepared.all {
+                // The read found less than a batch: it took everything
+                // pending. Reading again at once would find only what
+                // committed during this round trip, a record or two, each
+                // such batch paying the store's read and settle and a
+                // publish of its own (with a transactional outbox, work
+                // on the writers' database). The next drain reads what
+                // commits meanwhile as one batch. (A batch refused out of
+                // turn is read again at once.)
+                let launched: usize = in_flight.iter().map(|f| f.seqs.len()).sum();
+                let settled = self.finish_all(&mut in_flight).await?;
+                n += settled;
+                if settled >= launched {
+                    return Ok(n);
+                }
+                continue;
+            }
             if in_flight.len() > DEPTH {
                 n += self.finish_oldest(&mut in_flight).await?;
             }
@@ -522,6 +547,10 @@ struct Prepared {
     batch: Vec<Publication>,
     /// Records settled while preparing it (abandoned).
     settled: usize,
+    /// Whether the read found fewer records than a batch holds: every
+    /// record pending when it ran (and not in flight) is in this batch or
+    /// was settled.
+    all: bool,
 }
 
 /// A batch handed to the broker whose publish has not finished.

@@ -33,6 +33,9 @@ struct Piped {
     /// first poll (as a publish that sets up the connection a read then
     /// needs).
     opens: Option<Arc<tokio::sync::Semaphore>>,
+    /// Records committed to this store while the first publish is in
+    /// flight (as writers commit during a relay's round trip).
+    arrivals: Option<(Arc<MemoryOutbox>, usize)>,
 }
 
 impl Piped {
@@ -78,6 +81,11 @@ impl Broker for Piped {
         let behind = (now > 1).then(|| number - 1);
         Box::pin(async move {
             tokio::task::yield_now().await;
+            if let Some((store, n)) = &self.arrivals
+                && number == 0
+            {
+                store.append(envelopes(*n)).await.expect("append");
+            }
             if let Some(gate) = &self.opens {
                 gate.add_permits(1);
             }
@@ -176,6 +184,42 @@ async fn the_next_batch_is_handed_over_while_the_previous_one_is_in_flight() {
     assert_eq!(floors[2], firsts[0], "the first is still in flight");
     written_once_in_order(&broker, 2 * BATCH + 100);
     assert_eq!(store.stats().await.expect("stats").pending, 0);
+}
+
+/// A read that found less than a batch took everything pending: the
+/// drain publishes it and ends. What commits during that publish waits for
+/// the next drain, which takes it as one batch, rather than going out a
+/// record or two at a time, each batch paying a read, a publish and a
+/// settle of its own.
+#[tokio::test]
+async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came_meanwhile() {
+    let store = Arc::new(MemoryOutbox::new());
+    store.append(envelopes(100)).await.expect("append");
+    let broker = Arc::new(Piped {
+        arrivals: Some((store.clone(), 5)),
+        ..Piped::default()
+    });
+    let p = OutboxProcessor::new(
+        store.clone(),
+        broker.clone(),
+        PriorityLanesConfig::default(),
+        "e0",
+        Arc::new(Notify::new()),
+    );
+    assert_eq!(p.drain().await.expect("drained"), 100);
+    assert_eq!(
+        store.stats().await.expect("stats").pending,
+        5,
+        "what committed during the publish waits for the next drain"
+    );
+    assert_eq!(p.drain().await.expect("drained"), 5);
+    let sizes: Vec<usize> = broker
+        .calls
+        .lock()
+        .map(|c| c.iter().map(|(seqs, _)| seqs.len()).collect())
+        .unwrap_or_default();
+    assert_eq!(sizes, vec![100, 5], "one batch per drain");
+    written_once_in_order(&broker, 105);
 }
 
 #[tokio::test]
