@@ -116,6 +116,62 @@ async fn same_key_transactions_publish_in_commit_order_even_when_the_first_to_in
     assert_eq!(seqs(&env.stream("other").await), vec![0]);
 }
 
+/// A transaction raising for a key held by another takes no row id before
+/// it has the key's lock: ids are taken in lock order, so within a key id
+/// order is commit order. (Were the ids taken first, a waiting
+/// transaction's smaller id could commit after a larger one of the same
+/// key, and the relay, publishing by id, would reorder them.) Checked on
+/// the table's identity sequence, which moves outside transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_waiting_for_a_keys_lock_has_taken_no_row_id() {
+    let env = PgEnv::start();
+    let pool = env.pool().await;
+    env.outbox().await;
+    let d = publisher(env.config(), "writer");
+    // The last id the table's identity sequence gave (none yet: NULL).
+    let last_id = || async {
+        sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT pg_sequence_last_value(pg_get_serial_sequence('convoy_outbox', 'id')::regclass)",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("read the id sequence")
+    };
+    let mut t1 = pool.begin().await.expect("begin t1");
+    let mut uow = d.unit_of_work();
+    uow.raise(Posted::new("k", 1)).expect("raise");
+    uow.commit_in(&mut t1).await.expect("commit_in t1");
+    let taken = last_id().await;
+    assert!(taken.is_some(), "t1 took an id");
+    let t2 = tokio::spawn({
+        let d = d.clone();
+        let pool = pool.clone();
+        async move { commit_events(&d, &pool, &[Posted::new("k", 2)], true).await }
+    });
+    wait_until(WAIT, "t2 waits for the key's lock", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("pg_locks")
+            > 0
+    })
+    .await;
+    assert_eq!(
+        last_id().await,
+        taken,
+        "the waiting transaction took a row id before the key's lock"
+    );
+    t1.commit().await.expect("commit t1");
+    t2.await.expect("t2");
+    assert_eq!(
+        last_id().await,
+        taken.map(|id| id + 1),
+        "t2 took its id once it had the lock"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_concurrent_writers_over_few_keys_publish_each_key_in_commit_order() {
     let env = PgEnv::start();
