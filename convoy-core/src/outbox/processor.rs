@@ -519,9 +519,18 @@ impl OutboxProcessor {
         self.broker.recheck_published().await;
     }
 
-    /// The last publish of a stopping relay: what is pending, for up to 5 s.
+    /// The last publish of a stopping relay: what is pending, for up to 5 s,
+    /// including what commits meanwhile (drain after drain, until one
+    /// finds nothing).
     pub(crate) async fn final_drain(&self, producer: &Producer) {
-        match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
+        let drains = async {
+            loop {
+                if self.drain_as(producer).await? == 0 {
+                    return Ok::<(), Error>(());
+                }
+            }
+        };
+        match tokio::time::timeout(FINAL_DRAIN, drains).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %chain(&e), "outbox records stay pending at shutdown")

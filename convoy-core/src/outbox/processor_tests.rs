@@ -222,6 +222,28 @@ async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came
     written_once_in_order(&broker, 105);
 }
 
+/// A stopping relay's last publish takes what commits while it publishes
+/// too: drain after drain until one finds nothing.
+#[tokio::test]
+async fn the_final_drain_publishes_what_commits_meanwhile() {
+    let store = Arc::new(MemoryOutbox::new());
+    store.append(envelopes(100)).await.expect("append");
+    let broker = Arc::new(Piped {
+        arrivals: Some((store.clone(), 5)),
+        ..Piped::default()
+    });
+    let p = OutboxProcessor::new(
+        store.clone(),
+        broker.clone(),
+        PriorityLanesConfig::default(),
+        "e0",
+        Arc::new(Notify::new()),
+    );
+    p.final_drain(&p.single()).await;
+    assert_eq!(store.stats().await.expect("stats").pending, 0);
+    written_once_in_order(&broker, 105);
+}
+
 #[tokio::test]
 async fn a_failed_batch_stops_the_pipeline_and_everything_goes_out_again_in_order() {
     let broker = Arc::new(Piped::default());
