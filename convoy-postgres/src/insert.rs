@@ -64,7 +64,7 @@ pub(super) async fn insert(
         })?);
         raised.push(i64::try_from(e.time_ms).unwrap_or(i64::MAX));
     }
-    let first = if notify {
+    let filter = if notify {
         // The shared *flush* lock too, held until the transaction ends: the
         // relay going idle waits for this transaction if it skips its
         // notification (see `crate::pace`). The relay holds it exclusively
@@ -92,7 +92,7 @@ pub(super) async fn insert(
         "INSERT INTO {} (category, partition_key, envelope, raised_ms)
          SELECT c, k, e, r FROM unnest($1::text[], $2::bytea[], $3::text[], $4::bigint[])
              WITH ORDINALITY AS u(c, k, e, r, n)
-         WHERE {first}
+         WHERE {filter}
          ORDER BY n",
         tables.qualified
     );
