@@ -186,13 +186,9 @@ async fn the_next_batch_is_handed_over_while_the_previous_one_is_in_flight() {
     assert_eq!(store.stats().await.expect("stats").pending, 0);
 }
 
-/// A read that found less than a batch took everything pending: the
-/// drain publishes it and ends. What commits during that publish waits for
-/// the next drain, which takes it as one batch, rather than going out a
-/// record or two at a time, each batch paying a read, a publish and a
-/// settle of its own.
-#[tokio::test]
-async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came_meanwhile() {
+/// A processor of a memory outbox holding 100 records, whose broker
+/// commits 5 more while its first publish is in flight.
+async fn with_arrivals() -> (OutboxProcessor, Arc<MemoryOutbox>, Arc<Piped>) {
     let store = Arc::new(MemoryOutbox::new());
     store.append(envelopes(100)).await.expect("append");
     let broker = Arc::new(Piped {
@@ -206,6 +202,17 @@ async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came
         "e0",
         Arc::new(Notify::new()),
     );
+    (p, store, broker)
+}
+
+/// A read that found less than a batch took everything pending: the
+/// drain publishes it and ends. What commits during that publish waits for
+/// the next drain, which takes it as one batch, rather than going out a
+/// record or two at a time, each batch paying a read, a publish and a
+/// settle of its own.
+#[tokio::test]
+async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came_meanwhile() {
+    let (p, store, broker) = with_arrivals().await;
     assert_eq!(p.drain().await.expect("drained"), 100);
     assert_eq!(
         store.stats().await.expect("stats").pending,
@@ -226,19 +233,7 @@ async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came
 /// too: drain after drain until one finds nothing.
 #[tokio::test]
 async fn the_final_drain_publishes_what_commits_meanwhile() {
-    let store = Arc::new(MemoryOutbox::new());
-    store.append(envelopes(100)).await.expect("append");
-    let broker = Arc::new(Piped {
-        arrivals: Some((store.clone(), 5)),
-        ..Piped::default()
-    });
-    let p = OutboxProcessor::new(
-        store.clone(),
-        broker.clone(),
-        PriorityLanesConfig::default(),
-        "e0",
-        Arc::new(Notify::new()),
-    );
+    let (p, store, broker) = with_arrivals().await;
     p.final_drain(&p.single()).await;
     assert_eq!(store.stats().await.expect("stats").pending, 0);
     written_once_in_order(&broker, 105);
