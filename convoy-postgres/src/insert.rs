@@ -110,10 +110,10 @@ pub(super) async fn insert(
             .bind(&tables.channel)
             .bind(tables.busy_lock);
     }
-    let done = query.execute(&mut *conn).await.map_err(missing_table(
-        &tables.qualified,
-        ctx("locking the partition keys, notifying the relay and inserting the rows"),
-    ))?;
+    let done = query
+        .execute(&mut *conn)
+        .await
+        .map_err(missing_table(&tables.qualified, ctx("inserting the rows")))?;
     // The filter holds for every row; a statement that wrote fewer would
     // lose events with the caller's commit.
     if done.rows_affected() != envelopes.len() as u64 {

@@ -85,9 +85,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Up to `limit` pending records, the oldest first: every pending
     /// record of a partition key comes after the ones of that key that
     /// committed before it, and nothing pending is below the first. Fewer
-    /// than `limit` means nothing else was pending: the processor then
-    /// publishes them and waits for the next commit (or poll) before it
-    /// reads again.
+    /// than `limit` means nothing else was pending (a busy relay then
+    /// reads again a millisecond later, not at once).
     fn pending(&self, limit: usize) -> BoxFuture<'_, Result<Vec<OutboxRecord>, Error>>;
     /// [`OutboxStore::pending`], leaving out the records `in_flight` (their
     /// seqs, sorted: a batch the processor is still publishing). The

@@ -348,9 +348,7 @@ impl OutboxProcessor {
     }
 
     /// Publishes everything pending now as `producer`; stops at the first
-    /// broker error. A read that finds less than a batch ends the drain
-    /// once that batch is published: what commits meanwhile waits for the
-    /// next drain.
+    /// broker error.
     ///
     /// With a broker that pipelines publishes, the next batch is read,
     /// checked and handed over while up to two earlier ones are in
@@ -361,6 +359,22 @@ impl OutboxProcessor {
     /// what they wrote and the pipeline stops, and the rest goes out again
     /// in order.
     pub async fn drain_as(&self, producer: &Producer) -> Result<usize, Error> {
+        self.drain_with(producer, false).await
+    }
+
+    /// [`drain_as`](Self::drain_as) for a publisher that reads again within
+    /// a millisecond anyway (the relay while busy): a read that finds less
+    /// than a batch took everything pending, and ends the drain once that
+    /// batch is published. Reading again at once would find only what
+    /// committed during that round trip, a record or two, each such batch
+    /// paying the store's read and settle and a publish of its own (with a
+    /// transactional outbox, work on the writers' database); the next read
+    /// takes what commits meanwhile as one batch.
+    pub(crate) async fn drain_coalescing(&self, producer: &Producer) -> Result<usize, Error> {
+        self.drain_with(producer, true).await
+    }
+
+    async fn drain_with(&self, producer: &Producer, coalesce: bool) -> Result<usize, Error> {
         let mut n = 0;
         if !self.broker.pipelines_publishes() {
             loop {
@@ -425,15 +439,10 @@ impl OutboxProcessor {
                 .map(Flight::first)
                 .fold(prepared.batch[0].seq, u64::min);
             in_flight.push_back(Flight::launch(self, producer, prepared.batch, floor).await);
-            if prepared.all {
-                // The read found less than a batch: it took everything
-                // pending. Reading again at once would find only what
-                // committed during this round trip, a record or two, each
-                // such batch paying the store's read and settle and a
-                // publish of its own (with a transactional outbox, work
-                // on the writers' database). The next drain reads what
-                // commits meanwhile as one batch. (A batch refused out of
-                // turn is read again at once.)
+            if coalesce && prepared.all {
+                // The read took everything pending (see
+                // `drain_coalescing`); a batch refused out of turn is read
+                // again at once.
                 let launched: usize = in_flight.iter().map(|f| f.seqs.len()).sum();
                 let settled = self.finish_all(&mut in_flight).await?;
                 n += settled;
@@ -520,17 +529,9 @@ impl OutboxProcessor {
     }
 
     /// The last publish of a stopping relay: what is pending, for up to 5 s,
-    /// including what commits meanwhile (drain after drain, until one
-    /// finds nothing).
+    /// including what commits meanwhile (until a read finds nothing).
     pub(crate) async fn final_drain(&self, producer: &Producer) {
-        let drains = async {
-            loop {
-                if self.drain_as(producer).await? == 0 {
-                    return Ok::<(), Error>(());
-                }
-            }
-        };
-        match tokio::time::timeout(FINAL_DRAIN, drains).await {
+        match tokio::time::timeout(FINAL_DRAIN, self.drain_as(producer)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %chain(&e), "outbox records stay pending at shutdown")

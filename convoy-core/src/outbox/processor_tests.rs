@@ -205,21 +205,23 @@ async fn with_arrivals() -> (OutboxProcessor, Arc<MemoryOutbox>, Arc<Piped>) {
     (p, store, broker)
 }
 
-/// A read that found less than a batch took everything pending: the
-/// drain publishes it and ends. What commits during that publish waits for
+/// A coalescing drain (the relay while busy, reading again within a
+/// millisecond): a read that found less than a batch took everything
+/// pending, and the drain publishes it and ends. What commits during that publish waits for
 /// the next drain, which takes it as one batch, rather than going out a
 /// record or two at a time, each batch paying a read, a publish and a
 /// settle of its own.
 #[tokio::test]
 async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came_meanwhile() {
     let (p, store, broker) = with_arrivals().await;
-    assert_eq!(p.drain().await.expect("drained"), 100);
+    let producer = p.single();
+    assert_eq!(p.drain_coalescing(&producer).await.expect("drained"), 100);
     assert_eq!(
         store.stats().await.expect("stats").pending,
         5,
         "what committed during the publish waits for the next drain"
     );
-    assert_eq!(p.drain().await.expect("drained"), 5);
+    assert_eq!(p.drain_coalescing(&producer).await.expect("drained"), 5);
     let sizes: Vec<usize> = broker
         .calls
         .lock()
@@ -229,12 +231,14 @@ async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came
     written_once_in_order(&broker, 105);
 }
 
-/// A stopping relay's last publish takes what commits while it publishes
-/// too: drain after drain until one finds nothing.
+/// Without coalescing (a publisher that nothing may wake soon: a store
+/// whose commits do not notify, a stopping relay's last publish), a drain
+/// reads until a read finds nothing, so what commits while it publishes
+/// goes out in the same drain.
 #[tokio::test]
-async fn the_final_drain_publishes_what_commits_meanwhile() {
+async fn a_drain_that_does_not_coalesce_takes_what_commits_meanwhile() {
     let (p, store, broker) = with_arrivals().await;
-    p.final_drain(&p.single()).await;
+    assert_eq!(p.drain().await.expect("drained"), 105);
     assert_eq!(store.stats().await.expect("stats").pending, 0);
     written_once_in_order(&broker, 105);
 }

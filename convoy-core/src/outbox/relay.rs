@@ -66,8 +66,9 @@ impl Pace {
     /// commits that skipped their notification.
     const START: Pace = Pace::Settling { tries: 0 };
 
-    /// After a read of `published` records (the outbox was empty at its
-    /// end): the next pace, and how long to wait before reading again.
+    /// After a drain that published `published` records (its last read
+    /// found nothing, or, busy, less than a batch): the next pace, and how
+    /// long to wait before reading again.
     /// Idle is reached from busy only through settling and a last look, so
     /// a commit that skipped its notification is never left to the poll.
     async fn next(self, published: usize, store: &dyn OutboxStore) -> (Pace, Duration) {
@@ -300,7 +301,17 @@ pub(crate) async fn publish(
             }
         }
         let notified = processor.wake().notified();
-        let drained = keeping_busy(pace, store.as_ref(), processor.drain_as(producer)).await;
+        // Busy, it reads again within a millisecond: a read that took
+        // everything ends the drain, and the next takes what commits
+        // meanwhile as one batch. Otherwise nothing may wake it soon (a
+        // store whose commits do not notify), so it drains until a read
+        // finds nothing.
+        let drain: BoxFuture<'_, Result<usize, Error>> = if matches!(pace, Pace::Busy { .. }) {
+            Box::pin(processor.drain_coalescing(producer))
+        } else {
+            Box::pin(processor.drain_as(producer))
+        };
+        let drained = keeping_busy(pace, store.as_ref(), drain).await;
         let wait = match drained {
             Ok(published) => {
                 backoff.reset();
