@@ -362,19 +362,19 @@ impl OutboxProcessor {
         self.drain_with(producer, false).await
     }
 
-    /// [`drain_as`](Self::drain_as) for a publisher that reads again within
-    /// a millisecond anyway (the relay while busy): a read that finds less
-    /// than a batch took everything pending, and ends the drain once that
-    /// batch is published. Reading again at once would find only what
-    /// committed during that round trip, a record or two, each such batch
-    /// paying the store's read and settle and a publish of its own (with a
-    /// transactional outbox, work on the writers' database); the next read
-    /// takes what commits meanwhile as one batch.
-    pub(crate) async fn drain_coalescing(&self, producer: &Producer) -> Result<usize, Error> {
-        self.drain_with(producer, true).await
-    }
-
-    async fn drain_with(&self, producer: &Producer, coalesce: bool) -> Result<usize, Error> {
+    /// [`drain_as`](Self::drain_as); with `coalesce`, for a publisher that
+    /// reads again within a millisecond anyway (the relay while busy), a
+    /// read that finds less than a batch took everything pending, and ends
+    /// the drain once that batch is published. Reading again at once would
+    /// find only what committed during that round trip, a record or two,
+    /// each such batch paying the store's read and settle and a publish of
+    /// its own (with a transactional outbox, work on the writers'
+    /// database); the next read takes what commits meanwhile as one batch.
+    pub(crate) async fn drain_with(
+        &self,
+        producer: &Producer,
+        coalesce: bool,
+    ) -> Result<usize, Error> {
         let mut n = 0;
         if !self.broker.pipelines_publishes() {
             loop {
@@ -440,9 +440,8 @@ impl OutboxProcessor {
                 .fold(prepared.batch[0].seq, u64::min);
             in_flight.push_back(Flight::launch(self, producer, prepared.batch, floor).await);
             if coalesce && prepared.all {
-                // The read took everything pending (see
-                // `drain_coalescing`); a batch refused out of turn is read
-                // again at once.
+                // The read took everything pending (see `drain_with`); a
+                // batch refused out of turn is read again at once.
                 let launched: usize = in_flight.iter().map(|f| f.seqs.len()).sum();
                 let settled = self.finish_all(&mut in_flight).await?;
                 n += settled;

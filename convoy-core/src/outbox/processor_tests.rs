@@ -207,21 +207,21 @@ async fn with_arrivals() -> (OutboxProcessor, Arc<MemoryOutbox>, Arc<Piped>) {
 
 /// A coalescing drain (the relay while busy, reading again within a
 /// millisecond): a read that found less than a batch took everything
-/// pending, and the drain publishes it and ends. What commits during that publish waits for
-/// the next drain, which takes it as one batch, rather than going out a
-/// record or two at a time, each batch paying a read, a publish and a
-/// settle of its own.
+/// pending, and the drain publishes it and ends. What commits during that
+/// publish waits for the next drain, which takes it as one batch, rather
+/// than going out a record or two at a time, each batch paying a read, a
+/// publish and a settle of its own.
 #[tokio::test]
 async fn a_read_of_less_than_a_batch_ends_the_drain_and_the_next_takes_what_came_meanwhile() {
     let (p, store, broker) = with_arrivals().await;
     let producer = p.single();
-    assert_eq!(p.drain_coalescing(&producer).await.expect("drained"), 100);
+    assert_eq!(p.drain_with(&producer, true).await.expect("drained"), 100);
     assert_eq!(
         store.stats().await.expect("stats").pending,
         5,
         "what committed during the publish waits for the next drain"
     );
-    assert_eq!(p.drain_coalescing(&producer).await.expect("drained"), 5);
+    assert_eq!(p.drain_with(&producer, true).await.expect("drained"), 5);
     let sizes: Vec<usize> = broker
         .calls
         .lock()

@@ -306,11 +306,8 @@ pub(crate) async fn publish(
         // meanwhile as one batch. Otherwise nothing may wake it soon (a
         // store whose commits do not notify), so it drains until a read
         // finds nothing.
-        let drain: BoxFuture<'_, Result<usize, Error>> = if matches!(pace, Pace::Busy { .. }) {
-            Box::pin(processor.drain_coalescing(producer))
-        } else {
-            Box::pin(processor.drain_as(producer))
-        };
+        let busy = matches!(pace, Pace::Busy { .. });
+        let drain = processor.drain_with(producer, busy);
         let drained = keeping_busy(pace, store.as_ref(), drain).await;
         let wait = match drained {
             Ok(published) => {
