@@ -37,6 +37,13 @@ async fn child_engine() {
         .expect("engine");
 }
 
+/// One test's cluster at a time. Their engines run on 2 s leases and
+/// their failovers on a 2 s node timeout; two clusters of up to six
+/// `redis-server`s with their engines, on a machine of two cores, starve
+/// one another of the time those timings assume, and a late heartbeat
+/// lapses a lease the test says must hold.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The tests' fast timings, on the cluster.
 fn cluster_config(url: &str) -> Config {
     test_config(url)
@@ -132,6 +139,7 @@ fn keys_per_master(cluster: &RedisCluster) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_master() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -175,6 +183,7 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_cluster() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -211,25 +220,23 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
     handled_in_order(&rec, &expected, 6).await;
     b.cont().expect("SIGCONT");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    handled_in_order(&rec, &expected, 6).await;
     // The stalled owner started nothing of its keys after it was stopped
-    // (at the generation it held then).
+    // (at the generation it held then); the record of the event it had in
+    // flight, if it came late, is left out of the order check.
     let b_seen = Recorder::new(&record.url(), "crash-b").expect("recorder");
-    for (key, label) in &stalled {
-        for w in b_seen
-            .windows_of(key)
-            .await
-            .expect("windows")
-            .iter()
-            .filter(|w| &w.instance == label)
-        {
-            assert!(
-                w.start_us < stopped_at_us,
-                "stalled owner {label} started {} after it was stopped",
-                w.event
-            );
-        }
-    }
+    let mut seen = rec.seen_all().await.expect("seen");
+    let labels: Vec<(&str, &str)> = stalled
+        .iter()
+        .map(|(k, l)| (k.as_str(), l.as_str()))
+        .collect();
+    let late = set_aside_stalled_in_flight(&mut seen, &b_seen, &labels, "b", stopped_at_us).await;
+    check_order(&expected, &seen, 6).expect("order, nothing lost");
+    let overlaps = late.other_overlaps(rec.violations().await.expect("violations"));
+    assert_eq!(
+        overlaps,
+        Vec::<String>::new(),
+        "two events of one key ran at once"
+    );
     // Every key changed hands: no lease is still a's, or b's stale one (b
     // may own keys again after it resumed, at newer generations).
     for k in 0..6 {
@@ -243,6 +250,7 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 1).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -284,6 +292,7 @@ async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() 
 /// elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
+    let _one = ONE_CLUSTER.lock().await;
     let mut cluster = RedisCluster::start(3, 1).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -341,6 +350,7 @@ async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let node = cluster.node_urls()[0].clone();
     let p = publisher(cluster_config(&node), "p");
@@ -351,6 +361,7 @@ async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -392,6 +403,7 @@ async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_it() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 1).expect("cluster");
     let mut config = cluster_config(&cluster.url());
     config.broker.wait_replicas = 1;
@@ -421,6 +433,7 @@ async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cluster() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -493,6 +506,7 @@ async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lanes_and_reaping_work_on_a_cluster() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -554,6 +568,7 @@ async fn lanes_and_reaping_work_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_a_cluster_url_reach_every_node_and_the_least_privilege_rule_suffices() {
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     // The least-privilege user of `convoy acl ledger`, on every node.
