@@ -37,13 +37,6 @@ async fn child_engine() {
         .expect("engine");
 }
 
-/// One test's cluster at a time. Their engines run on 2 s leases and
-/// their failovers on a 2 s node timeout; two clusters of up to six
-/// `redis-server`s with their engines, on a machine of two cores, starve
-/// one another of the time those timings assume, and a late heartbeat
-/// lapses a lease the test says must hold.
-static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// The tests' fast timings, on the cluster.
 fn cluster_config(url: &str) -> Config {
     test_config(url)
@@ -139,7 +132,6 @@ fn keys_per_master(cluster: &RedisCluster) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_master() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -183,7 +175,6 @@ async fn three_engines_keep_per_key_order_without_overlap_and_spread_over_every_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_cluster() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -250,7 +241,6 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 1).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -292,8 +282,16 @@ async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() 
 /// elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
-    let _one = ONE_CLUSTER.lock().await;
-    let mut cluster = RedisCluster::start(3, 1).expect("cluster");
+    // With Redis's default `cluster-require-full-coverage yes`, every
+    // master refuses every command (CLUSTERDOWN) from the moment the
+    // victim is counted as failed until its replica is promoted: under load
+    // that can outlast the lease, and units on every master lapse. Only
+    // with `no` do the other masters go on serving, which is what this test
+    // is about (docs/redis-cluster.md tells operators so).
+    let mut cluster = RedisCluster::builder(3, 1)
+        .require_full_coverage(false)
+        .start()
+        .expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
     let rec = Recorder::new(&record.url(), "one-master").expect("recorder");
@@ -350,7 +348,6 @@ async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let node = cluster.node_urls()[0].clone();
     let p = publisher(cluster_config(&node), "p");
@@ -361,7 +358,6 @@ async fn a_single_node_url_pointed_at_a_cluster_node_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -403,7 +399,6 @@ async fn generations_never_repeat_when_a_unit_s_state_is_lost_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_it() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 1).expect("cluster");
     let mut config = cluster_config(&cluster.url());
     config.broker.wait_replicas = 1;
@@ -433,7 +428,6 @@ async fn with_wait_replicas_an_event_leaves_the_outbox_only_once_a_replica_has_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cluster() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -506,7 +500,6 @@ async fn a_halted_partition_is_listed_skipped_dead_lettered_and_replayed_on_a_cl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lanes_and_reaping_work_on_a_cluster() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
@@ -568,7 +561,6 @@ async fn lanes_and_reaping_work_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_a_cluster_url_reach_every_node_and_the_least_privilege_rule_suffices() {
-    let _one = ONE_CLUSTER.lock().await;
     let cluster = RedisCluster::start(3, 0).expect("cluster");
     let record = RedisServer::start().expect("record redis");
     // The least-privilege user of `convoy acl ledger`, on every node.

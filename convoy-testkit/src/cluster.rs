@@ -63,6 +63,7 @@ pub struct RedisClusterBuilder {
     kind: Option<ServerKind>,
     fsync_always: bool,
     node_timeout_ms: u64,
+    full_coverage: bool,
 }
 
 impl RedisClusterBuilder {
@@ -89,6 +90,16 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// `cluster-require-full-coverage` on every node (default `true`, as
+    /// Redis's own default). With `true`, once a master is counted as
+    /// failed every node refuses every command (`CLUSTERDOWN`) until its
+    /// replica is promoted; with `false` the other masters go on serving
+    /// their slots meanwhile.
+    pub fn require_full_coverage(mut self, on: bool) -> Self {
+        self.full_coverage = on;
+        self
+    }
+
     /// One node of the cluster. Its bus port is taken with its client
     /// port: when either turns out to be taken (another test's server
     /// bound it between our look and our bind), both are picked again.
@@ -105,7 +116,9 @@ impl RedisClusterBuilder {
                 .arg("--cluster-port")
                 .arg(bus.to_string())
                 .arg("--cluster-node-timeout")
-                .arg(self.node_timeout_ms.to_string());
+                .arg(self.node_timeout_ms.to_string())
+                .arg("--cluster-require-full-coverage")
+                .arg(if self.full_coverage { "yes" } else { "no" });
             node = if self.fsync_always {
                 node.append_only(true)
             } else {
@@ -246,6 +259,7 @@ impl RedisCluster {
             kind: None,
             fsync_always: false,
             node_timeout_ms: 2000,
+            full_coverage: true,
         }
     }
 
