@@ -368,13 +368,11 @@ async fn leases(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_that_fails_in_one_shard_holds_up_no_other() {
     let _ = observe();
-    let mut cluster = RedisCluster::start(3, 0).expect("cluster");
     // The other masters go on serving their slots while one is down.
-    for i in 0..cluster.nodes().len() {
-        cluster
-            .cli(i, &["CONFIG", "SET", "cluster-require-full-coverage", "no"])
-            .expect("CONFIG SET");
-    }
+    let mut cluster = RedisCluster::builder(3, 0)
+        .require_full_coverage(false)
+        .start()
+        .expect("cluster");
     let record = RedisServer::start().expect("record redis");
     let url = cluster.url();
     let rec = Recorder::new(&record.url(), "one-shard").expect("recorder");

@@ -187,6 +187,16 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
         seen_count(&rec).await >= 40
     })
     .await;
+    a.kill9().expect("kill -9");
+    b.stop().expect("SIGSTOP");
+    let stopped_at_us = {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        t.as_micros() as u64
+    };
+    // The keys b holds as it stops (read now: neither engine can take a key
+    // any more, and no other engine runs yet).
     let mut c = cluster_conn(&cluster).await;
     let mut stalled = BTreeMap::new();
     for k in 0..6 {
@@ -197,14 +207,6 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
             stalled.insert(key, t.replace(':', "@"));
         }
     }
-    a.kill9().expect("kill -9");
-    b.stop().expect("SIGSTOP");
-    let stopped_at_us = {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock");
-        t.as_micros() as u64
-    };
     let d = spawn_engine(&url, &record.url(), "crash", "d", 20);
     let expected = published(&events);
     // At-least-once: the event each key had in flight may run again.
@@ -220,7 +222,8 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
         .iter()
         .map(|(k, l)| (k.as_str(), l.as_str()))
         .collect();
-    let late = set_aside_stalled_in_flight(&mut seen, &b_seen, &labels, "b", stopped_at_us).await;
+    let late =
+        set_aside_stalled_in_flight(&mut seen, &rec, &b_seen, &labels, "b", stopped_at_us).await;
     check_order(&expected, &seen, 6).expect("order, nothing lost");
     let overlaps = late.other_overlaps(rec.violations().await.expect("violations"));
     assert_eq!(
@@ -283,7 +286,7 @@ async fn a_master_failover_mid_run_loses_nothing_acknowledged_and_keeps_order() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_failover_lapses_only_the_units_of_its_own_shards() {
     // With Redis's default `cluster-require-full-coverage yes`, every
-    // master refuses every command (CLUSTERDOWN) from the moment the
+    // node refuses every command on keys (CLUSTERDOWN) from the moment the
     // victim is counted as failed until its replica is promoted: under load
     // that can outlast the lease, and units on every master lapse. Only
     // with `no` do the other masters go on serving, which is what this test

@@ -185,7 +185,8 @@ async fn stalled_owner_is_fenced_out() {
     }
     let mut seen = rec.seen_all().await.expect("seen");
     let stalled: Vec<(&str, &str)> = stale.iter().map(|(k, l)| (*k, l.as_str())).collect();
-    let late = set_aside_stalled_in_flight(&mut seen, &a_seen, &stalled, "a", stopped_at).await;
+    let late =
+        set_aside_stalled_in_flight(&mut seen, &rec, &a_seen, &stalled, "a", stopped_at).await;
     check_order(&published(&events), &seen, 3).expect("order and no loss");
     // Overlaps, but for that late record of a stale in-flight event.
     let overlaps = late.other_overlaps(rec.violations().await.expect("violations"));

@@ -377,20 +377,26 @@ impl LateInFlight {
 /// late record out of `seen`.
 ///
 /// `stalled` lists each key with the label (`instance@generation`) the
-/// owner held it at when it was stopped at `stopped_at_us` (host clock);
-/// `per_instance` is its own recorder ([`child_recording`]'s
-/// `{ns}-{instance}`). At that generation the owner must have started no
-/// event after the stop: its fenced read was refused or its local deadline
-/// had passed. It may still finish the one event it had dispatched before
-/// the stop (effects outside the fenced acknowledgement are the handler's
-/// to fence). Stopped between that dispatch and the handler's first line, it
-/// reaches the shared recorder only once resumed, after its successor
-/// re-ran that event and went on: that late record is left out of `seen`
-/// (the successor's run stays in), and the overlap lines it explains are
-/// returned. A successor's run comes first, so the event appears twice with
-/// others between.
+/// owner held it at when it was stopped at `stopped_at_us` (µs since the
+/// epoch, of the host's clock or of a Redis on the same host); `shared` is
+/// the recorder `seen` was read from, where the owner records as
+/// `instance`, and `per_instance` its own recorder ([`child_recording`]'s
+/// `{ns}-{instance}`, whose windows start at the engine's dispatch).
+///
+/// At that generation the owner must have started no event after the
+/// stop: its fenced read was refused or its local deadline had passed. It
+/// may still finish the one event it had dispatched before the stop
+/// (effects outside the fenced acknowledgement are the handler's to
+/// fence). Stopped between that dispatch and the handler's first line, it
+/// reaches `shared` only once resumed, after its successor re-ran that
+/// event and went on. That late record, and only it, is left out of `seen`
+/// (the successor's run stays in): the owner's last dispatched event, run
+/// by it once in all, recorded in `shared` by `instance` after the stop,
+/// after an earlier record of the same event. The overlap lines it explains
+/// are returned.
 pub async fn set_aside_stalled_in_flight(
     seen: &mut BTreeMap<String, Vec<String>>,
+    shared: &Recorder,
     per_instance: &Recorder,
     stalled: &[(&str, &str)],
     instance: &str,
@@ -407,18 +413,38 @@ pub async fn set_aside_stalled_in_flight(
                 w.event
             );
         }
-        let last = mine.iter().max_by_key(|w| w.start_us).map(|w| &w.event);
-        if let (Some(event), Some(list)) = (last, seen.get_mut(key)) {
-            let at: Vec<usize> = (0..list.len()).filter(|&i| &list[i] == event).collect();
-            if let [first, later] = at[..]
-                && later > first + 1
-            {
-                list.remove(later);
-                late.lines.push((
-                    format!("instance {instance} entered event {event} for key {key} "),
-                    format!(" for key {key} while instance {instance} was in event {event}"),
-                ));
-            }
+        let Some(event) = mine.iter().max_by_key(|w| w.start_us).map(|w| &w.event) else {
+            continue;
+        };
+        // Run by the owner once in all (at no other generation either).
+        if windows.iter().filter(|w| &w.event == event).count() != 1 {
+            continue;
+        }
+        let Some(list) = seen.get_mut(key) else {
+            continue;
+        };
+        // `shared`'s windows of the key, in the order of its seen list (one
+        // script appends to both).
+        let entered = shared.windows_of(key).await.expect("windows");
+        assert_eq!(
+            entered.len(),
+            list.len(),
+            "one window per record of {key} in the shared recorder"
+        );
+        let at: Vec<usize> = (0..list.len()).filter(|&i| &list[i] == event).collect();
+        let late_at: Vec<usize> = at
+            .iter()
+            .copied()
+            .filter(|&i| entered[i].instance == instance && entered[i].start_us >= stopped_at_us)
+            .collect();
+        if let [i] = late_at[..]
+            && at.first().is_some_and(|&first| first < i)
+        {
+            list.remove(i);
+            late.lines.push((
+                format!("instance {instance} entered event {event} for key {key} "),
+                format!(" for key {key} while instance {instance} was in event {event}"),
+            ));
         }
     }
     late
