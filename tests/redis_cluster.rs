@@ -217,13 +217,12 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
     // (at the generation it held then); the record of the event it had in
     // flight, if it came late, is left out of the order check.
     let b_seen = Recorder::new(&record.url(), "crash-b").expect("recorder");
-    let mut seen = rec.seen_all().await.expect("seen");
     let labels: Vec<(&str, &str)> = stalled
         .iter()
         .map(|(k, l)| (k.as_str(), l.as_str()))
         .collect();
-    let late =
-        set_aside_stalled_in_flight(&mut seen, &rec, &b_seen, &labels, "b", stopped_at_us).await;
+    let (seen, late) =
+        seen_without_stalled_in_flight(&rec, &b_seen, &labels, "b", stopped_at_us).await;
     check_order(&expected, &seen, 6).expect("order, nothing lost");
     let overlaps = late.other_overlaps(rec.violations().await.expect("violations"));
     assert_eq!(

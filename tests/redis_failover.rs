@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use convoy_runtime::Priority;
-use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, check_order};
+use convoy_runtime::testing::{ChildEngine, Recorder, RedisServer, Window, check_order};
 use redis::AsyncCommands;
 use support::*;
 
@@ -183,10 +183,9 @@ async fn stalled_owner_is_fenced_out() {
             "a handled {key} as {label}"
         );
     }
-    let mut seen = rec.seen_all().await.expect("seen");
     let stalled: Vec<(&str, &str)> = stale.iter().map(|(k, l)| (*k, l.as_str())).collect();
-    let late =
-        set_aside_stalled_in_flight(&mut seen, &rec, &a_seen, &stalled, "a", stopped_at).await;
+    let (seen, late) =
+        seen_without_stalled_in_flight(&rec, &a_seen, &stalled, "a", stopped_at).await;
     check_order(&published(&events), &seen, 3).expect("order and no loss");
     // Overlaps, but for that late record of a stale in-flight event.
     let overlaps = late.other_overlaps(rec.violations().await.expect("violations"));
@@ -202,4 +201,39 @@ async fn stalled_owner_is_fenced_out() {
     );
     drop(a);
     drop(b);
+}
+
+/// The late record a stalled owner may leave: only its own entry of the
+/// event after the stop, behind its successor's run of it. Another
+/// instance's repeat of the event, an entry before the stop, or a first
+/// entry are never taken out of the order check.
+#[test]
+fn only_a_stalled_owner_s_late_in_flight_record_is_set_aside() {
+    let w = |event: &str, instance: &str, start_us: u64| Window {
+        start_us,
+        end_us: start_us + 1,
+        event: event.to_owned(),
+        instance: instance.to_owned(),
+    };
+    let stop = 100;
+    // b dispatched c#1 before the stop and recorded it after d went on.
+    let late = [
+        w("c#0", "b", 10),
+        w("c#1", "d", 200),
+        w("c#2", "d", 210),
+        w("c#1", "b", 300),
+    ];
+    assert_eq!(late_record(&late, "c#1", "b", stop), Some(3));
+    // d running c#1 again after c#2 is a broken replay, not b's record.
+    let rerun = [w("c#1", "b", 10), w("c#2", "d", 200), w("c#1", "d", 300)];
+    assert_eq!(late_record(&rerun, "c#1", "b", stop), None);
+    // b's entry before the stop is on time.
+    let on_time = [w("c#1", "d", 50), w("c#2", "d", 60), w("c#1", "b", 90)];
+    assert_eq!(late_record(&on_time, "c#1", "b", stop), None);
+    // b's only entry of c#1, with nobody's before it, is its first run.
+    let first = [w("c#0", "d", 200), w("c#1", "b", 300)];
+    assert_eq!(late_record(&first, "c#1", "b", stop), None);
+    // Two late entries by b: not the one allowed record.
+    let twice = [w("c#1", "d", 200), w("c#1", "b", 300), w("c#1", "b", 310)];
+    assert_eq!(late_record(&twice, "c#1", "b", stop), None);
 }

@@ -92,9 +92,9 @@ impl RedisClusterBuilder {
 
     /// `cluster-require-full-coverage` on every node (default `true`, as
     /// Redis's own default). With `true`, once a master is counted as
-    /// failed every node refuses every command on keys (`CLUSTERDOWN`) until its
-    /// replica is promoted; with `false` the other masters go on serving
-    /// their slots meanwhile.
+    /// failed every node refuses every command on keys (`CLUSTERDOWN`)
+    /// until its replica is promoted; with `false` the other masters go on
+    /// serving their slots meanwhile.
     pub fn require_full_coverage(mut self, on: bool) -> Self {
         self.full_coverage = on;
         self

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use convoy_runtime::testing::Recorder;
+use convoy_runtime::testing::{Recorder, Window};
 use convoy_runtime::{
     Aggregate, Config, Context, Domain, EngineHandle, Event, HandlerError, Priority, event_handler,
 };
@@ -373,15 +373,16 @@ impl LateInFlight {
     }
 }
 
-/// Checks what a stalled owner did with its keys and takes its one allowed
-/// late record out of `seen`.
+/// What `shared` saw ([`Recorder::seen_all`]) after checking what a
+/// stalled owner did with its keys, with its one allowed late record left
+/// out.
 ///
 /// `stalled` lists each key with the label (`instance@generation`) the
 /// owner held it at when it was stopped at `stopped_at_us` (µs since the
-/// epoch, of the host's clock or of a Redis on the same host); `shared` is
-/// the recorder `seen` was read from, where the owner records as
-/// `instance`, and `per_instance` its own recorder ([`child_recording`]'s
-/// `{ns}-{instance}`, whose windows start at the engine's dispatch).
+/// epoch, of the host's clock or of a Redis on the same host); in `shared`
+/// the owner records as `instance`, and `per_instance` is its own recorder
+/// ([`child_recording`]'s `{ns}-{instance}`, whose windows start at the
+/// engine's dispatch).
 ///
 /// At that generation the owner must have started no event after the
 /// stop: its fenced read was refused or its local deadline had passed. It
@@ -389,19 +390,18 @@ impl LateInFlight {
 /// (effects outside the fenced acknowledgement are the handler's to
 /// fence). Stopped between that dispatch and the handler's first line, it
 /// reaches `shared` only once resumed, after its successor re-ran that
-/// event and went on. That late record, and only it, is left out of `seen`
-/// (the successor's run stays in): the owner's last dispatched event, run
-/// by it once in all, recorded in `shared` by `instance` after the stop,
-/// after an earlier record of the same event. The overlap lines it explains
-/// are returned.
-pub async fn set_aside_stalled_in_flight(
-    seen: &mut BTreeMap<String, Vec<String>>,
+/// event and went on. That late record ([`late_record`]), and only it, is
+/// left out (the successor's run stays in), for the owner's last
+/// dispatched event if it ran that event once in all. The overlap lines it
+/// explains are returned with what was seen.
+pub async fn seen_without_stalled_in_flight(
     shared: &Recorder,
     per_instance: &Recorder,
     stalled: &[(&str, &str)],
     instance: &str,
     stopped_at_us: u64,
-) -> LateInFlight {
+) -> (BTreeMap<String, Vec<String>>, LateInFlight) {
+    let mut seen = shared.seen_all().await.expect("seen");
     let mut late = LateInFlight::default();
     for &(key, label) in stalled {
         let windows = per_instance.windows_of(key).await.expect("windows");
@@ -431,15 +431,7 @@ pub async fn set_aside_stalled_in_flight(
             list.len(),
             "one window per record of {key} in the shared recorder"
         );
-        let at: Vec<usize> = (0..list.len()).filter(|&i| &list[i] == event).collect();
-        let late_at: Vec<usize> = at
-            .iter()
-            .copied()
-            .filter(|&i| entered[i].instance == instance && entered[i].start_us >= stopped_at_us)
-            .collect();
-        if let [i] = late_at[..]
-            && at.first().is_some_and(|&first| first < i)
-        {
+        if let Some(i) = late_record(&entered, event, instance, stopped_at_us) {
             list.remove(i);
             late.lines.push((
                 format!("instance {instance} entered event {event} for key {key} "),
@@ -447,5 +439,29 @@ pub async fn set_aside_stalled_in_flight(
             ));
         }
     }
-    late
+    (seen, late)
+}
+
+/// Where, in `entered` (one key's windows in the shared recorder, in the
+/// order they were entered), the late record of `event` by a stalled
+/// `instance` is: its only entry of `event` at or after `stopped_at_us`,
+/// with an earlier entry of `event` (its successor's) before it.
+pub fn late_record(
+    entered: &[Window],
+    event: &str,
+    instance: &str,
+    stopped_at_us: u64,
+) -> Option<usize> {
+    let at: Vec<usize> = (0..entered.len())
+        .filter(|&i| entered[i].event == event)
+        .collect();
+    let late: Vec<usize> = at
+        .iter()
+        .copied()
+        .filter(|&i| entered[i].instance == instance && entered[i].start_us >= stopped_at_us)
+        .collect();
+    match late[..] {
+        [i] if at.first().is_some_and(|&first| first < i) => Some(i),
+        _ => None,
+    }
 }
