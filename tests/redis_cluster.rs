@@ -189,12 +189,7 @@ async fn a_killed_engine_s_keys_are_reclaimed_and_a_stalled_one_is_fenced_on_a_c
     .await;
     a.kill9().expect("kill -9");
     b.stop().expect("SIGSTOP");
-    let stopped_at_us = {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock");
-        t.as_micros() as u64
-    };
+    let stopped_at_us = redis_time_us(&record).await;
     // The keys b holds as it stops (read now: neither engine can take a key
     // any more, and no other engine runs yet).
     let mut c = cluster_conn(&cluster).await;

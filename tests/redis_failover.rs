@@ -55,12 +55,6 @@ fn spawn_engine_acking(
     ChildEngine::spawn(&mut cmd).expect("spawn engine")
 }
 
-async fn redis_time_us(server: &RedisServer) -> u64 {
-    let mut c = server.connection().await.expect("conn");
-    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    s * 1_000_000 + us
-}
-
 async fn owner_of(server: &RedisServer, key: &str) -> Option<String> {
     lease_token(server, key)
         .await

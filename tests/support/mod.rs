@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use convoy_runtime::testing::{Recorder, Window};
+use convoy_runtime::testing::{Recorder, RedisServer, Window};
 use convoy_runtime::{
     Aggregate, Config, Context, Domain, EngineHandle, Event, HandlerError, Priority, event_handler,
 };
@@ -273,6 +273,15 @@ pub async fn all_seen(recorder: &Recorder, published: &BTreeMap<String, Vec<Stri
 }
 
 /// Total number of seen events across keys (0 while Redis is unreachable).
+/// `server`'s clock (`TIME`), in µs since the epoch: the instant a test
+/// stops an engine, on the clock the recorder's windows are read against
+/// (the same host's).
+pub async fn redis_time_us(server: &RedisServer) -> u64 {
+    let mut c = server.connection().await.expect("conn");
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    s * 1_000_000 + us
+}
+
 pub async fn seen_count(recorder: &Recorder) -> usize {
     match recorder.seen_all().await {
         Ok(seen) => seen.values().map(Vec::len).sum(),
@@ -445,7 +454,8 @@ pub async fn seen_without_stalled_in_flight(
 /// Where, in `entered` (one key's windows in the shared recorder, in the
 /// order they were entered), the late record of `event` by a stalled
 /// `instance` is: its only entry of `event` at or after `stopped_at_us`,
-/// with an earlier entry of `event` (its successor's) before it.
+/// with an earlier entry of `event` before it (its successor's: the
+/// caller has checked that the owner ran the event once in all).
 pub fn late_record(
     entered: &[Window],
     event: &str,
