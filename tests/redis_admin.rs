@@ -78,6 +78,7 @@ fn envelope(seq: u32) -> Envelope {
             producer: "outbox".into(),
             seq: u64::from(seq),
         }),
+        replay: None,
     }
 }
 
@@ -366,11 +367,15 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(
         Envelope::from_fields(&stream(), &tail[0].0, fields).expect("envelope"),
         Envelope {
-            origin: None,
+            replay: Some(convoy_runtime::Replay {
+                by: Some(G.to_owned()),
+                to: vec![G.to_owned()],
+            }),
             ..envelope(2)
         },
-        "the replayed copy leaves out its origin: an exactly-once record takes it as new"
+        "the replayed copy keeps its identity (message id and origin), for the handler that dead-lettered it"
     );
+    assert_eq!(r.handlers, [G]);
     assert!(tail[0].1.iter().all(|(k, _)| !k.starts_with("dlq_")));
     let member: bool = c.sismember(&index, "k").await.expect("sismember");
     assert!(member);
@@ -411,6 +416,10 @@ async fn skip_dead_letter_and_replay_check_fence_and_audit() {
     assert_eq!(audit[1].fields["fenced"], "owner:1");
     assert_eq!(audit[2].fields["dlq_entry"], dlq_id);
     assert_eq!(audit[3].fields["entry"], r.entry_id);
+    assert_eq!(
+        audit[3].fields["to"], G,
+        "the audit names the handlers it reaches"
+    );
 }
 
 #[tokio::test]

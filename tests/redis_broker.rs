@@ -620,6 +620,7 @@ fn keyed_publication(seq: u64, key: &str) -> Publication {
             correlation_id: None,
             payload: format!("{{\"seq\":{seq}}}"),
             origin: None,
+            replay: None,
         }),
     }
 }

@@ -351,6 +351,7 @@ fn envelope(n: u64) -> Envelope {
         correlation_id: None,
         payload: "{}".into(),
         origin: None,
+        replay: None,
     }
 }
 

@@ -208,9 +208,17 @@ pub struct ReplayArgs {
     /// Where it goes: `tail` or `head`.
     #[arg(long, value_parser = ["tail", "head"], default_value = "tail")]
     pub at: String,
-    /// With `--at head`: the handler it goes before the events of.
+    /// The handler it is replayed to (with `--at head`: the one it goes
+    /// before the events of); by default the one that dead-lettered it.
+    /// The other handlers acknowledge it without running it.
     #[command(flatten)]
     pub handler: HandlerArg,
+    /// Replay it to every handler of the category (at the tail): each one
+    /// that handled the event already runs it again, unless its effects
+    /// are exactly-once by the event's origin (`AppliedEvents`). The
+    /// confirmation names them.
+    #[arg(long, conflicts_with = "handler")]
+    pub all_handlers: bool,
     /// With `--at head`: fence a running owner out first.
     #[arg(long)]
     pub force: bool,

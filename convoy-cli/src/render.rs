@@ -673,7 +673,8 @@ pub fn replay_question(
     category: &str,
     k: &str,
     l: &DeadLetter,
-    handlers: usize,
+    to: &[String],
+    every: bool,
     head: bool,
 ) -> String {
     let what = match &l.envelope {
@@ -681,21 +682,46 @@ pub fn replay_question(
         None => "an undecodable entry".to_owned(),
     };
     let category = text(category);
-    let who = if handlers > 1 {
-        format!("all {handlers} handlers of category {category} receive it again")
-    } else {
-        format!("the handlers of category {category} receive it again")
+    let names = |groups: &[String]| {
+        groups
+            .iter()
+            .map(|g| text(g))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let failed = l.group.as_deref().map(text);
+    let who = match (to, &failed) {
+        ([], Some(g)) => format!("only handler {g}, which dead-lettered it, runs it"),
+        ([], None) => "it names no handler that dead-lettered it".to_owned(),
+        (groups, _) if every => format!(
+            "EVERY handler of category {category} runs it: {}. Each one that handled the event already runs it again, unless its effects are exactly-once by the event's origin (AppliedEvents)",
+            names(groups)
+        ),
+        (groups, _) => format!(
+            "only {} {} {}",
+            if groups.len() == 1 {
+                "handler"
+            } else {
+                "handlers"
+            },
+            names(groups),
+            if groups.len() == 1 {
+                "runs it"
+            } else {
+                "run it"
+            }
+        ),
     };
     let p = format!("{category}:{}", key(k));
     if head {
         return format!(
-            "Replay dead letter {} of {}, {what}, to the head of {p}? It runs before every event its handler has not finished (those are moved behind it), restoring the key's order.",
+            "Replay dead letter {} of {}, {what}, to the head of {p}? It runs before every event its handler has not finished (those are moved behind it), restoring the key's order; {who}.",
             text(&l.dlq_id),
             stream(&l.stream)
         );
     }
     format!(
-        "Replay dead letter {} of {}, {what}, to the tail of {p}? It runs after the events already in the partition, and {who}.",
+        "Replay dead letter {} of {}, {what}, to the tail of {p}? It runs after the events already in the partition; {who}.",
         text(&l.dlq_id),
         stream(&l.stream)
     )
@@ -704,7 +730,7 @@ pub fn replay_question(
 /// What a replay did.
 pub fn replay_outcome(o: &ReplayOutcome, head: bool) -> String {
     format!(
-        "replayed dead letter {} to the {} of {} as entry {} and woke the partition's owners\naudit record {}\n",
+        "replayed dead letter {} to the {} of {} as entry {}, for {}, and woke the partition's owners\naudit record {}\n",
         text(&o.dlq_id),
         if head {
             "head (the events not yet handled moved behind it)"
@@ -713,6 +739,11 @@ pub fn replay_outcome(o: &ReplayOutcome, head: bool) -> String {
         },
         stream(&o.stream),
         text(&o.entry_id),
+        o.handlers
+            .iter()
+            .map(|g| text(g))
+            .collect::<Vec<_>>()
+            .join(", "),
         text(&o.audit_id)
     )
 }
@@ -982,6 +1013,7 @@ mod tests {
                     correlation_id: None,
                     payload: "{\"seq\":3,\"poison\":true}".into(),
                     origin: None,
+                    replay: None,
                 }),
                 decode_error: None,
             }),

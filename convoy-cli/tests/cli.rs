@@ -279,9 +279,31 @@ async fn halt_inspect_skip_dead_letter_and_replay_resume_in_order() {
         .json();
     let dlq_id = letters[0]["dlq_id"].as_str().expect("dlq id").to_owned();
     s.poison.store(false, Ordering::SeqCst);
-    s.convoy(&["replay", "ledger", "c1", &dlq_id, "--yes"])
+    // --all-handlers names a replay at the tail; not with --at head.
+    let e = s
+        .convoy(&[
+            "replay",
+            "ledger",
+            "c1",
+            &dlq_id,
+            "--all-handlers",
+            "--at",
+            "head",
+            "--yes",
+        ])
+        .await;
+    assert!(
+        e.stderr.contains("--all-handlers replays at the tail"),
+        "{e:?}"
+    );
+    let r = s
+        .convoy(&["replay", "ledger", "c1", &dlq_id, "--all-handlers", "--yes"])
         .await
         .ok();
+    assert!(
+        r.stdout.contains(&format!(", for {},", s.group)),
+        "named to every handler of the category: {r:?}"
+    );
     wait_until(WAIT, "the replayed event is handled", || async {
         s.seen("c1").len() == 9
     })
@@ -709,6 +731,7 @@ fn entry(key: &str, seq: u64) -> convoy_runtime::Envelope {
         correlation_id: None,
         payload: format!("{{\"client_id\":\"{key}\",\"seq\":{seq},\"poison\":false}}"),
         origin: None,
+        replay: None,
     }
 }
 

@@ -7,7 +7,8 @@
 //! | `meta` | a JSON object: `id` (the message id, unique per raised message), `type` (the wire type name, `OrderPlaced`), `category` (the stream category, `order`), `time` (when it was raised, milliseconds since the Unix epoch), `priority` (`normal` or `low`), and `correlation` (the correlation id) when there is one |
 //! | `payload` | the message itself, as JSON |
 //! | `key` | the partition key; absent for unpartitioned messages |
-//! | `origin` | `{producer}#{seq}`: the outbox that published it and its record there (see [`Origin`]); absent on entries written by an older convoy or replayed by an operator |
+//! | `origin` | `{producer}#{seq}`: the outbox that published it and its record there (see [`Origin`]); absent on entries written by an older convoy or by another program |
+//! | `replay` | only on an operator's replay of a dead letter: a JSON object, `by` (the handler that dead-lettered it) and `to` (the handlers it is replayed to; see [`Replay`]) |
 //!
 //! Four fields rather than one per attribute: Redis passes every field of
 //! every entry a fenced read delivers through its Lua interpreter, and
@@ -76,6 +77,45 @@ pub struct Envelope {
     /// back (`None` before it is published, and on entries without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// Set on an operator's replay of a dead letter: which handlers it is
+    /// for, and which one dead-lettered it (`None` on every entry a
+    /// producer published).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<Replay>,
+}
+
+/// An operator's replay of a dead letter, as the replayed entry carries it
+/// (its `replay` field). The entry keeps the event's identity (message id
+/// and [`Origin`]), so a handler that applied the event before recognises
+/// it; only the handlers in [`to`](Replay::to) run it, the others
+/// acknowledge it unread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replay {
+    /// The handler (consumer group) that dead-lettered the event: for it the
+    /// replayed entry is new even though its origin lies behind the events
+    /// it handled since (its exactly-once record goes by the entry id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The handlers (consumer groups) the entry is replayed to.
+    pub to: Vec<String>,
+}
+
+impl Replay {
+    /// Whether handler `group` runs the replayed entry.
+    pub fn reaches(&self, group: &str) -> bool {
+        self.to.iter().any(|g| g == group)
+    }
+
+    /// Whether `group` is the handler that dead-lettered the event (it never
+    /// applied it).
+    pub fn dead_lettered_by(&self, group: &str) -> bool {
+        self.by.as_deref() == Some(group)
+    }
+
+    /// The wire form (the `replay` field's JSON).
+    pub fn to_wire(&self) -> String {
+        serde_json::to_string(self).expect("strings always serialize")
+    }
 }
 
 /// The identity of a published event: the outbox that published it (its
@@ -140,6 +180,8 @@ pub mod fields {
     pub const PAYLOAD: &str = "payload";
     /// Producer and outbox seq (`{producer}#{seq}`).
     pub const ORIGIN: &str = "origin";
+    /// An operator's replay: the handlers it is for (see [`Replay`](super::Replay)).
+    pub const REPLAY: &str = "replay";
 }
 
 impl Envelope {
@@ -165,6 +207,7 @@ impl Envelope {
             correlation_id,
             payload,
             origin: None,
+            replay: None,
         })
     }
 
@@ -220,6 +263,9 @@ impl Envelope {
         }
         if let Some(o) = &self.origin {
             out.push((fields::ORIGIN, Cow::Owned(o.to_wire())));
+        }
+        if let Some(r) = &self.replay {
+            out.push((fields::REPLAY, Cow::Owned(r.to_wire())));
         }
         out
     }
@@ -285,6 +331,7 @@ impl Envelope {
         let mut correlation = None;
         let mut payload = None;
         let mut origin = None;
+        let mut replay = None;
         for (name, value) in entries {
             // Only the fields kept as text are copied; the others are parsed
             // from the entry's bytes.
@@ -329,6 +376,13 @@ impl Envelope {
                         ))
                     })?)
                 }
+                fields::REPLAY => {
+                    replay = Some(serde_json::from_str(text).map_err(|e| {
+                        malformed(format!(
+                            "field `replay` is not an operator's replay ({{\"by\", \"to\"}}): {e}"
+                        ))
+                    })?)
+                }
                 _ => {}
             }
         }
@@ -343,6 +397,7 @@ impl Envelope {
             correlation_id: correlation,
             payload: payload.ok_or_else(|| missing(fields::PAYLOAD))?,
             origin,
+            replay,
         })
     }
 }
@@ -398,6 +453,7 @@ mod tests {
             correlation_id: None,
             payload: "{}".into(),
             origin: None,
+            replay: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::envelope::{Envelope, Origin, Priority};
+use crate::envelope::{Envelope, Origin, Priority, Replay};
 use crate::error::Error;
 pub use crate::future::BoxFuture;
 use crate::key::KeyPolicy;
@@ -382,11 +382,17 @@ impl Context {
     }
 
     /// The event's identity: the outbox that published it and its record
-    /// there (`None` for an entry written by an older convoy or replayed by
-    /// an operator). `AppliedEvents` (feature `postgres`) recognises a
-    /// re-run by it.
+    /// there (`None` for an entry written by an older convoy or by another
+    /// program). `AppliedEvents` (feature `postgres`) recognises a re-run by
+    /// it; an operator's replay of a dead letter keeps it.
     pub fn origin(&self) -> Option<&Origin> {
         self.envelope.origin.as_ref()
+    }
+
+    /// Set when the event is an operator's replay of a dead letter: the
+    /// handlers it was replayed to and the one that dead-lettered it.
+    pub fn replay(&self) -> Option<&Replay> {
+        self.envelope.replay.as_ref()
     }
 
     /// The fence of the partition being consumed, when consumed from a

@@ -57,7 +57,7 @@ mod tracing {
 
 pub use broker::{Broker, Capabilities, InlineBroker};
 pub use config::Config;
-pub use envelope::{Envelope, Origin, Priority};
+pub use envelope::{Envelope, Origin, Priority, Replay};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;
 pub use handler::{

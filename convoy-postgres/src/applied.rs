@@ -53,9 +53,13 @@ impl Applied {
 ///
 /// A key's events from one outbox reach its stream in increasing seq (a
 /// PostgreSQL outbox serialises a key's inserts), so "at or below" is
-/// "applied". An entry without an origin (written by an older convoy, or a
-/// dead letter an operator replayed at the tail) is recognised by its entry
-/// id instead, as the last applied entry without an origin.
+/// "applied". An entry without an origin (written by an older convoy or
+/// another program) is recognised by its entry id instead, as the last
+/// applied entry without an origin; so is a dead letter an operator
+/// replayed to the handler that dead-lettered it (its origin lies behind
+/// the events that handler went on with, but it never applied it). A
+/// handler that applied the event before and receives the replay too (a
+/// replay to every handler) finds its origin applied.
 ///
 /// One statement, one round trip (two for a refused or repeated one
 /// without an origin).
@@ -112,7 +116,13 @@ impl AppliedEvents {
             hint: "exactly-once effects need events of a key delivered one at a time: declare the handler with sequential_by (on Redis) or use the inline broker",
         })?;
         let generation = to_i64(ctx.fence().map_or(0, |f| f.generation));
-        match ctx.origin() {
+        // A dead letter replayed to the handler that dead-lettered it keeps
+        // its origin, which lies behind the events the handler went on
+        // with: for that handler it is new, recognised by its entry id.
+        let own_dead_letter = ctx
+            .replay()
+            .is_some_and(|r| r.dead_lettered_by(ctx.handler()));
+        match ctx.origin().filter(|_| !own_dead_letter) {
             Some(origin) => {
                 self.claim_origin(tx, ctx, generation, position, origin)
                     .await

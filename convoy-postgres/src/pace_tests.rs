@@ -43,6 +43,7 @@ fn envelope(key: &str) -> Envelope {
         correlation_id: None,
         payload: "{}".into(),
         origin: None,
+        replay: None,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use redis::Value;
 
-use convoy_core::envelope::Envelope;
+use convoy_core::envelope::{Envelope, Replay, fields};
 use convoy_core::error::Error;
 
 /// One stream entry as read: its id and its fields, or `None` when the
@@ -28,6 +28,19 @@ impl Entry {
                 f.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
             ),
         }
+    }
+
+    /// Whether the entry is an operator's replay of a dead letter to
+    /// handlers other than `group` (which acknowledges it without running
+    /// it). A `replay` field that cannot be read is not one: the entry then
+    /// fails as malformed where it is decoded.
+    pub(crate) fn replayed_elsewhere(&self, group: &str) -> bool {
+        self.fields
+            .iter()
+            .flatten()
+            .find(|(k, _)| k == fields::REPLAY)
+            .and_then(|(_, v)| serde_json::from_slice::<Replay>(v).ok())
+            .is_some_and(|r| !r.reaches(group))
     }
 
     /// The raw fields, flattened, for copying the entry elsewhere.

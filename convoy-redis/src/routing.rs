@@ -126,6 +126,7 @@ mod tests {
                 correlation_id: None,
                 payload: "{}".into(),
                 origin: None,
+                replay: None,
             }),
         }
     }

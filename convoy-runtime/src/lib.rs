@@ -315,7 +315,7 @@ pub mod __private;
 pub use convoy_core::{
     Aggregate, BoxFuture, Broker, Capabilities, Command, CommandHandler, Config, Context, Envelope,
     Error, Event, EventHandler, Fence, Gap, Handle, HandlerError, InlineBroker, KeyRule, Message,
-    Origin, PartitionKey, Position, Priority, Problem, Problems, ProcessManager,
+    Origin, PartitionKey, Position, Priority, Problem, Problems, ProcessManager, Replay,
 };
 pub use domain::{Domain, DomainBuilder};
 pub use engine::{Engine, EngineHandle, Health};

@@ -365,6 +365,39 @@ async fn views_actions_fencing_and_refusals() {
     )
     .await
     .ok();
+    // The preselected choice reaches the handler that dead-lettered it
+    // alone; every handler is a form of its own that names them and must
+    // be ticked, fenced on the handlers it named.
+    assert!(
+        r.body.contains(r#"name="at" value="tail" checked"#)
+            && r.body.contains("acknowledge it without running it")
+            && r.body.contains(r#"id="every-handlers""#)
+            && r.body
+                .contains(&format!(r#"<li class="mono">{}</li>"#, s.group)),
+        "{}",
+        r.body
+    );
+    for (handlers, ticked, status) in [
+        (s.group.clone(), "", StatusCode::BAD_REQUEST),
+        ("app::Gone".to_owned(), "1", StatusCode::CONFLICT),
+    ] {
+        let every = [
+            ("csrf", r.field("csrf")),
+            ("key", r.field("key")),
+            ("dlq_id", r.field("dlq_id")),
+            ("at", "every".to_owned()),
+            ("handlers", handlers),
+            ("every_confirmed", ticked.to_owned()),
+        ];
+        let every: Vec<(&str, &str)> = every.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let refused = post(&router, "/c/ledger/replay", &every, Some(&r.cookie())).await;
+        assert_eq!(refused.status, status, "{}", refused.body);
+        assert!(
+            refused.body.contains("nothing was done"),
+            "{}",
+            refused.body
+        );
+    }
     let replay = [
         ("csrf", r.field("csrf")),
         ("key", r.field("key")),
@@ -373,9 +406,15 @@ async fn views_actions_fencing_and_refusals() {
     ];
     let replay: Vec<(&str, &str)> = replay.iter().map(|(k, v)| (*k, v.as_str())).collect();
     s.poison.store(false, Ordering::SeqCst);
-    post(&router, "/c/ledger/replay", &replay, Some(&r.cookie()))
+    let done = post(&router, "/c/ledger/replay", &replay, Some(&r.cookie()))
         .await
         .ok();
+    assert!(
+        done.body
+            .contains(&format!(r#"id="replayed-to">{}<"#, s.group)),
+        "{}",
+        done.body
+    );
     wait_until(WAIT, "the replayed event is handled", || async {
         s.seen("c1").len() == 9
     })

@@ -1,5 +1,6 @@
 //! `convoy replay`: a dead letter put back into its partition, at its
-//! tail or (restoring the key's order) at its head.
+//! tail or (restoring the key's order) at its head, for the handler that
+//! dead-lettered it unless others are named.
 
 use convoy_runtime::redis::admin::AdminError;
 
@@ -23,10 +24,23 @@ pub async fn run(s: &Session, args: &ReplayArgs) -> Result<String, CliError> {
         }
         .into());
     };
-    let handlers = admin.groups(category).await?.len();
     let head = args.at == "head";
+    if head && args.all_handlers {
+        return Err(CliError::Usage(
+            "--all-handlers replays at the tail: a replay at the head is for one handler".into(),
+        ));
+    }
+    // Whom it reaches: the handler named, every handler (named in the
+    // question), or the one that dead-lettered it.
+    let to: Vec<String> = if args.all_handlers {
+        admin.groups(category).await?
+    } else if let Some(h) = &args.handler.handler {
+        vec![admin.resolve_group(category, Some(&key), Some(h)).await?]
+    } else {
+        Vec::new()
+    };
     confirm(
-        &render::replay_question(category, &key, letter, handlers, head),
+        &render::replay_question(category, &key, letter, &to, args.all_handlers, head),
         args.yes,
         "replay",
     )?;
@@ -36,13 +50,15 @@ pub async fn run(s: &Session, args: &ReplayArgs) -> Result<String, CliError> {
                 category,
                 &key,
                 entry_id,
-                args.handler.handler.as_deref(),
+                to.first().map(String::as_str),
                 &s.who,
                 args.force,
             )
             .await?
     } else {
-        admin.replay(category, &key, entry_id, &s.who).await?
+        admin
+            .replay_to(category, &key, entry_id, &to, &s.who)
+            .await?
     };
     Ok(render::replay_outcome(&o, head))
 }

@@ -134,6 +134,7 @@ pub(crate) fn envelopes(n: usize) -> Vec<Envelope> {
             correlation_id: None,
             payload: "{}".into(),
             origin: None,
+            replay: None,
         })
         .collect()
 }

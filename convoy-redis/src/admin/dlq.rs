@@ -1,5 +1,7 @@
-//! Dead letters: listing them, and replaying one at its partition's tail
-//! (one script, `replay.lua`).
+//! Dead letters: listing them, and replaying one into its partition, at
+//! its tail (`replay.lua`) or at its head for one handler
+//! (`replay_head.lua`), to the handler that dead-lettered it unless others
+//! are named.
 
 use std::collections::BTreeMap;
 
@@ -47,6 +49,9 @@ pub struct ReplayOutcome {
     pub stream: String,
     /// The audit record's id (in the shard's `{s}convoy:audit`).
     pub audit_id: String,
+    /// The handlers (consumer groups) that run the replayed event; every
+    /// other handler of the category acknowledges it unread.
+    pub handlers: Vec<String>,
 }
 
 impl Admin {
@@ -64,16 +69,35 @@ impl Admin {
     }
 
     /// Puts a dead letter of `{s}{category}:{key}:dlq` back at the tail of
-    /// the partition's primary lane (the original envelope, message id
+    /// the partition's primary lane, **for the handler that dead-lettered
+    /// it** (its `dlq_group`) alone: the other handlers of the category,
+    /// which handled the event already, acknowledge the copy without running
+    /// it. The copy is the original envelope, message id and origin
     /// included, without the `dlq_*` fields, as a new entry after
-    /// everything already there), records the key in the index and deletes
-    /// the dead letter, in one script; then wakes the owners. Every handler
-    /// of the category receives the event again.
+    /// everything already there; the key is recorded in the index and the
+    /// dead letter deleted, in one script; then the owners are woken.
+    /// Audited, naming the handler it reaches.
     pub async fn replay(
         &self,
         category: &str,
         key: &str,
         dlq_id: &str,
+        operator: &str,
+    ) -> Result<ReplayOutcome, AdminError> {
+        self.replay_to(category, key, dlq_id, &[], operator).await
+    }
+
+    /// [`replay`](Self::replay) to the handlers named in `handlers`
+    /// (consumer groups registered for the category; empty: the one that
+    /// dead-lettered it). Replaying to a handler that already applied the
+    /// event runs it there again: only a handler whose effects are
+    /// exactly-once by the event's origin (`AppliedEvents`) recognises it.
+    pub async fn replay_to(
+        &self,
+        category: &str,
+        key: &str,
+        dlq_id: &str,
+        handlers: &[String],
         operator: &str,
     ) -> Result<ReplayOutcome, AdminError> {
         super::check_category(category)?;
@@ -85,6 +109,7 @@ impl Admin {
             shard,
             dlq_id,
             operator,
+            to: handlers,
             now_ms: now_ms(),
         }
         .run(&mut c)
@@ -99,11 +124,16 @@ impl Admin {
             problem,
         };
         match replayed {
-            Replayed::Done { entry_id, audit_id } => Ok(ReplayOutcome {
+            Replayed::Done {
+                entry_id,
+                audit_id,
+                to,
+            } => Ok(ReplayOutcome {
                 dlq_id: dlq_id.to_owned(),
                 entry_id,
                 stream: names::partition_stream(shard, category, key),
                 audit_id,
+                handlers: to,
             }),
             Replayed::Missing => Err(AdminError::NoSuchDeadLetter {
                 category: category.to_owned(),
@@ -113,6 +143,12 @@ impl Admin {
             }),
             Replayed::Empty => Err(not("holds no event fields".to_owned())),
             Replayed::WrongKey { key: other } => Err(not(format!("is an event of key {other:?}"))),
+            Replayed::NoGroup => Err(not(
+                "names no handler (dlq_group): name the handlers to replay it to".to_owned(),
+            )),
+            Replayed::UnknownGroup { group } => Err(not(format!(
+                "cannot go to handler {group:?}: no such handler is registered for the category"
+            ))),
         }
     }
 }
@@ -232,6 +268,7 @@ impl Admin {
                 entry_id,
                 stream: names::partition_stream(shard, category, key),
                 audit_id,
+                handlers: vec![group],
             }),
             ReplayedHead::Missing => Err(missing()),
             ReplayedHead::Changed { head } => Err(AdminError::HeadChanged {

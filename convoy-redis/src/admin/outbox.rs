@@ -173,6 +173,7 @@ mod tests {
                 correlation_id: None,
                 payload: "{}".into(),
                 origin: None,
+                replay: None,
             }),
             status,
             attempts: 0,

@@ -20,9 +20,11 @@
 -- Refused (nothing changed) when another group has already read an entry
 -- that would move (it would get it again), or when the group has events in
 -- flight and is not halted on its head (without force; with force the
--- owner is fenced out first, as for skip). The copy leaves out the `dlq_*`
--- fields and the `origin`, as a replay at the tail does; a gap recorded for
--- this dead letter is cleared.
+-- owner is fenced out first, as for skip). The copy keeps the event's
+-- identity and carries a `replay` field for this group alone, as a replay
+-- at the tail does (the other groups, which have not read this far, get
+-- the original and acknowledge the copy unread); a gap recorded for this
+-- dead letter is cleared.
 --
 -- Returns {'missing'}, {'empty'}, {'wrong_key', key}, {'wrong_group',
 -- group}, {'other_lane', stream}, {'read_elsewhere', group},
@@ -43,7 +45,7 @@ for j = 1, #flat, 2 do
     letter_group = value
   elseif name == 'dlq_source' then
     source = value
-  elseif string.sub(name, 1, 4) ~= 'dlq_' and name ~= 'origin' then
+  elseif string.sub(name, 1, 4) ~= 'dlq_' and name ~= 'replay' then
     if name == 'key' and value ~= ARGV[2] then
       return {'wrong_key', value}
     end
@@ -60,6 +62,8 @@ end
 if source ~= '' and source ~= stream then
   return {'other_lane', source}
 end
+copy[#copy + 1] = 'replay'
+copy[#copy + 1] = cjson.encode({by = group, to = {group}})
 
 local function id_parts(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -166,7 +170,7 @@ if redis.call('HGET', KEYS[7], 'gap_dlq') == ARGV[1] then
 end
 redis.call('HSET', KEYS[7], 'active', ARGV[4])
 local audit = redis.call('XADD', KEYS[4], '*', 'op', 'replay', 'at', 'head',
-  'category', ARGV[5], 'key', ARGV[2], 'group', group, 'entry', id,
+  'category', ARGV[5], 'key', ARGV[2], 'group', group, 'to', group, 'entry', id,
   'operator', ARGV[3], 'time', ARGV[4], 'forced', forced, 'stream', stream,
   'dlq_entry', ARGV[1], 'moved', moved, 'fenced', fenced)
 return {'ok', id, audit, moved}

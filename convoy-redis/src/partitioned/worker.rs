@@ -775,6 +775,15 @@ impl<I: UnitIo> Worker<I> {
                     Err(exit) => Step::Exit(exit),
                 };
             }
+            if entry.replayed_elsewhere(self.group()) {
+                // An operator replayed a dead letter to other handlers:
+                // this one handled the event already.
+                tracing::debug!(handler = self.group(), key = ?Escaped(&self.unit.key), entry = %entry.id, "an operator's replay for other handlers: acknowledged without running it");
+                return match self.done(at, std::mem::take(&mut entry.id)).await {
+                    Ok(()) => Step::Done,
+                    Err(exit) => Step::Exit(exit),
+                };
+            }
             let failures = match &self.head {
                 Some((id, n)) if *id == entry.id => *n,
                 _ => 0,

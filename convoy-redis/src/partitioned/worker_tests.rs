@@ -856,6 +856,7 @@ async fn a_probe_given_up_at_the_lease_deadline_lets_another_key_probe() {
         correlation_id: None,
         payload: "{}".into(),
         origin: None,
+        replay: None,
     };
     let entry = Entry {
         id: "1-0".into(),

@@ -9,7 +9,8 @@ use convoy_core::error::Error;
 use convoy_core::names;
 
 /// Puts dead letter `dlq_id` of `{s}{category}:{key}:dlq` back at the tail
-/// of `{s}{category}:{key}`, in the key's shard `s`.
+/// of `{s}{category}:{key}`, in the key's shard `s`, for the handlers named
+/// (see `replay.lua`).
 #[derive(Debug)]
 pub(crate) struct Replay<'a> {
     pub(crate) category: &'a str,
@@ -18,6 +19,9 @@ pub(crate) struct Replay<'a> {
     pub(crate) shard: u32,
     pub(crate) dlq_id: &'a str,
     pub(crate) operator: &'a str,
+    /// The handlers (consumer groups) it goes to; empty: the one that
+    /// dead-lettered it.
+    pub(crate) to: &'a [String],
     /// Now, in ms since the Unix epoch.
     pub(crate) now_ms: u64,
 }
@@ -25,8 +29,16 @@ pub(crate) struct Replay<'a> {
 /// What [`Replay`] did, or why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Replayed {
-    /// Replayed as `entry_id`.
-    Done { entry_id: String, audit_id: String },
+    /// Replayed as `entry_id` to handlers `to`.
+    Done {
+        entry_id: String,
+        audit_id: String,
+        to: Vec<String>,
+    },
+    /// The dead letter names no handler, and none was given.
+    NoGroup,
+    /// A handler given is not registered for the category.
+    UnknownGroup { group: String },
     /// No such dead letter.
     Missing,
     /// The dead letter holds no envelope fields.
@@ -44,11 +56,13 @@ impl Replay<'_> {
             .key(names::partition_index(s, self.category))
             .key(names::audit(s))
             .key(names::published(s, self.category))
+            .key(names::groups(s, self.category))
             .arg(self.dlq_id)
             .arg(self.key)
             .arg(self.operator)
             .arg(self.now_ms)
-            .arg(self.category);
+            .arg(self.category)
+            .arg(self.to.join("\n"));
         let reply = call("replay", &inv, conn, "replay script failed").await?;
         let Status::Word(status) = &reply.status else {
             return Err(reply.unexpected());
@@ -61,10 +75,15 @@ impl Replay<'_> {
                 Replayed::Done {
                     entry_id: reply.text(0),
                     audit_id: reply.text(1),
+                    to: reply.text(3).split('\n').map(str::to_owned).collect(),
                 }
             }
             "missing" => Replayed::Missing,
             "empty" => Replayed::Empty,
+            "no_group" => Replayed::NoGroup,
+            "unknown_group" => Replayed::UnknownGroup {
+                group: reply.text(0),
+            },
             "wrong_key" => Replayed::WrongKey { key: reply.text(0) },
             _ => return Err(reply.unexpected()),
         })

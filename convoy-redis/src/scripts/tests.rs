@@ -642,6 +642,7 @@ pub(crate) fn publication(seq: u64, key: &str) -> convoy_core::broker::Publicati
         correlation_id: None,
         payload: format!("{{\"seq\":{seq}}}"),
         origin: None,
+        replay: None,
     };
     convoy_core::broker::Publication {
         seq,

@@ -458,6 +458,7 @@ pub(crate) async fn confirm_replay(
         )),
         None => None,
     };
+    let every = state.admin.groups(&category).await?;
     let hide = state.settings.hide_payloads;
     let body: Markup = html! {
         p { a href=(key_url(&state, &category, &q.key)) { "← key " (q.key) } }
@@ -482,8 +483,10 @@ pub(crate) async fn confirm_replay(
             (csrf_field(&state))
             input type="hidden" name="key" value=(q.key);
             input type="hidden" name="dlq_id" value=(l.dlq_id);
-            p {
-                label { input type="radio" name="at" value="tail" checked; " at the tail: after the events already there; every handler of the category receives it again (out of its original order)" }
+            @if let Some(g) = &l.group {
+                p {
+                    label { input type="radio" name="at" value="tail" checked; " at the tail, for " span class="mono" { (short(g)) } " only: after the events already there (out of its original order); the other handlers, which handled it, acknowledge it without running it" }
+                }
             }
             @if let Some(h) = &at_head {
                 input type="hidden" name="handler" value=(h.group);
@@ -510,11 +513,28 @@ pub(crate) async fn confirm_replay(
                     p { label class="err" { input type="checkbox" name="force" value="1"; " FORCE: fence a running owner out first (its event in flight may still take effect)" } }
                 }
             } @else {
-                p class="muted" { "This dead letter names no handler: it can be replayed at the tail only." }
+                p class="muted" { "This dead letter names no handler that dead-lettered it: it can only be replayed to every handler, below." }
             }
-            button type="submit" id="confirm" { "Replay dead letter " (l.dlq_id) }
-            " "
-            a class="button secondary" href=(key_url(&state, &category, &q.key)) { "Cancel" }
+            @if l.group.is_some() {
+                button type="submit" id="confirm" { "Replay dead letter " (l.dlq_id) }
+                " "
+                a class="button secondary" href=(key_url(&state, &category, &q.key)) { "Cancel" }
+            }
+        }
+        @if !every.is_empty() {
+            form method="post" class="box" id="every-form" action=(state.url(&format!("/c/{category}/replay"))) {
+                (csrf_field(&state))
+                input type="hidden" name="key" value=(q.key);
+                input type="hidden" name="dlq_id" value=(l.dlq_id);
+                input type="hidden" name="at" value="every";
+                input type="hidden" name="handlers" value=(every.join("\n"));
+                h2 { "Or: replay to every handler" }
+                p { "At the tail, for each of the category's " (every.len()) " handlers:" }
+                ul id="every-handlers" { @for g in &every { li class="mono" { (g) } } }
+                p class="err" { "Each handler that handled this event already runs it again, unless its effects are exactly-once by the event's origin (AppliedEvents)." }
+                p { label { input type="checkbox" name="every_confirmed" value="1" required; " I name these handlers: each one runs it" } }
+                button type="submit" class="secondary" id="confirm-every" { "Replay to every handler" }
+            }
         }
     };
     Ok(html_response(layout(&state, "Confirm replay", body)))
@@ -534,6 +554,10 @@ pub(crate) struct ReplayForm {
     handler: Option<String>,
     generation: Option<u64>,
     head: Option<String>,
+    /// To every handler (`at=every`): the handlers the confirmation named
+    /// (one per line), and the box that names them ticked.
+    handlers: Option<String>,
+    every_confirmed: Option<String>,
 }
 
 /// A confirmed replay: the dead letter id fences it (a letter replayed
@@ -574,6 +598,42 @@ pub(crate) async fn replay(
             })
             .await
             .map_err(|e| stale(e, &again))?
+    } else if f.at.as_deref() == Some("every") {
+        let named: Vec<String> = f
+            .handlers
+            .as_deref()
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        if f.every_confirmed.as_deref() != Some("1") || named.is_empty() {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "a replay to every handler needs the handlers its confirmation named, each acknowledged; nothing was done",
+            ));
+        }
+        let mut now = state.admin.groups(&category).await?;
+        let mut sorted = named.clone();
+        now.sort();
+        sorted.sort();
+        if now != sorted {
+            return Err(Failure::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "stale confirmation: the category's handlers are now {}, not the ones confirmed; nothing was done. Look again: {}",
+                    now.join(", "),
+                    state.url(&format!(
+                        "/c/{category}/confirm-replay?key={}&dlq_id={}",
+                        enc(&f.key),
+                        enc(&f.dlq_id)
+                    ))
+                ),
+            ));
+        }
+        state
+            .admin
+            .replay_to(&category, &f.key, &f.dlq_id, &named, &operator.0)
+            .await?
     } else {
         state
             .admin
@@ -589,6 +649,7 @@ pub(crate) async fn replay(
                 dl {
                     dt { "dead letter" } dd class="mono" { (o.dlq_id) }
                     dt { "now entry" } dd class="mono" { (o.entry_id) " at the " (if head { "head" } else { "tail" }) " of " (o.stream) }
+                    dt { "for" } dd class="mono" id="replayed-to" { (o.handlers.join(", ")) }
                     dt { "audit record" } dd class="mono" { (o.audit_id) " by " (operator.0) }
                 }
             }
