@@ -351,3 +351,27 @@ async fn a_failing_inline_handler_is_retried_then_dead_lettered() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].error, "boom");
 }
+
+#[test]
+fn a_classifier_must_name_a_handler_this_domain_runs() {
+    let log = Log::default();
+    let classify =
+        |_: &(dyn std::error::Error + 'static)| Some(convoy_runtime::ErrorClass::Transient);
+    let ok = Domain::builder()
+        .handler(Balances { log: log.clone() })
+        .classify_errors("Balances", classify)
+        .init();
+    assert!(ok.is_ok(), "the last segment of the handler's name: {ok:?}");
+    let e = Domain::builder()
+        .handler(Balances { log })
+        .classify_errors("Ballances", classify)
+        .init()
+        .expect_err("a typo");
+    let text = e.to_string();
+    assert!(
+        text.contains("classify_errors(\"Ballances\")")
+            && text.contains("names no handler")
+            && text.contains("Balances"),
+        "{text}"
+    );
+}

@@ -177,3 +177,184 @@ async fn a_database_outage_with_a_backlog_halts_no_key_and_every_event_is_handle
     );
     engine.shutdown().await.expect("shutdown");
 }
+
+/// A wallet projector written as the docs show it: `AppliedEvents::claim`
+/// and `Context::commit_in` with `?`, in one transaction, a little work
+/// inside it (so a terminated backend hits a transaction in flight).
+struct Wallet {
+    pool: PgPool,
+    applied: convoy_runtime::postgres::AppliedEvents,
+}
+
+#[derive(Aggregate)]
+#[aggregate(category = "wallet_audit")]
+struct WalletAudit;
+
+/// What the projector raises for each balance it writes (committed in its
+/// transaction with `commit_in`).
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = WalletAudit)]
+struct Projected {
+    key: String,
+    n: u64,
+}
+
+#[event_handler(part_of = Meter, sequential_by = "key")]
+impl Wallet {
+    #[handle]
+    async fn read(&self, e: Read, ctx: &convoy_runtime::Context) -> Result<(), HandlerError> {
+        let mut tx = self.pool.begin().await?;
+        if self.applied.claim(&mut tx, ctx).await?.is_already_applied() {
+            return Ok(());
+        }
+        sqlx::query("INSERT INTO effects (key, n) VALUES ($1, $2)")
+            .bind(&e.key)
+            .bind(e.n as i64)
+            .execute(&mut *tx)
+            .await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ctx.raise(Projected {
+            key: e.key.clone(),
+            n: e.n,
+        })?;
+        ctx.commit_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Publishes `n` in `ns` for every key, through a memory outbox of its own
+/// (the engine's PostgreSQL outbox may be down).
+async fn publish_reads(redis: &RedisServer, ns: std::ops::Range<u64>) {
+    let writer = Domain::builder()
+        .config(test_config(&redis.url()))
+        .instance_id("writer")
+        .init()
+        .expect("writer");
+    let mut uow = writer.unit_of_work();
+    for n in ns {
+        for k in 0..KEYS {
+            uow.raise(Read {
+                key: format!("k{k}"),
+                n,
+                poison: false,
+            })
+            .expect("raise");
+        }
+    }
+    uow.commit().await.expect("commit");
+    support::publish_outbox(&writer).await;
+}
+
+/// Watches the engine for `span`: no key may halt.
+async fn no_halt_during(engine: &convoy_runtime::EngineHandle, span: Duration, what: &str) {
+    let start = Instant::now();
+    while start.elapsed() < span {
+        let h = engine.health().await;
+        assert_eq!(h.halted_units, 0, "{what}: no key halts: {h:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exactly_once_helpers_errors_in_an_outage_halt_no_key() {
+    let redis = RedisServer::start().expect("start redis-server");
+    let mut pg = PgServer::start().expect("start PostgreSQL");
+    let db = pg.create_database("app").expect("database");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(&db)
+        .expect("pool");
+    sqlx::query(
+        "CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, n bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("table");
+    // The library's retry counts, fast: an outage counted as failures
+    // would halt keys within a second.
+    let mut config = test_config(&redis.url());
+    config.outbox.postgres_url = Some(db.clone());
+    config.server.retry.max_transient_backoff_ms = 400;
+    let outbox = convoy_runtime::postgres::PgOutbox::from_config(&config.outbox).expect("outbox");
+    outbox.migrate().await.expect("migrate");
+    let domain = Domain::builder()
+        .config(config)
+        .instance_id("e0")
+        .handler(Wallet {
+            pool: pool.clone(),
+            applied: outbox.applied_events(),
+        })
+        .without_discovery()
+        .register_message(<Projected as convoy_runtime::Message>::DESCRIPTOR)
+        .init()
+        .expect("init");
+    let engine = domain.engine().spawn();
+    publish_reads(&redis, 0..40).await;
+    wait_until(Duration::from_secs(15), "the first effects", || async {
+        effects(&pool).await.is_some_and(|e| !e.is_empty())
+    })
+    .await;
+
+    // Every backend terminated, over and over for 6 s (as a managed
+    // failover or a fast shutdown does), from a connection of its own.
+    let terminate = {
+        let url = db.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let mut killed = 0u64;
+            while start.elapsed() < Duration::from_secs(6) {
+                if let Ok(mut c) = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await {
+                    let n: Result<Vec<bool>, _> = sqlx::query_scalar(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                    )
+                    .fetch_all(&mut c)
+                    .await;
+                    killed += n.map_or(0, |v| v.len() as u64);
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            killed
+        })
+    };
+    no_halt_during(&engine, Duration::from_secs(6), "backends terminated").await;
+    let killed = terminate.await.expect("terminator");
+    assert!(killed > 0, "backends were terminated");
+    publish_reads(&redis, 40..60).await;
+
+    // Then PostgreSQL stopped for 10 s.
+    pg.stop().expect("stop PostgreSQL");
+    no_halt_during(&engine, Duration::from_secs(10), "PostgreSQL stopped").await;
+    pg.restart().expect("restart PostgreSQL");
+
+    let expected = KEYS * 60;
+    wait_until(
+        Duration::from_secs(60),
+        "every event applied after the outage",
+        || async {
+            effects(&pool)
+                .await
+                .is_some_and(|e| e.len() as u64 >= expected)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows = effects(&pool).await.expect("effects");
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let ns: Vec<i64> = rows
+            .iter()
+            .filter(|(r, _)| *r == key)
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(
+            ns,
+            (0..60).collect::<Vec<_>>(),
+            "{key}: each event once, in order"
+        );
+    }
+    assert_eq!(engine.health().await.halted_units, 0);
+    engine.shutdown().await.expect("shutdown");
+}

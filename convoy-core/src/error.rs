@@ -284,23 +284,9 @@ impl Error {
     /// loss, timeouts, Redis loading or restarting).
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Redis { source, .. } => {
-                source.is_io_error()
-                    || source.is_connection_dropped()
-                    || source.is_connection_refusal()
-                    || source.is_timeout()
-                    || matches!(
-                        source.kind(),
-                        redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
-                            | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                            | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
-                    )
-            }
+            Error::Redis { source, .. } => redis_outage(source),
             #[cfg(feature = "postgres")]
-            Error::Postgres { source, .. } => matches!(
-                source,
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-            ),
+            Error::Postgres { source, .. } => sqlx_outage(source),
             _ => false,
         }
     }
@@ -556,5 +542,44 @@ impl fmt::Display for Problem {
                 "`{declared_by}` is in category {category:?}, which cannot be used: {rule}"
             ),
         }
+    }
+}
+
+/// Whether a Redis error says the server cannot be reached or used now
+/// (I/O, refused or dropped connections, timeouts, a cluster that is down
+/// or moving, a server loading or without its master), not that the
+/// command was wrong.
+pub(crate) fn redis_outage(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+        )
+}
+
+/// Whether a PostgreSQL error says the server cannot be reached or used now,
+/// or asks for the transaction to be tried again: I/O, TLS, a pool timed
+/// out or closed, SQLSTATE class 08 (connection exceptions), `57P01`
+/// (admin shutdown), `57P02` (crash shutdown), `57P03` (cannot connect
+/// now), `40001` (serialization failure) and `40P01` (deadlock).
+#[cfg(feature = "postgres")]
+pub(crate) fn sqlx_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+        }),
+        _ => false,
     }
 }

@@ -491,10 +491,17 @@ impl Context {
 ///   toward `max_retries` and never halting. When `outage_threshold` keys
 ///   of one handler fail so at once, the handler *pauses* on that instance
 ///   (see the engine's health) and probes with one event at a time until
-///   one succeeds. An error converted with `?` from a connection-level
-///   error of `sqlx` (pool timed out or closed, I/O, TLS) or of `redis`
-///   (I/O, connection refused or dropped, timeout, cluster down) is
-///   transient by itself.
+///   one succeeds. An error converted with `?` is transient by itself when
+///   it, or any error in its [`source`](std::error::Error::source) chain,
+///   is a dependency's outage (see [`is_outage`]): a connection-level
+///   error of `sqlx` (pool timed out or closed, I/O, TLS, SQLSTATE class
+///   08, `57P01`-`57P03`: the server shutting down or not yet accepting),
+///   a serialization failure or deadlock (`40001`, `40P01`: retried without
+///   counting), a `redis` one (I/O, connection refused or dropped, timeout,
+///   cluster down, loading) or one of convoy's own errors that says so
+///   ([`Error::is_transient`]): what `AppliedEvents::claim` and
+///   `Context::commit_in` return in an outage. A handler classifies its
+///   own error types with `DomainBuilder::classify_errors`.
 /// - **Permanent** ([`HandlerError::permanent`]): no retry can succeed (a
 ///   malformed event, a rule the event breaks): a partitioned handler halts
 ///   the partition at once, an ordinary handler dead-letters the event at
@@ -509,11 +516,25 @@ pub struct HandlerError {
 
 /// How a failure is retried (see [the error classes](HandlerError#error-classes)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ErrorClass {
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// Retried up to `max_retries`, then the partition halts (or the event
+    /// is dead-lettered).
     Default,
+    /// A dependency is down: retried for as long as it lasts, never
+    /// halting.
     Transient,
+    /// No retry can succeed: halted (or dead-lettered) at once.
     Permanent,
 }
+
+/// A handler's own rule for the errors it returns: called on an error of
+/// the default class and on each error of its
+/// [`source`](std::error::Error::source) chain in turn, outermost first;
+/// the first class it names is the error's. Given to
+/// `DomainBuilder::classify_errors`.
+pub type ErrorClassifier =
+    Arc<dyn Fn(&(dyn std::error::Error + 'static)) -> Option<ErrorClass> + Send + Sync>;
 
 impl HandlerError {
     /// A handler error with a message (of the default class).
@@ -542,6 +563,35 @@ impl HandlerError {
             inner: error.into(),
             class: ErrorClass::Transient,
         }
+    }
+
+    /// The error's class.
+    pub fn class(&self) -> ErrorClass {
+        self.class
+    }
+
+    /// The error with `class` instead of its own.
+    pub fn with_class(mut self, class: ErrorClass) -> Self {
+        self.class = class;
+        self
+    }
+
+    /// Applies a handler's own classifier to an error of the default class
+    /// (see [`ErrorClassifier`]); other classes stay as they are.
+    #[doc(hidden)]
+    pub fn classified_by(mut self, classify: &ErrorClassifier) -> Self {
+        if self.class != ErrorClass::Default {
+            return self;
+        }
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*self.inner);
+        while let Some(e) = next {
+            if let Some(class) = classify(e) {
+                self.class = class;
+                break;
+            }
+            next = e.source();
+        }
+        self
     }
 
     /// Whether the error was made with [`HandlerError::permanent`].
@@ -583,26 +633,38 @@ where
     }
 }
 
-/// Whether `e` is a connection-level error of a dependency: the database
-/// or Redis cannot be reached now, the event is not at fault.
-fn is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
-    if let Some(r) = e.downcast_ref::<redis::RedisError>() {
-        return r.is_io_error()
-            || r.is_connection_refusal()
-            || r.is_connection_dropped()
-            || r.is_timeout()
-            || r.is_cluster_error();
+/// Whether `e` or any error of its [`source`](std::error::Error::source)
+/// chain says a dependency is out (the database or Redis cannot be reached
+/// now, or the database asks for the transaction to be tried again): the
+/// event is not at fault. What a `?` conversion into [`HandlerError`]
+/// takes as transient.
+pub fn is_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(own) = e.downcast_ref::<Error>() {
+            if own.is_transient() {
+                return true;
+            }
+        } else if let Some(r) = e.downcast_ref::<redis::RedisError>() {
+            if crate::error::redis_outage(r) {
+                return true;
+            }
+        } else if postgres_outage(e) {
+            return true;
+        }
+        next = e.source();
     }
-    #[cfg(feature = "postgres")]
-    if let Some(p) = e.downcast_ref::<sqlx::Error>() {
-        return matches!(
-            p,
-            sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-        );
-    }
+    false
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_outage(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .is_some_and(crate::error::sqlx_outage)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_outage(_: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
@@ -643,5 +705,75 @@ impl fmt::Display for HandlerError {
             source = s.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error of the user's own that wraps another (as `anyhow`'s
+    /// context or a `thiserror` `#[source]` does).
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn std::error::Error + Send + Sync>);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("projecting the balance")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct PartnerDown;
+
+    impl fmt::Display for PartnerDown {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("partner API unreachable")
+        }
+    }
+
+    impl std::error::Error for PartnerDown {}
+
+    fn refused() -> Error {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        Error::redis("reading", redis::RedisError::from(io))
+    }
+
+    #[test]
+    fn an_outage_anywhere_in_the_chain_is_transient() {
+        assert!(HandlerError::from(refused()).is_transient(), "convoy's own");
+        assert!(
+            HandlerError::from(Wrapped(Box::new(refused()))).is_transient(),
+            "wrapped in the user's error"
+        );
+        let not = Error::UnknownType {
+            type_name: "X".into(),
+            id: "1".into(),
+        };
+        assert_eq!(
+            HandlerError::from(Wrapped(Box::new(not))).class(),
+            ErrorClass::Default
+        );
+        assert_eq!(HandlerError::msg("bug").class(), ErrorClass::Default);
+    }
+
+    #[test]
+    fn a_handlers_classifier_sees_the_chain_and_leaves_other_classes() {
+        let classify: ErrorClassifier = Arc::new(|e| {
+            e.downcast_ref::<PartnerDown>()
+                .map(|_| ErrorClass::Transient)
+        });
+        let e = HandlerError::from(Wrapped(Box::new(PartnerDown))).classified_by(&classify);
+        assert!(e.is_transient(), "found in the source chain");
+        let e = HandlerError::permanent(PartnerDown).classified_by(&classify);
+        assert!(e.is_permanent(), "an explicit class stays");
+        let e = HandlerError::msg("bug").classified_by(&classify);
+        assert_eq!(e.class(), ErrorClass::Default, "nothing named");
     }
 }

@@ -61,7 +61,8 @@ pub use envelope::{Envelope, Origin, Priority, Replay};
 pub use error::{Error, Problem, Problems};
 pub use future::BoxFuture;
 pub use handler::{
-    CommandHandler, Context, EventHandler, Fence, Gap, Handle, HandlerError, Position,
+    CommandHandler, Context, ErrorClass, ErrorClassifier, EventHandler, Fence, Gap, Handle,
+    HandlerError, Position,
 };
 pub use key::KeyRule;
 pub use message::{Aggregate, Command, Event, Message, PartitionKey};

@@ -13,7 +13,8 @@ use convoy_core::config::Config;
 use convoy_core::envelope::{Envelope, Priority};
 use convoy_core::error::{Error, Problems};
 use convoy_core::handler::{
-    CommandHandler, Context, Dispatch, Dispatched, EventHandler, HandlerDescriptor,
+    CommandHandler, Context, Dispatch, Dispatched, ErrorClass, ErrorClassifier, EventHandler,
+    HandlerDescriptor,
 };
 use convoy_core::key::KeyPolicy;
 use convoy_core::message::{Command, Message, MessageDescriptor};
@@ -49,6 +50,8 @@ struct Inner {
     command_handlers: BTreeMap<&'static str, Arc<dyn CommandHandler>>,
     process_managers: Vec<PmEntry>,
     instance_id: String,
+    /// Each handler's own rule for its errors, by handler name.
+    classifiers: BTreeMap<&'static str, ErrorClassifier>,
     /// Where this domain's engines run their consumers (see
     /// [`crate::engine_runtime`]).
     engine_runtime: EngineRuntimeSlot,
@@ -169,6 +172,11 @@ impl Domain {
         &self.inner.event_handlers
     }
 
+    /// Handler `name`'s own rule for its errors, if it was given one.
+    pub(crate) fn classifier(&self, name: &str) -> Option<ErrorClassifier> {
+        self.inner.classifiers.get(name).cloned()
+    }
+
     pub(crate) fn key_policy(&self) -> &Arc<KeyPolicy> {
         &self.inner.policy
     }
@@ -200,6 +208,7 @@ pub struct DomainBuilder {
     skip_discovery: bool,
     require_all_handlers: bool,
     instance_id: Option<String>,
+    classifiers: Vec<(String, ErrorClassifier)>,
 }
 
 impl std::fmt::Debug for DomainBuilder {
@@ -327,6 +336,36 @@ impl DomainBuilder {
         self
     }
 
+    /// Gives handler (or process manager) `name` (its full name, or the
+    /// last `::` segments of it) a rule for the errors it returns with the
+    /// default class: `classify` sees the error and each error of its
+    /// source chain in turn, outermost first, and the first class it names
+    /// is the error's (see [`HandlerError`](convoy_core::handler::HandlerError)'s
+    /// error classes). For an error
+    /// type of your own, or a client's, that says "the dependency is down"
+    /// (transient: retried while it lasts, never halting) or "this event
+    /// can never succeed" (permanent). A name that matches no handler given
+    /// to this builder fails [`init`](Self::init).
+    ///
+    /// ```
+    /// # use convoy_runtime::{Domain, ErrorClass};
+    /// # #[derive(Debug)] struct PartnerDown;
+    /// # impl std::fmt::Display for PartnerDown {
+    /// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("down") }
+    /// # }
+    /// # impl std::error::Error for PartnerDown {}
+    /// let builder = Domain::builder().classify_errors("Shipping", |e| {
+    ///     e.downcast_ref::<PartnerDown>().map(|_| ErrorClass::Transient)
+    /// });
+    /// ```
+    pub fn classify_errors<F>(mut self, name: impl Into<String>, classify: F) -> Self
+    where
+        F: Fn(&(dyn std::error::Error + 'static)) -> Option<ErrorClass> + Send + Sync + 'static,
+    {
+        self.classifiers.push((name.into(), Arc::new(classify)));
+        self
+    }
+
     /// Sets this instance's id, over `[server] instance_id` and
     /// `CONVOY_INSTANCE_ID` (default: `{hostname}-{pid}-{random}`). It must
     /// not contain `:`.
@@ -403,6 +442,7 @@ impl DomainBuilder {
             tracing::warn!("{p}");
         }
         check_handler_settings(&config, &run);
+        let classifiers = resolve_classifiers(self.classifiers, &run)?;
         if facts.stream_partitioning {
             check_process_manager_shards(&config, registry.process_managers())?;
         }
@@ -455,10 +495,55 @@ impl DomainBuilder {
                 command_handlers,
                 process_managers,
                 instance_id,
+                classifiers,
                 engine_runtime: EngineRuntimeSlot::default(),
             }),
         })
     }
+}
+
+/// Each classifier's handler name, resolved among the handlers and process
+/// managers this process runs (the full name, or its last `::` segments);
+/// one that names none, or more than one, is a configuration error.
+fn resolve_classifiers(
+    given: Vec<(String, ErrorClassifier)>,
+    run: &[&'static str],
+) -> Result<BTreeMap<&'static str, ErrorClassifier>, Error> {
+    let mut out = BTreeMap::new();
+    for (name, classify) in given {
+        let suffix = format!("::{name}");
+        let mut found: Vec<&'static str> = run
+            .iter()
+            .copied()
+            .filter(|r| *r == name || r.ends_with(&suffix))
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        match found[..] {
+            [one] => {
+                out.insert(one, classify);
+            }
+            _ => {
+                return Err(Error::Config {
+                    file: "<code>".into(),
+                    message: format!(
+                        "DomainBuilder::classify_errors({name:?}): {}; this process runs: {}",
+                        if found.is_empty() {
+                            "names no handler or process manager given to this builder".to_owned()
+                        } else {
+                            format!("names several ({}): give the full name", found.join(", "))
+                        },
+                        if run.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            run.join(", ")
+                        }
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A process manager given to the builder.
@@ -477,7 +562,13 @@ fn check_handler_settings(config: &Config, run: &[&str]) {
     known.sort_unstable();
     known.dedup();
     for name in config.handlers.keys() {
-        if !run.contains(&name.as_str()) {
+        if run.is_empty() {
+            // A writer sharing the engines' file: nothing to check here.
+            tracing::debug!(
+                "{}: [handlers.{name:?}] applies where that handler runs; this process runs no handler",
+                config.origin()
+            );
+        } else if !run.contains(&name.as_str()) {
             tracing::warn!(
                 "{}: [handlers.{name:?}] names no handler or process manager this process runs, so its settings apply only where it runs (check the name if it should run here); this process runs: {}",
                 config.origin(),

@@ -135,6 +135,9 @@ impl Engine {
                 descriptor, dispatch, &registry,
             ));
         }
+        for sub in &mut subscriptions {
+            sub.classify = d.classifier(sub.name);
+        }
         ConsumerPlan::new(
             subscriptions,
             registry,

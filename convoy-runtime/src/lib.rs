@@ -314,8 +314,9 @@ pub mod __private;
 #[doc(no_inline)]
 pub use convoy_core::{
     Aggregate, BoxFuture, Broker, Capabilities, Command, CommandHandler, Config, Context, Envelope,
-    Error, Event, EventHandler, Fence, Gap, Handle, HandlerError, InlineBroker, KeyRule, Message,
-    Origin, PartitionKey, Position, Priority, Problem, Problems, ProcessManager, Replay,
+    Error, ErrorClass, ErrorClassifier, Event, EventHandler, Fence, Gap, Handle, HandlerError,
+    InlineBroker, KeyRule, Message, Origin, PartitionKey, Position, Priority, Problem, Problems,
+    ProcessManager, Replay,
 };
 pub use domain::{Domain, DomainBuilder};
 pub use engine::{Engine, EngineHandle, Health};

@@ -11,7 +11,8 @@ use crate::config::Config;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::handler::{
-    Context, Dispatch, Dispatched, Fence, Gap, HandlerDescriptor, HandlerError, Position,
+    Context, Dispatch, Dispatched, ErrorClassifier, Fence, Gap, HandlerDescriptor, HandlerError,
+    Position,
 };
 use crate::key::Escaped;
 use crate::key::KeyPolicy;
@@ -67,6 +68,10 @@ pub struct Subscription {
     /// whatever the configuration says).
     #[doc(hidden)]
     pub process_manager: bool,
+    /// The handler's own rule for its errors of the default class
+    /// (`DomainBuilder::classify_errors`).
+    #[doc(hidden)]
+    pub classify: Option<ErrorClassifier>,
     #[doc(hidden)]
     pub metrics: HandlerMetrics,
 }
@@ -124,6 +129,7 @@ impl Subscription {
             unkeyed: d.handles.iter().filter(|m| !keyed(m)).copied().collect(),
             dead_letter_poison: d.dead_letter_poison,
             process_manager: false,
+            classify: None,
             metrics: HandlerMetrics::new(d.name),
         }
     }
@@ -155,6 +161,7 @@ impl Subscription {
                 unkeyed: Vec::new(),
                 dead_letter_poison: false,
                 process_manager: true,
+                classify: None,
                 metrics: HandlerMetrics::new(d.name),
             }];
         }
@@ -176,6 +183,7 @@ impl Subscription {
                     unkeyed: here.filter(|h| !keyed(h)).map(|h| h.message).collect(),
                     dead_letter_poison: false,
                     process_manager: true,
+                    classify: None,
                     metrics: HandlerMetrics::new(d.name),
                 }
             })
@@ -424,7 +432,10 @@ impl ConsumerPlan {
                 Ok(out) => out,
                 Err(e) => {
                     sub.metrics.failed(started.elapsed());
-                    return Err(e);
+                    return Err(match &sub.classify {
+                        Some(classify) => e.classified_by(classify),
+                        None => e,
+                    });
                 }
             };
             if out == Dispatched::Handled {

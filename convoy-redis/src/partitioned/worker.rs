@@ -903,7 +903,8 @@ impl<I: UnitIo> Worker<I> {
                                 entry = %entry.id,
                                 attempts = n,
                                 error = %Escaped(&err.to_string()),
-                                "partition halted: {why}; it stays pending and nothing behind it runs until an operator skips it or moves it to the DLQ"
+                                retry = %format_args!("convoy retry {} {:?} --handler {}", origin.category, Escaped(&self.unit.key), self.group()),
+                                "partition halted: {why}; it stays pending and nothing behind it runs. Fix the cause, then run it again in place, in order (the `retry` command); skipping it or moving it to the dead letters loses or moves the event"
                             );
                             self.set_halted(true);
                             convoy_core::metrics::halted(self.group());

@@ -251,6 +251,7 @@ fn shared_configured(url: &str, reap_idle: Duration, config: Config) -> Arc<Shar
         unkeyed: Vec::new(),
         dead_letter_poison: false,
         process_manager: false,
+        classify: None,
         metrics: HandlerMetrics::new("g"),
     };
     let health = Arc::new(HealthState::default());
