@@ -358,3 +358,143 @@ async fn the_exactly_once_helpers_errors_in_an_outage_halt_no_key() {
     assert_eq!(engine.health().await.halted_units, 0);
     engine.shutdown().await.expect("shutdown");
 }
+
+/// A handler that maps its database errors to a message, as many
+/// services do: while `down`, every event of every key fails with an error
+/// of the default class; a poison event fails so always.
+struct Mapped {
+    pool: PgPool,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[event_handler(part_of = Meter, sequential_by = "key")]
+impl Mapped {
+    #[handle]
+    async fn read(&self, e: Read) -> Result<(), HandlerError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(HandlerError::msg(
+                "database unavailable: connection refused (os error 111)",
+            ));
+        }
+        if e.poison {
+            return Err(HandlerError::msg(format!("poison event {}#{}", e.key, e.n)));
+        }
+        sqlx::query("INSERT INTO effects (key, n) VALUES ($1, $2)")
+            .bind(&e.key)
+            .bind(e.n as i64)
+            .execute(&self.pool)
+            .await
+            .map_err(|err| HandlerError::msg(format!("database: {err}")))?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_wide_failure_of_the_default_class_pauses_and_halts_no_key() {
+    use std::sync::atomic::Ordering;
+    let redis = RedisServer::start().expect("start redis-server");
+    let pg = PgServer::start().expect("start PostgreSQL");
+    let db = pg.create_database("app").expect("database");
+    let pool = PgPool::connect(&db).await.expect("pool");
+    sqlx::query(
+        "CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, n bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("table");
+    // The library's retry settings (three retries, then a key halts).
+    let mut config = test_config(&redis.url());
+    config.server.retry = convoy_runtime::config::RetryConfig::default();
+    let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let domain = Domain::builder()
+        .config(config)
+        .instance_id("e0")
+        .handler(Mapped {
+            pool: pool.clone(),
+            down: down.clone(),
+        })
+        .without_discovery()
+        .init()
+        .expect("init");
+    let engine = domain.engine().spawn();
+    publish_reads(&redis, 0..PER_KEY).await;
+
+    // Every key fails for 10 s: the handler pauses, the engine is not
+    // ready, no key halts.
+    let mut saw_paused = false;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let h = engine.health().await;
+        assert_eq!(h.halted_units, 0, "no key halts: {h:?}");
+        if h.paused_handlers.iter().any(|p| p.ends_with("Mapped")) {
+            saw_paused = true;
+            assert!(!h.is_ready(), "not ready while paused: {h:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(saw_paused, "the handler paused on the handler-wide failure");
+    down.store(false, Ordering::SeqCst);
+    let expected = KEYS * PER_KEY;
+    wait_until(
+        Duration::from_secs(60),
+        "every event handled once the dependency is back",
+        || async {
+            effects(&pool)
+                .await
+                .is_some_and(|e| e.len() as u64 >= expected)
+        },
+    )
+    .await;
+    wait_until(Duration::from_secs(15), "resumed", || async {
+        engine.health().await.paused_handlers.is_empty()
+    })
+    .await;
+    let rows = effects(&pool).await.expect("effects");
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let ns: Vec<i64> = rows
+            .iter()
+            .filter(|(r, _)| *r == key)
+            .map(|(_, n)| *n)
+            .collect();
+        assert_eq!(
+            ns,
+            (0..PER_KEY as i64).collect::<Vec<_>>(),
+            "{key}: each event once, in order"
+        );
+    }
+
+    // The same failure on one key among many is poison: that key halts,
+    // alone, and the handler never pauses.
+    let writer = Domain::builder()
+        .config(test_config(&redis.url()))
+        .instance_id("writer2")
+        .init()
+        .expect("writer");
+    let mut uow = writer.unit_of_work();
+    for n in PER_KEY..PER_KEY + 10 {
+        for k in 0..KEYS {
+            let key = format!("k{k}");
+            let poison = key == POISONED && n == PER_KEY + 2;
+            uow.raise(Read { key, n, poison }).expect("raise");
+        }
+    }
+    uow.commit().await.expect("commit");
+    support::publish_outbox(&writer).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the poisoned key halts",
+        || async { engine.health().await.halted_units == 1 },
+    )
+    .await;
+    wait_until(Duration::from_secs(30), "the other keys finish", || async {
+        effects(&pool)
+            .await
+            .is_some_and(|e| e.len() as u64 >= expected + (KEYS - 1) * 10 + 2)
+    })
+    .await;
+    let h = engine.health().await;
+    assert_eq!(h.halted_units, 1, "the poisoned key alone: {h:?}");
+    assert!(h.paused_handlers.is_empty(), "{h:?}");
+    engine.shutdown().await.expect("shutdown");
+}

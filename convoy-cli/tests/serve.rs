@@ -118,3 +118,68 @@ async fn serves_the_page_with_a_token() {
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     child.kill().await.expect("kill");
 }
+
+/// SIGTERM with a tab holding its live-update connection: `convoy serve`
+/// ends the stream and exits within 5 s (an orchestrator's grace period).
+#[tokio::test]
+async fn sigterm_stops_serve_with_a_live_update_connection_open() {
+    let server = RedisServer::start().expect("start redis-server");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--redis-url", &server.url()])
+        .env_remove("CONVOY_REDIS_URL")
+        .env_remove("CONVOY_WEB_TOKEN")
+        .env_remove("CONVOY_WEB_BASIC")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("convoy serve");
+    let start = Instant::now();
+    let mut live = loop {
+        if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "convoy serve did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    live.write_all(
+        format!(
+            "GET /events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut head = vec![0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(10), live.read(&mut head))
+        .await
+        .expect("the stream answers")
+        .expect("read");
+    let head = String::from_utf8_lossy(&head[..n]).into_owned();
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.contains("text/event-stream"),
+        "{head}"
+    );
+    let pid = child.id().expect("pid").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(sent.success());
+    let stopped = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("convoy serve still running 5 s after SIGTERM"))
+        .expect("wait");
+    assert!(status.success(), "{status:?} after {:?}", stopped.elapsed());
+    drop(live);
+}

@@ -518,9 +518,10 @@ pub struct HandlerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorClass {
-    /// Retried up to `max_retries`, then the partition halts (or the event
-    /// is dead-lettered).
-    Default,
+    /// The default class: counted toward `max_retries`, then the partition
+    /// halts (or the event is dead-lettered); unless many keys of the
+    /// handler fail so at once (a handler-wide failure).
+    Counted,
     /// A dependency is down: retried for as long as it lasts, never
     /// halting.
     Transient,
@@ -541,7 +542,7 @@ impl HandlerError {
     pub fn msg(message: impl fmt::Display) -> Self {
         HandlerError {
             inner: message.to_string().into(),
-            class: ErrorClass::Default,
+            class: ErrorClass::Counted,
         }
     }
 
@@ -580,7 +581,7 @@ impl HandlerError {
     /// (see [`ErrorClassifier`]); other classes stay as they are.
     #[doc(hidden)]
     pub fn classified_by(mut self, classify: &ErrorClassifier) -> Self {
-        if self.class != ErrorClass::Default {
+        if self.class != ErrorClass::Counted {
             return self;
         }
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*self.inner);
@@ -627,7 +628,7 @@ where
         let class = if is_outage(&*inner) {
             ErrorClass::Transient
         } else {
-            ErrorClass::Default
+            ErrorClass::Counted
         };
         HandlerError { inner, class }
     }
@@ -758,9 +759,9 @@ mod tests {
         };
         assert_eq!(
             HandlerError::from(Wrapped(Box::new(not))).class(),
-            ErrorClass::Default
+            ErrorClass::Counted
         );
-        assert_eq!(HandlerError::msg("bug").class(), ErrorClass::Default);
+        assert_eq!(HandlerError::msg("bug").class(), ErrorClass::Counted);
     }
 
     #[test]
@@ -774,6 +775,6 @@ mod tests {
         let e = HandlerError::permanent(PartnerDown).classified_by(&classify);
         assert!(e.is_permanent(), "an explicit class stays");
         let e = HandlerError::msg("bug").classified_by(&classify);
-        assert_eq!(e.class(), ErrorClass::Default, "nothing named");
+        assert_eq!(e.class(), ErrorClass::Counted, "nothing named");
     }
 }

@@ -35,7 +35,7 @@ pub(crate) struct PlainConsumer {
     /// `[server.partitioning]`: how often entries of dead consumers are
     /// looked for.
     heartbeat: Duration,
-    /// `[server.retry]`, read once.
+    /// `[server.retry]` with the handler's own values over it, read once.
     retry: RetryConfig,
     /// `[server.priority_lanes]`.
     lanes: PriorityLanesConfig,
@@ -50,7 +50,7 @@ impl PlainConsumer {
         let config = &plan.config;
         let min_idle_ms = config.server.partitioning.lease_ttl_ms;
         let heartbeat = config.server.partitioning.heartbeat_interval();
-        let retry = config.server.retry.clone();
+        let retry = config.retry_for(plan.subscriptions[index].name);
         let lanes = config.server.priority_lanes.clone();
         let shards = config.broker.shards_of(plan.subscriptions[index].category);
         PlainConsumer {

@@ -146,12 +146,17 @@ fn missing_binary_is_an_error_not_a_skip() -> TestResult {
     // child process so this process's environment stays untouched.
     // Both servers: redis-server, and valkey-server with
     // CONVOY_TEST_SERVER=valkey (whatever this run's server is).
-    for (role, server) in [("missing-binary", "redis"), ("missing-valkey", "valkey")] {
+    for (role, server) in [
+        ("missing-binary", "redis"),
+        ("missing-valkey", "valkey"),
+        ("missing-redis8", "redis8"),
+    ] {
         let mut command = current_test_command("missing_binary_child")?;
         command
             .env(CHILD_ROLE, role)
             .env("CONVOY_TEST_SERVER", server)
             .env_remove("CONVOY_VALKEY_SERVER")
+            .env_remove("CONVOY_REDIS8_SERVER")
             .env("PATH", &empty);
         let mut child = ChildEngine::spawn(&mut command)?;
         let status = child.wait_timeout(Duration::from_secs(60))?;
@@ -182,6 +187,16 @@ fn missing_binary_child() {
                 error
                     .to_string()
                     .starts_with("valkey-server `valkey-server` was not found (CONVOY_TEST_SERVER=valkey); install it: `bash .ci/valkey.sh`"),
+                "{error}"
+            );
+        }
+        Ok("missing-redis8") => {
+            let error = RedisServer::start().unwrap_err();
+            assert!(error.is_redis_server_missing(), "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("the Redis 8 server `redis8-server` was not found (CONVOY_TEST_SERVER=redis8); install it: `bash .ci/redis8.sh`"),
                 "{error}"
             );
         }
@@ -416,12 +431,12 @@ fn silent_server_times_out_with_the_log_tail() -> TestResult {
 }
 
 /// `CONVOY_TEST_SERVER` chooses the server every `RedisServer` runs (the
-/// Valkey pass of the suite sets it to `valkey`): what answers is that
-/// server, as its `INFO` says.
+/// Valkey and Redis 8 passes of the suite set it to `valkey` and
+/// `redis8`): what answers is that server, as its `INFO` says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_kind_follows_the_environment() {
     use convoy_runtime::testing::ServerKind;
-    let kind = ServerKind::from_env().expect("CONVOY_TEST_SERVER is redis or valkey");
+    let kind = ServerKind::from_env().expect("CONVOY_TEST_SERVER is redis, valkey or redis8");
     let server = RedisServer::start().expect("start the chosen server");
     assert_eq!(server.kind(), kind);
     let mut c = server.connection().await.expect("connect");
@@ -446,4 +461,10 @@ async fn the_server_kind_follows_the_environment() {
         .and_then(|m| m.parse().ok())
         .expect("a version");
     assert!(major >= 7, "{version}");
+    if kind == ServerKind::Redis8 {
+        assert_eq!(
+            major, 8,
+            "CONVOY_TEST_SERVER=redis8 runs Redis 8: {version}"
+        );
+    }
 }

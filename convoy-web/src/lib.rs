@@ -265,12 +265,18 @@ impl OperatorPage {
         bound(local);
         let background = tokio::spawn(self.clone().run_background(shutdown.clone()));
         let stop = shutdown.clone();
+        let stopping = self.state.stopping.clone();
         let served = axum::serve(
             listener,
             self.router()
                 .into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .with_graceful_shutdown(async move {
+            stop.cancelled().await;
+            // Open tabs' live-update streams end now: a graceful shutdown
+            // waits for every connection.
+            stopping.cancel();
+        })
         .await
         .map_err(|source| WebError::Io { addr, source });
         shutdown.cancel();

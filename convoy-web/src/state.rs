@@ -20,6 +20,9 @@ pub(crate) struct State {
     pub(crate) samples: Mutex<Samples>,
     pub(crate) snapshots: RwLock<HashMap<String, Arc<Snapshot>>>,
     pub(crate) live_clients: Arc<Semaphore>,
+    /// Cancelled when the server stops: live-update streams end with it,
+    /// so a graceful shutdown does not wait for open tabs.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
 impl State {
@@ -42,6 +45,7 @@ impl State {
             csrf,
             samples: Mutex::new(Samples::default()),
             snapshots: RwLock::new(HashMap::new()),
+            stopping: tokio_util::sync::CancellationToken::new(),
         }
     }
 

@@ -106,13 +106,13 @@ impl InlineBroker {
     }
 
     async fn deliver(&self, plan: &ConsumerPlan, envelope: &Envelope) {
-        let retry = &plan.config.server.retry;
         let position = self.position(envelope);
         for sub in plan
             .subscriptions
             .iter()
             .filter(|s| s.categories.contains(&envelope.category.as_str()))
         {
+            let retry = &plan.config.retry_for(sub.name);
             let mut attempt = 1;
             loop {
                 match plan

@@ -34,10 +34,12 @@
 //! max_backoff_ms = 10000
 //! max_transient_backoff_ms = 30000 # a dependency down: retried until it is back
 //! outage_threshold = 3             # keys failing so at once pause the handler
+//! outage_window_ms = 10000         # ... within this, for errors of the default class
 //!
 //! [handlers."ledger-projector"]    # by handler name
 //! concurrency = 8                  # events in flight at once on this instance
 //! on_poison = "halt"               # or "dead_letter": overrides the handler's
+//! max_retries = 5                  # any [server.retry] value, for this handler
 //!
 //! [server.observability]
 //! handle_span_level = "info"       # the per-event `handle` span: trace, debug, info, warn, error
@@ -215,6 +217,18 @@ pub struct HandlerConfig {
     /// to the key's dead letters with a recorded gap and go on). Process
     /// managers always halt.
     pub on_poison: Option<PoisonPolicy>,
+    /// This handler's `max_retries`, over `[server.retry]`'s.
+    pub max_retries: Option<u32>,
+    /// This handler's `initial_backoff_ms`, over `[server.retry]`'s.
+    pub initial_backoff_ms: Option<u64>,
+    /// This handler's `max_backoff_ms`, over `[server.retry]`'s.
+    pub max_backoff_ms: Option<u64>,
+    /// This handler's `max_transient_backoff_ms`, over `[server.retry]`'s.
+    pub max_transient_backoff_ms: Option<u64>,
+    /// This handler's `outage_threshold`, over `[server.retry]`'s.
+    pub outage_threshold: Option<u32>,
+    /// This handler's `outage_window_ms`, over `[server.retry]`'s.
+    pub outage_window_ms: Option<u64>,
 }
 
 /// `on_poison`: what a head that failed past its retries (or with a
@@ -513,11 +527,19 @@ pub struct RetryConfig {
     /// fails, never counted toward `max_retries`, the wait doubling from
     /// `initial_backoff_ms` up to this, jittered.
     pub max_transient_backoff_ms: u64,
-    /// How many keys of one handler failing transiently at once make the
-    /// handler pause on this instance (an outage): it then starts no new
-    /// event for any of its keys but one probe at a time, until a probe
-    /// succeeds. `0` never pauses.
+    /// How many keys of one handler failing at once make the handler pause
+    /// on this instance (an outage): it then starts no new event for any of
+    /// its keys but one probe at a time, until a probe succeeds. Keys
+    /// failing with *transient* errors count as they fail; keys failing
+    /// with errors of the default class count when each began failing since
+    /// the handler's last success and failed within `outage_window_ms` (a
+    /// handler-wide failure: a dependency down behind an unclassified error,
+    /// or a bad deploy), and their failures then count toward no key's
+    /// `max_retries`. `0` never pauses.
     pub outage_threshold: u32,
+    /// How recent a default-class failure must be to count toward a
+    /// handler-wide failure (see `outage_threshold`).
+    pub outage_window_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -528,6 +550,7 @@ impl Default for RetryConfig {
             max_backoff_ms: 10_000,
             max_transient_backoff_ms: 30_000,
             outage_threshold: 3,
+            outage_window_ms: 10_000,
         }
     }
 }
@@ -651,6 +674,50 @@ impl Config {
     /// The `[handlers."name"] on_poison` override, if set.
     pub fn on_poison(&self, name: &str) -> Option<PoisonPolicy> {
         self.handlers.get(name).and_then(|h| h.on_poison)
+    }
+
+    /// Handler `name`'s retry policy: `[server.retry]` with the handler's
+    /// own values from `[handlers."name"]` over it.
+    pub fn retry_for(&self, name: &str) -> RetryConfig {
+        let mut r = self.server.retry.clone();
+        if let Some(h) = self.handlers.get(name) {
+            h.retry_over(&mut r);
+        }
+        r
+    }
+}
+
+impl HandlerConfig {
+    /// Whether it sets any retry value of its own.
+    pub(crate) fn has_retry(&self) -> bool {
+        self.max_retries.is_some()
+            || self.initial_backoff_ms.is_some()
+            || self.max_backoff_ms.is_some()
+            || self.max_transient_backoff_ms.is_some()
+            || self.outage_threshold.is_some()
+            || self.outage_window_ms.is_some()
+    }
+
+    /// Writes this handler's retry values over `r`.
+    fn retry_over(&self, r: &mut RetryConfig) {
+        if let Some(v) = self.max_retries {
+            r.max_retries = v;
+        }
+        if let Some(v) = self.initial_backoff_ms {
+            r.initial_backoff_ms = v;
+        }
+        if let Some(v) = self.max_backoff_ms {
+            r.max_backoff_ms = v;
+        }
+        if let Some(v) = self.max_transient_backoff_ms {
+            r.max_transient_backoff_ms = v;
+        }
+        if let Some(v) = self.outage_threshold {
+            r.outage_threshold = v;
+        }
+        if let Some(v) = self.outage_window_ms {
+            r.outage_window_ms = v;
+        }
     }
 }
 

@@ -253,6 +253,11 @@ fn out_of_range_values_name_the_key() {
             "max_backoff_ms",
         ),
         ("[handlers.\"a\"]\nconcurrency = 0\n", "concurrency"),
+        (
+            "[handlers.\"a\"]\nmax_retries = 1000000\n",
+            "[handlers.\"a\"] max_retries",
+        ),
+        ("[server.retry]\noutage_window_ms = 0\n", "outage_window_ms"),
         ("[handlers.\"a\"]\nconcurrency = 100000\n", "concurrency"),
         ("[server]\ninstance_id = \"a:b\"\n", "instance_id"),
     ] {
@@ -439,4 +444,17 @@ fn the_publish_batch_is_one_to_ten_thousand_records() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn a_handler_has_a_retry_policy_of_its_own() {
+    let c = Config::from_toml(
+        "[server.retry]\nmax_retries = 4\noutage_threshold = 5\n[handlers.\"ledger\"]\nmax_retries = 9\noutage_window_ms = 500\n",
+    )
+    .expect("valid");
+    let own = c.retry_for("ledger");
+    assert_eq!(own.max_retries, 9);
+    assert_eq!(own.outage_window_ms, 500);
+    assert_eq!(own.outage_threshold, 5, "the rest from [server.retry]");
+    assert_eq!(c.retry_for("other"), c.server.retry);
 }

@@ -88,53 +88,7 @@ impl Config {
                 "[server.priority_lanes] backfill_suffix = {suffix:?} must be a non-empty name without `:`, other than `dlq` and not of the `__name__` form"
             ));
         }
-        let r = &self.server.retry;
-        problems.add(in_range(
-            RETRY,
-            "max_retries",
-            u64::from(r.max_retries),
-            0,
-            1_000,
-            "retries",
-        ));
-        problems.add(in_range(
-            RETRY,
-            "initial_backoff_ms",
-            r.initial_backoff_ms,
-            1,
-            3_600_000,
-            "ms (1 ms to 1 h)",
-        ));
-        problems.add(in_range(
-            RETRY,
-            "max_backoff_ms",
-            r.max_backoff_ms,
-            1,
-            3_600_000,
-            "ms (1 ms to 1 h)",
-        ));
-        problems.add(in_range(
-            RETRY,
-            "max_transient_backoff_ms",
-            r.max_transient_backoff_ms,
-            1,
-            3_600_000,
-            "ms (1 ms to 1 h)",
-        ));
-        problems.add(in_range(
-            RETRY,
-            "outage_threshold",
-            u64::from(r.outage_threshold),
-            0,
-            100_000,
-            "keys (0: never pause)",
-        ));
-        if r.initial_backoff_ms > r.max_backoff_ms {
-            problems.push(format!(
-                "{RETRY} initial_backoff_ms = {} is above max_backoff_ms = {}",
-                r.initial_backoff_ms, r.max_backoff_ms
-            ));
-        }
+        check_retry(RETRY, &self.server.retry, problems);
         if self.broker.wait_acks && self.broker.wait_replicas == 0 {
             problems.push(
                 "[broker] wait_acks = true waits for wait_replicas, which is 0: set [broker] wait_replicas = 1 (or more), or leave wait_acks out".to_owned(),
@@ -156,8 +110,11 @@ impl Config {
             "threads (0: the application's runtime)",
         ));
         for (name, h) in &self.handlers {
+            let section = format!("[handlers.{name:?}]");
+            if h.has_retry() {
+                check_retry(&section, &self.retry_for(name), problems);
+            }
             if let Some(n) = h.concurrency {
-                let section = format!("[handlers.{name:?}]");
                 problems.add(in_range(
                     &section,
                     "concurrency",
@@ -353,4 +310,63 @@ fn seconds_in_range(
     Err(format!(
         "{section} {key} = {value:?} is out of range; use {min} to {upper} seconds"
     ))
+}
+
+/// The retry policy's values (`[server.retry]`, or a handler's with it
+/// under them), named under `section`.
+fn check_retry(section: &str, r: &super::RetryConfig, problems: &mut Problems) {
+    problems.add(in_range(
+        section,
+        "max_retries",
+        u64::from(r.max_retries),
+        0,
+        1_000,
+        "retries",
+    ));
+    problems.add(in_range(
+        section,
+        "initial_backoff_ms",
+        r.initial_backoff_ms,
+        1,
+        3_600_000,
+        "ms (1 ms to 1 h)",
+    ));
+    problems.add(in_range(
+        section,
+        "max_backoff_ms",
+        r.max_backoff_ms,
+        1,
+        3_600_000,
+        "ms (1 ms to 1 h)",
+    ));
+    problems.add(in_range(
+        section,
+        "max_transient_backoff_ms",
+        r.max_transient_backoff_ms,
+        1,
+        3_600_000,
+        "ms (1 ms to 1 h)",
+    ));
+    problems.add(in_range(
+        section,
+        "outage_threshold",
+        u64::from(r.outage_threshold),
+        0,
+        100_000,
+        "keys (0: never pause)",
+    ));
+    if r.initial_backoff_ms > r.max_backoff_ms {
+        problems.push(format!(
+            "{section} initial_backoff_ms = {} is above max_backoff_ms = {}",
+            r.initial_backoff_ms, r.max_backoff_ms
+        ));
+    }
+    problems.add(in_range(
+        section,
+        "outage_window_ms",
+        r.outage_window_ms,
+        1,
+        3_600_000,
+        "ms (1 ms to 1 h)",
+    ));
 }

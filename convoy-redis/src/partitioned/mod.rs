@@ -77,7 +77,7 @@ pub(crate) struct Settings {
     pub(crate) max_unacked: usize,
     /// Live partitions of a category above which a warning is logged.
     pub(crate) partition_warning: u64,
-    /// `[server.retry]`.
+    /// `[server.retry]`, with the handler's own values over it.
     pub(crate) retry: RetryConfig,
     /// `[server.priority_lanes]`: how a unit's lanes are named.
     pub(crate) priority_lanes: PriorityLanesConfig,
@@ -113,7 +113,7 @@ impl Settings {
             reap_idle: p.reap_idle(),
             max_unacked: p.max_unacked.max(1),
             partition_warning: p.partition_warning_threshold,
-            retry: config.server.retry.clone(),
+            retry: config.retry_for(sub.name),
             priority_lanes: config.server.priority_lanes.clone(),
             shards: config.broker.shards_of(sub.category),
             category_shards: sub

@@ -51,7 +51,7 @@ use super::{Shared, UnitHandle, mono_ms};
 use crate::tracing;
 use convoy_core::backoff::{Backoff, jitter};
 use convoy_core::broker::Attempt;
-use convoy_core::broker::outage::Admission;
+use convoy_core::broker::outage::{Admission, Verdict};
 use convoy_core::envelope::now_ms;
 use convoy_core::error::{Error, chain};
 use convoy_core::handler::{Fence, Gap, HandlerError, Position};
@@ -838,15 +838,30 @@ impl<I: UnitIo> Worker<I> {
                 }
                 Err(e) => Err(HandlerError::from(e)),
             };
-            match &result {
-                Ok(_) => self.s.outage.succeeded(&unit.key, probe),
+            // Many keys failing at once with default-class errors is a
+            // handler-wide failure, retried as an outage.
+            let handler_wide = match &result {
+                Ok(_) => {
+                    self.s.outage.succeeded(&unit.key, probe);
+                    false
+                }
                 Err(err) if err.is_transient() => {
                     self.s.outage.failed(&unit.key, probe, &err.to_string());
+                    false
                 }
-                Err(_) => self.s.outage.forget(&unit.key, probe),
-            }
+                Err(err) if err.is_permanent() || is_fenced_write(err) => {
+                    self.s.outage.forget(&unit.key, probe);
+                    false
+                }
+                Err(err) => {
+                    self.s
+                        .outage
+                        .failed_default(&unit.key, probe, &err.to_string())
+                        == Verdict::HandlerWide
+                }
+            };
             match result {
-                Err(err) if err.is_transient() => {
+                Err(err) if err.is_transient() || handler_wide => {
                     // A dependency is down, not the event at fault: the
                     // same event again after a capped, jittered back-off,
                     // for as long as it lasts; never counted, never halting.
@@ -885,6 +900,11 @@ impl<I: UnitIo> Worker<I> {
                     Ok((n, halted)) => {
                         self.head = Some((entry.id.clone(), n));
                         self.failures_recorded = true;
+                        if halted {
+                            // The key stops failing here: halted, or moved
+                            // past its head.
+                            self.s.outage.forget(&unit.key, false);
+                        }
                         if halted && self.dead_letters_poison() {
                             return match self.dead_letter_poison(stream, entry, n, &err).await {
                                 Ok(()) => Step::Done,

@@ -17,6 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use convoy_runtime::redis::admin::AdminError;
+use futures::StreamExt;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::auth::{host_allowed, same};
@@ -367,13 +368,17 @@ async fn events(AxState(state): AxState<Arc<State>>) -> Response {
     };
     let mut tick = tokio::time::interval(state.settings.live_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stopping = state.stopping.clone();
     let stream = futures::stream::unfold((tick, permit), |(mut tick, permit)| async move {
         tick.tick().await;
         let e = Event::default()
             .event("tick")
             .data(crate::state::now_ms().to_string());
         Some((Ok::<_, Infallible>(e), (tick, permit)))
-    });
+    })
+    // The server is stopping: the stream ends, so the connection closes
+    // and the page reconnects elsewhere (or shows that it cannot).
+    .take_until(stopping.cancelled_owned());
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
