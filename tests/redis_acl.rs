@@ -34,9 +34,9 @@ async fn a_user_limited_to_convoys_keys_runs_everything() {
     for rule in acl::rules(&["ledger"]) {
         setuser.arg(rule);
     }
-    // On servers with `CLIENT SETINFO` (Redis 7.2+, Valkey) the client
+    // On servers with `CLIENT SETINFO` (Redis 7.2+: Redis 8, Valkey) the client
     // names itself on connect: `acl::COMMANDS` says to allow it there.
-    if server.kind() == convoy_runtime::testing::ServerKind::Valkey {
+    if server.kind() != convoy_runtime::testing::ServerKind::Redis {
         setuser.arg("+client|setinfo");
     }
     let _: () = setuser.query_async(&mut root).await.expect("ACL SETUSER");

@@ -564,9 +564,9 @@ async fn credentials_in_a_cluster_url_reach_every_node_and_the_least_privilege_r
     let mut setuser = vec!["ACL", "SETUSER", "convoy", "reset", "on", ">s3cret"];
     let rules = convoy_runtime::redis::acl::rules(&["ledger"]);
     setuser.extend(rules.iter().map(String::as_str));
-    // On servers with `CLIENT SETINFO` (Redis 7.2+, Valkey) the client
+    // On servers with `CLIENT SETINFO` (Redis 7.2+: Redis 8, Valkey) the client
     // names itself on connect: `acl::COMMANDS` says to allow it there.
-    if cluster.nodes()[0].kind() == convoy_runtime::testing::ServerKind::Valkey {
+    if cluster.nodes()[0].kind() != convoy_runtime::testing::ServerKind::Redis {
         setuser.push("+client|setinfo");
     }
     for i in 0..cluster.nodes().len() {

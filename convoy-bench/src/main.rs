@@ -75,11 +75,12 @@ struct Cli {
     #[arg(long, global = true)]
     allow_flush: bool,
     /// The server the benchmark starts (without --redis-url), the cluster
-    /// scenario's nodes too: `redis` (redis-server) or `valkey`
+    /// scenario's nodes too: `redis` (redis-server), `valkey`
     /// (valkey-server: $CONVOY_VALKEY_SERVER, else on PATH; `bash
-    /// .ci/valkey.sh` installs it). Default: $CONVOY_TEST_SERVER, else
+    /// .ci/valkey.sh` installs it) or `redis8` (Redis 8:
+    /// $CONVOY_REDIS8_SERVER; `bash .ci/redis8.sh` installs it). Default: $CONVOY_TEST_SERVER, else
     /// redis.
-    #[arg(long, global = true, value_parser = ["redis", "valkey"], conflicts_with = "redis_url")]
+    #[arg(long, global = true, value_parser = ["redis", "valkey", "redis8"], conflicts_with = "redis_url")]
     server: Option<String>,
     /// Worker threads of the benchmark's tokio runtime, which runs convoy's
     /// engines and the baseline consumers alike. Default: tokio's (one per
@@ -94,6 +95,7 @@ impl Cli {
     fn server_kind(&self) -> Result<ServerKind> {
         match self.server.as_deref() {
             Some("valkey") => Ok(ServerKind::Valkey),
+            Some("redis8") => Ok(ServerKind::Redis8),
             Some(_) => Ok(ServerKind::Redis),
             None => ServerKind::from_env().map_err(|e| anyhow!("{e}")),
         }
