@@ -99,10 +99,24 @@ pub enum Command {
     /// List dead letters: the key's `{s}{category}:{key}:dlq` with a key,
     /// else the category's `{s}{category}:dlq` (ordinary handlers').
     Dlq(DlqArgs),
-    /// Put a dead letter back into its partition, on purpose. `--at tail`
-    /// (the default): after the events already in the partition, and every
-    /// handler of the category receives it again; it runs out of its
-    /// original order. `--at head`: before every event the handler that
+    /// Hold a key (or, with `--prefix`, every key starting so: a tenant's,
+    /// including keys that appear later) of a category on purpose, for one
+    /// handler (`--handler`) or all: its owner starts no new event of it
+    /// (the event in flight finishes) until `convoy resume`; it keeps its
+    /// place and its lease, and the pause survives restarts and owner
+    /// changes. Audited.
+    Pause(PauseArgs),
+    /// Lift a pause (`convoy pause`, same key or prefix and handler): the
+    /// key goes on with its next event, in order. Audited.
+    Resume(PauseArgs),
+    /// List the pauses of a category's keys and prefixes: handler, key or
+    /// prefix, reason, who, since when.
+    Pauses(PausesArgs),
+    /// Put a dead letter back into its partition, on purpose, for the
+    /// handler that dead-lettered it (the other handlers acknowledge it
+    /// without running it; `--all-handlers` names them all). `--at tail`
+    /// (the default): after the events already in the partition; it runs
+    /// out of its original order. `--at head`: before every event the handler that
     /// dead-lettered it (or --handler) has not finished, so the key's order
     /// is restored (after a mistaken dead-letter); refused when another
     /// handler already read those events, or when the partition has an
@@ -225,6 +239,43 @@ pub struct ReplayArgs {
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
+}
+
+/// Arguments of `pause` and `resume`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// The category.
+    pub category: String,
+    /// The partition key (hexadecimal with --key-hex); or --prefix.
+    #[arg(required_unless_present = "prefix", conflicts_with = "prefix")]
+    pub key: Option<String>,
+    /// KEY is hexadecimal: the key's UTF-8 bytes.
+    #[arg(long, requires = "key")]
+    pub key_hex: bool,
+    /// Every key that starts with this (a tenant's), including keys that
+    /// appear after the pause.
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// Only this handler (consumer group), by full name or last `::`
+    /// segment; by default every handler of the category.
+    #[command(flatten)]
+    pub handler: HandlerArg,
+    /// Why (with `pause`), shown beside the paused key.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+/// Arguments of `pauses`.
+#[derive(Debug, Args)]
+pub struct PausesArgs {
+    /// The category.
+    pub category: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `acl`.

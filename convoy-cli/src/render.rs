@@ -3,7 +3,7 @@
 
 use convoy_runtime::key::{Escaped, needs_escape};
 use convoy_runtime::redis::admin::{
-    AuditRecord, CategoryReport, DeadLetter, Head, HeadOp, HeadOutcome, Inspection,
+    AuditRecord, CategoryReport, DeadLetter, Head, HeadOp, HeadOutcome, Inspection, KeyPause,
     PartitionStatus, ReplayOutcome,
 };
 use convoy_runtime::redis::keys;
@@ -225,6 +225,17 @@ fn halt_text(p: &PartitionStatus) -> String {
     s
 }
 
+/// An operator's pause, unescaped (callers escape or truncate): who, since
+/// when, why.
+pub fn pause_text(k: &KeyPause) -> String {
+    let mut s = format!("paused by {} since {}", k.operator, utc(k.since_ms));
+    if !k.reason.is_empty() {
+        s.push_str(": ");
+        s.push_str(&k.reason);
+    }
+    s
+}
+
 /// `convoy partitions`: one row per key and handler, then the totals.
 /// Keys are escaped and cut to fit, or whole in hexadecimal with
 /// `key_hex`.
@@ -284,16 +295,17 @@ pub fn partitions(r: &CategoryReport, key_hex: bool) -> String {
             len,
             p.pending.to_string(),
             p.lag.map_or_else(|| "?".to_owned(), |l| l.to_string()),
-            match (p.halted, p.behind_halt, &p.gap) {
-                (true, Some(n), _) => format!("yes, {n} behind"),
-                (true, None, _) => "yes".to_owned(),
-                (false, _, Some(_)) => "no (gap)".to_owned(),
-                (false, _, None) => "no".to_owned(),
+            match (p.halted, p.behind_halt, &p.gap, &p.key_pause) {
+                (true, Some(n), _, _) => format!("yes, {n} behind"),
+                (true, None, _, _) => "yes".to_owned(),
+                (false, _, _, Some(_)) => "paused".to_owned(),
+                (false, _, Some(_), None) => "no (gap)".to_owned(),
+                (false, _, None, None) => "no".to_owned(),
             },
-            if p.halted {
-                truncate(&halt_text(p), CELL)
-            } else {
-                String::new()
+            match (&p.key_pause, p.halted) {
+                (_, true) => truncate(&halt_text(p), CELL),
+                (Some(k), false) => truncate(&pause_text(k), CELL),
+                (None, false) => String::new(),
             },
         ]);
     }
@@ -505,10 +517,10 @@ pub fn head_summary(category: &str, i: &Inspection, h: &Head) -> String {
         ),
         None => format!("undecodable ({})", dash_text(h.decode_error.as_ref())),
     };
-    let state = if s.halted {
-        format!("halted ({})", truncate(&halt_text(s), CELL))
-    } else {
-        "running".to_owned()
+    let state = match (&s.key_pause, s.halted) {
+        (_, true) => format!("halted ({})", truncate(&halt_text(s), CELL)),
+        (Some(k), false) => truncate(&pause_text(k), CELL),
+        (None, false) => "running".to_owned(),
     };
     format!(
         "partition {} for handler {} is {state}\nhead {}: {what}\n",
@@ -827,6 +839,7 @@ mod tests {
             last_error: halted.then(|| "poison event c1#3".to_owned()),
             gap: None,
             gaps: 0,
+            key_pause: None,
         }
     }
 

@@ -1152,3 +1152,52 @@ async fn replay_at_head_restores_the_order_after_a_mistaken_dead_letter() {
     );
     engine.shutdown().await.expect("shutdown");
 }
+
+/// `convoy pause`, `pauses`, `partitions` and `resume`: a paused key runs
+/// no new event and shows as paused with its reason; resumed, it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_a_key_from_the_command_line() {
+    let s = setup(Duration::from_millis(1));
+    let engine = s.domain.engine().spawn();
+    s.publish(&[posted("c0", 0, false), posted("c1", 0, false)])
+        .await;
+    wait_until(WAIT, "both keys handled", || async {
+        s.seen("c0").len() == 1 && s.seen("c1").len() == 1
+    })
+    .await;
+    let r = s
+        .convoy(&["pause", "ledger", "c1", "--reason", "fixing data", "--yes"])
+        .await
+        .ok();
+    assert!(
+        r.stdout
+            .starts_with("paused key \"c1\" of category ledger for every handler"),
+        "{r:?}"
+    );
+    let r = s.convoy(&["pauses", "ledger"]).await.ok();
+    assert!(
+        r.stdout.contains("key \"c1\"")
+            && r.stdout.contains("test-op")
+            && r.stdout.contains("fixing data"),
+        "{r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.publish(&[posted("c0", 1, false), posted("c1", 1, false)])
+        .await;
+    wait_until(WAIT, "c0 goes on", || async { s.seen("c0").len() == 2 }).await;
+    let r = s.convoy(&["partitions", "ledger"]).await.ok();
+    assert!(
+        r.stdout.contains("  paused  paused by test-op since"),
+        "{r:?}"
+    );
+    assert_eq!(s.seen("c1"), ids("c1", &[0]));
+    let e = s.convoy(&["pause", "ledger", "c1", "--yes"]).await;
+    assert_eq!(e.code, 1, "{e:?}");
+    assert!(e.stderr.contains("paused already"), "{e:?}");
+    s.convoy(&["resume", "ledger", "c1", "--yes"]).await.ok();
+    wait_until(WAIT, "c1 resumed", || async { s.seen("c1").len() == 2 }).await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1]));
+    let e = s.convoy(&["resume", "ledger", "c1", "--yes"]).await;
+    assert!(e.stderr.contains("is not paused"), "{e:?}");
+    engine.shutdown().await.expect("shutdown");
+}

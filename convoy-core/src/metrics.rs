@@ -27,6 +27,7 @@
 //! | `convoy_gaps_total` | counter | `handler` | poisoned heads moved to their key's dead letters with a recorded gap (`on_poison = "dead_letter"`) |
 //! | `convoy_handler_paused` | gauge | `handler` | 1 while the handler is paused on this instance: `outage_threshold` of its keys failed with transient errors at once (a dependency is down); it probes with one event at a time |
 //! | `convoy_handler_paused_seconds_total` | counter | `handler` | time the handler spent paused on this instance |
+//! | `convoy_keys_paused` | gauge | `handler` | keys this instance holds with an event waiting while an operator's pause holds them (`convoy pause`) |
 
 use std::time::Duration;
 
@@ -64,6 +65,8 @@ pub const REDIS_RECONNECTS: &str = "convoy_redis_reconnects_total";
 pub const GAPS: &str = "convoy_gaps_total";
 /// `convoy_handler_paused`.
 pub const HANDLER_PAUSED: &str = "convoy_handler_paused";
+/// Gauge: keys held by an operator's pause, with an event waiting.
+pub const KEYS_PAUSED: &str = "convoy_keys_paused";
 /// `convoy_handler_paused_seconds_total`.
 pub const HANDLER_PAUSED_SECONDS: &str = "convoy_handler_paused_seconds_total";
 
@@ -166,6 +169,18 @@ pub fn gap(handler: &'static str) {
 
 pub(crate) fn paused(handler: &'static str, on: bool) {
     ::metrics::gauge!(HANDLER_PAUSED, "handler" => handler).set(if on { 1.0 } else { 0.0 });
+}
+
+/// One more (`on`) or one fewer key of `handler` waits on an operator's
+/// pause on this instance.
+#[doc(hidden)]
+pub fn key_paused(handler: &'static str, on: bool) {
+    let g = ::metrics::gauge!(KEYS_PAUSED, "handler" => handler);
+    if on {
+        g.increment(1.0);
+    } else {
+        g.decrement(1.0);
+    }
 }
 
 pub(crate) fn paused_for(handler: &'static str, took: Duration) {

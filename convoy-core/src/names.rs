@@ -194,6 +194,12 @@ pub fn shards(category: &str) -> String {
     format!("convoy:shards:{category}")
 }
 
+/// `convoy:pauses:{category}`: operators' pauses of the category's keys and
+/// key prefixes (a hash outside the shards).
+pub fn pauses(category: &str) -> String {
+    format!("convoy:pauses:{category}")
+}
+
 /// `convoy:key_field:{category}`: the field a category's events are
 /// partitioned by, recorded by the first engine or publisher that knows it
 /// and checked by every other one.

@@ -56,6 +56,7 @@ pub mod keys;
 mod layout;
 mod loss;
 mod partitioned;
+pub(crate) mod pause;
 mod plain;
 mod reply;
 mod routing;

@@ -65,6 +65,24 @@ pub(crate) async fn hint<'a>(
         .map_err(|e| Error::redis("failed to write wake-ups", e))
 }
 
+/// Wakes every engine following `category`'s wake-ups to read the pauses
+/// of its keys again (an entry with `p`, after an operator paused or
+/// resumed a key or prefix).
+pub(crate) async fn pauses_changed(conn: &mut Conn, category: &str) -> Result<(), Error> {
+    let mut c = redis::cmd("XADD");
+    c.arg(names::wake_stream(category))
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(names::WAKE_MAXLEN)
+        .arg("*")
+        .arg("p")
+        .arg("1");
+    c.query_async::<Value>(conn)
+        .await
+        .map(drop)
+        .map_err(|e| Error::redis("failed to write the wake-up of a pause", e))
+}
+
 /// How long [`hint_later`] keeps trying.
 const HINT_LATER_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -89,11 +107,13 @@ pub(crate) async fn hint_later(mut conn: Conn, keys: Vec<(String, String)>) {
     }
 }
 
-/// A wake-up: a key with new events, or a key whose lease was just released.
+/// A wake-up: a key with new events, a key whose lease was just released,
+/// or (`pauses`, with no key) operators' pauses changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wake {
     pub(crate) key: String,
     pub(crate) released: bool,
+    pub(crate) pauses: bool,
 }
 
 /// Follows the wake streams of `categories` and reports the keys they name,
@@ -161,11 +181,19 @@ pub(crate) async fn follow(
                             ids[i] = e.id.clone();
                             if let Some(f) = &e.fields {
                                 let released = f.iter().any(|(k, _)| k == "r");
+                                if f.iter().any(|(k, _)| k == "p") {
+                                    batch.push(Wake {
+                                        key: String::new(),
+                                        released: false,
+                                        pauses: true,
+                                    });
+                                }
                                 for (k, v) in f {
                                     if k == "k" {
                                         batch.push(Wake {
                                             key: String::from_utf8_lossy(v).into_owned(),
                                             released,
+                                            pauses: false,
                                         });
                                     }
                                 }

@@ -11,6 +11,7 @@ mod head;
 mod inspect;
 mod outbox;
 mod partitions;
+mod pause;
 mod replay;
 mod serve;
 
@@ -44,6 +45,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Gaps(args) => gaps::run(&session(&conn).await?, &args).await?,
         Command::Dlq(args) => dlq::run(&session(&conn).await?, &args).await?,
         Command::Replay(args) => replay::run(&session(&conn).await?, &args).await?,
+        Command::Pause(args) => pause::run(&session(&conn).await?, &args, true).await?,
+        Command::Resume(args) => pause::run(&session(&conn).await?, &args, false).await?,
+        Command::Pauses(args) => pause::list(&session(&conn).await?, &args).await?,
         Command::Audit(args) => audit::run(&session(&conn).await?, &args).await?,
     };
     print(&out)

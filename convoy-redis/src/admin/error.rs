@@ -147,6 +147,45 @@ pub enum AdminError {
         problem: String,
     },
 
+    /// Pausing what is paused already (for that handler).
+    #[error(
+        "{} of category {category} is paused already for {}, by {} since {} ({}); resume it first to pause it anew",
+        pause.target,
+        pause.handler.as_deref().unwrap_or("every handler"),
+        pause.operator,
+        super::utc(pause.since_ms),
+        pause.reason
+    )]
+    AlreadyPaused {
+        /// The category.
+        category: String,
+        /// The pause in force.
+        pause: Box<crate::pause::KeyPause>,
+    },
+
+    /// A pause of an empty key or prefix.
+    #[error(
+        "an empty key or prefix pauses nothing in category {category}: name a key, or the prefix its tenant's keys start with"
+    )]
+    EmptyPause {
+        /// The category.
+        category: String,
+    },
+
+    /// Resuming what is not paused (for that handler).
+    #[error(
+        "{target} of category {category} is not paused for {}; `convoy pauses {category}` lists the pauses",
+        handler.as_deref().unwrap_or("every handler")
+    )]
+    NotPaused {
+        /// The category.
+        category: String,
+        /// The handler named (`None`: every handler).
+        handler: Option<String>,
+        /// The key or prefix.
+        target: crate::pause::PauseTarget,
+    },
+
     /// No consumer group is registered for the category.
     #[error(
         "no handler is registered for category {category} (the set {} is empty); start an engine with a sequential_by handler on it, or check the category name",
@@ -258,6 +297,9 @@ impl AdminError {
                 | AdminError::NotAStream { .. }
                 | AdminError::EntryDeleted { .. }
                 | AdminError::NotAbandoned { .. }
+                | AdminError::AlreadyPaused { .. }
+                | AdminError::EmptyPause { .. }
+                | AdminError::NotPaused { .. }
         )
     }
 }

@@ -89,9 +89,11 @@ mod inspect;
 mod outbox;
 mod page;
 mod partitions;
+mod pauses;
 mod status;
 mod time;
 
+pub use crate::pause::{KeyPause, PauseTarget};
 pub use audit::{AuditRecord, KeyAudit};
 pub use dlq::{DeadLetter, HeadReplay, ReplayOutcome};
 pub use error::AdminError;
@@ -100,6 +102,7 @@ pub use inspect::{Head, Inspection};
 pub use outbox::{OutboxOp, OutboxOutcome};
 pub use page::{CategorySummary, Instance, KeyPage, RecentEntry, ScanCursor};
 pub use partitions::{CategoryReport, Totals};
+pub use pauses::PauseOutcome;
 pub use status::{GapRecord, PartitionStatus};
 pub use time::utc;
 

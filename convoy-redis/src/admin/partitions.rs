@@ -221,6 +221,14 @@ impl Admin {
             }
         }
         self.liveness(category, &mut rows, &incarnations).await?;
+        let pauses = crate::pause::read(&mut self.conn.clone(), category)
+            .await
+            .map_err(|e| Error::redis("reading the pauses", e))?;
+        if !pauses.is_empty() {
+            for r in &mut rows {
+                r.key_pause = pauses.iter().find(|p| p.holds(&r.group, &r.key)).cloned();
+            }
+        }
         Ok(rows)
     }
 }

@@ -84,6 +84,10 @@ pub struct PartitionStatus {
     pub gap: Option<GapRecord>,
     /// Gaps recorded for the key since it was first owned.
     pub gaps: u64,
+    /// An operator's pause that holds the key for this handler (`convoy
+    /// pause`): its owner starts no new event of the key until it is
+    /// resumed.
+    pub key_pause: Option<crate::pause::KeyPause>,
 }
 
 /// A gap recorded beside a unit: the head that `on_poison =
@@ -320,5 +324,6 @@ pub(super) fn status(
             dead_letter_id: non_empty(unit, "gap_dlq").unwrap_or_default(),
         }),
         gaps: num("gaps").unwrap_or(0),
+        key_pause: None,
     }
 }

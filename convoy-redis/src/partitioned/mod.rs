@@ -36,6 +36,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Connection;
+use super::pause::{self, Pauses};
 use super::scripts::Replicated;
 use super::unit::Unit;
 use super::wake;
@@ -43,7 +44,7 @@ use convoy_core::backoff::Backoff;
 use convoy_core::broker::outage::Outage;
 use convoy_core::broker::{ConsumerPlan, Subscription};
 use convoy_core::config::{Config, PoisonPolicy, PriorityLanesConfig, RetryConfig};
-use convoy_core::error::chain;
+use convoy_core::error::{Error, chain};
 use convoy_core::names;
 
 use crate::tracing;
@@ -150,6 +151,9 @@ pub(crate) struct Shared {
     /// The handler's transient failures on this instance: an outage
     /// pauses it (see [`Outage`]).
     pub(crate) outage: Outage,
+    /// Operators' pauses of the handler's keys and key prefixes, as this
+    /// instance last read them (see [`crate::pause`]).
+    pub(crate) pauses: Pauses,
 }
 
 impl Shared {
@@ -204,6 +208,28 @@ impl Shared {
     pub(crate) fn ttl(&self) -> Duration {
         self.settings.lease_ttl
     }
+
+    /// Reads the operators' pauses of the handler's categories again; on
+    /// an error the pauses known stay, and the next reading tries again.
+    pub(crate) async fn read_pauses(&self) {
+        let mut all = Vec::new();
+        for c in self.categories() {
+            let read = match self.redis.shared().await {
+                Ok(mut conn) => pause::read(&mut conn, c)
+                    .await
+                    .map_err(|e| Error::redis("reading the pauses", e)),
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(p) => all.extend(p),
+                Err(e) => {
+                    tracing::warn!(handler = self.group(), category = *c, error = %chain(&e), "cannot read the operators' pauses; the ones known stay until the next reading");
+                    return;
+                }
+            }
+        }
+        self.pauses.update(all);
+    }
 }
 
 /// Discovers, leases and shares the units of one handler: a thin loop over
@@ -232,6 +258,7 @@ impl Coordinator {
             .map(|s| names::alive(s, sub.name, &owner))
             .collect();
         let outage = Outage::new(sub.name, &settings.retry, plan.health.clone());
+        let pauses = Pauses::new(sub.name);
         let acks = acks::Lanes::new(if redis.is_cluster() { shards } else { 1 });
         Coordinator {
             shared: Arc::new(Shared {
@@ -248,6 +275,7 @@ impl Coordinator {
                 shards,
                 acks,
                 outage,
+                pauses,
             }),
             exits: rx,
             membership: Membership::default(),
@@ -274,6 +302,7 @@ impl Coordinator {
                 }
             }
         }
+        s.read_pauses().await;
         let (wake_tx, mut wake_rx) = mpsc::channel(64);
         // One follower per category: their wake streams are in different
         // hash slots, which one blocking read cannot span on a cluster.
@@ -309,6 +338,7 @@ impl Coordinator {
                         // Wake-ups may have been missed.
                         self.discovery.rescan_for(s.ttl());
                         self.ownership.wake_all();
+                        s.read_pauses().await;
                     }
                     None => {}
                 },
@@ -343,7 +373,10 @@ impl Coordinator {
     async fn on_wake(&mut self, wakes: Vec<wake::Wake>, shutdown: &CancellationToken) {
         let mut unknown = Vec::new();
         let mut seen = HashSet::new();
-        for w in wakes {
+        if wakes.iter().any(|w| w.pauses) {
+            self.shared.read_pauses().await;
+        }
+        for w in wakes.into_iter().filter(|w| !w.pauses) {
             if w.released {
                 self.ownership.released(&w.key);
             }
@@ -381,6 +414,8 @@ impl Coordinator {
         self.heartbeats = self.heartbeats.wrapping_add(1);
         if self.heartbeats.is_multiple_of(PRUNE_EVERY) {
             self.ownership.prune();
+            // A pause whose wake-up was lost is read here at the latest.
+            self.shared.read_pauses().await;
         }
         let s = self.shared.clone();
         match self.membership.heartbeat(&s).await {

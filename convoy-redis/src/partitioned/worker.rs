@@ -775,6 +775,9 @@ impl<I: UnitIo> Worker<I> {
                     Err(exit) => Step::Exit(exit),
                 };
             }
+            if let Err(exit) = self.wait_while_paused().await {
+                return Step::Exit(exit);
+            }
             if entry.replayed_elsewhere(self.group()) {
                 // An operator replayed a dead letter to other handlers:
                 // this one handled the event already.
@@ -941,6 +944,38 @@ impl<I: UnitIo> Worker<I> {
                 },
             }
         }
+    }
+
+    /// Waits while an operator's pause holds the unit's key (see
+    /// [`crate::pause`]): what was handled is acknowledged first, no new
+    /// event starts, the lease is kept (the heartbeat renews it). Returns
+    /// at once when the handler holds no pause.
+    async fn wait_while_paused(&mut self) -> Result<(), Exit> {
+        let mut changes = self.s.pauses.subscribe();
+        let Some(pause) = self.s.pauses.holding(&self.unit.key) else {
+            return Ok(());
+        };
+        self.flush().await?;
+        tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), operator = %Escaped(&pause.operator), reason = %Escaped(&pause.reason), "key paused by an operator: no new event starts until it is resumed (the lease is kept)");
+        convoy_core::metrics::key_paused(self.group(), true);
+        let stopped = loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => break true,
+                _ = changes.changed() => {}
+            }
+            if self.s.pauses.holding(&self.unit.key).is_none() {
+                break false;
+            }
+        };
+        convoy_core::metrics::key_paused(self.group(), false);
+        if stopped {
+            return Err(Exit::Release);
+        }
+        tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "key resumed by an operator");
+        if self.past_deadline() {
+            return Err(Exit::Expired);
+        }
+        Ok(())
     }
 
     /// Whether this handler's poisoned heads go to the key's dead letters

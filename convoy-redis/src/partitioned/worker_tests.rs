@@ -284,6 +284,7 @@ fn shared_configured(url: &str, reap_idle: Duration, config: Config) -> Arc<Shar
         liveness,
         acks: super::super::acks::Lanes::new(1),
         outage,
+        pauses: crate::pause::Pauses::new("g"),
     })
 }
 
