@@ -66,7 +66,17 @@ struct UndeclaredStock;
 #[derive(Event, Serialize, Deserialize, Debug, Clone)]
 #[event(part_of = UndeclaredStock)]
 struct StockCounted {
+    sku: Option<String>,
+    n: u64,
+}
+
+/// A stock adjustment as the unaware writer raises it: the consumer's
+/// type on the wire, without a key.
+#[derive(Event, Serialize, Deserialize, Debug, Clone)]
+#[event(part_of = UndeclaredStock, name = "StockAdjusted")]
+struct UnawareAdjusted {
     sku: String,
+    warehouse: String,
     n: u64,
 }
 
@@ -340,7 +350,7 @@ async fn a_writer_declaring_another_key_is_refused_at_start_and_at_commit_with_n
     let unaware = domain(test_config(&url), "unaware").init().expect("init");
     let mut uow = unaware.unit_of_work();
     uow.raise(StockCounted {
-        sku: "sku-0".into(),
+        sku: Some("sku-0".into()),
         n: 0,
     })
     .expect("raise");
@@ -374,12 +384,15 @@ async fn a_consumer_with_another_key_is_refused_at_start() {
     );
 }
 
-/// The PostgreSQL case: rows committed unkeyed before any process recorded
-/// the key (a writer that knew none), then a consumer records it: the
-/// relay refuses them and they stay pending, never published to the
-/// category's unkeyed stream.
+/// The PostgreSQL case: rows committed unkeyed before any consumer ever ran
+/// (a writer that knows no key, in a first deployment), then a consumer
+/// records the key: the relay routes each row by that field of its
+/// payload, in its place, so the consumer handles every event per key in
+/// commit order; nothing goes to the category's unkeyed stream, and a row
+/// whose payload holds no key there is abandoned with the reason, for an
+/// operator to fix and retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pending() {
+async fn rows_committed_unkeyed_before_any_consumer_are_routed_by_their_payload() {
     let server = RedisServer::start().expect("start redis-server");
     let pg = PgServer::start().expect("start PostgreSQL");
     let db = pg.create_database("app").expect("database");
@@ -392,32 +405,57 @@ async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pendi
     // The unaware writer commits while nothing is recorded yet.
     let writer = domain(config.clone(), "writer").init().expect("init");
     for n in 0..3 {
-        let mut tx = pool.begin().await.expect("begin");
-        let mut uow = writer.unit_of_work();
-        uow.raise(StockCounted {
-            sku: "sku-0".into(),
-            n,
-        })
-        .expect("raise");
-        uow.raise(Noted {
-            note: format!("counted {n}"),
-        })
-        .expect("raise");
-        uow.commit_in(&mut tx).await.expect("commit_in");
-        tx.commit().await.expect("commit");
+        for k in 0..2 {
+            let mut tx = pool.begin().await.expect("begin");
+            let mut uow = writer.unit_of_work();
+            uow.raise(UnawareAdjusted {
+                sku: format!("sku-{k}"),
+                warehouse: "w1".into(),
+                n,
+            })
+            .expect("raise");
+            uow.raise(Noted {
+                note: format!("counted {n}"),
+            })
+            .expect("raise");
+            uow.commit_in(&mut tx).await.expect("commit_in");
+            tx.commit().await.expect("commit");
+        }
     }
+    let mut tx = pool.begin().await.expect("begin");
+    let mut uow = writer.unit_of_work();
+    uow.raise(StockCounted { sku: None, n: 99 }).expect("raise");
+    uow.commit_in(&mut tx).await.expect("commit_in");
+    tx.commit().await.expect("commit");
     // The consumer starts and records `sku`.
     let consumer = start_consumer(&server).await;
     // A relay (an engine of the unaware writer's domain) meets the rows.
     let relay = writer.engine().spawn();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let want: BTreeMap<String, Vec<u64>> = [
+        ("sku-0".to_owned(), vec![0, 1, 2]),
+        ("sku-1".to_owned(), vec![0, 1, 2]),
+        ("sku-2".to_owned(), vec![]),
+    ]
+    .into();
+    wait_until(WAIT, "every routed row handled", || async {
+        handled(&server).await == want
+    })
+    .await;
+    assert_eq!(
+        handled(&server).await,
+        want,
+        "each SKU's rows handled once, in commit order"
+    );
     let pending = writer.outbox().pending(10).await.expect("pending");
-    assert_eq!(pending.len(), 3, "the stock rows stay pending: {pending:?}");
+    assert!(pending.is_empty(), "nothing stranded: {pending:?}");
+    let abandoned = writer.outbox().abandoned(10).await.expect("abandoned");
+    assert_eq!(abandoned.len(), 1, "{abandoned:?}");
+    let reason = pg
+        .psql("app", "SELECT reason FROM convoy_outbox WHERE status = 2")
+        .expect("psql");
     assert!(
-        pending
-            .iter()
-            .all(|r| r.envelope.category == "stock" && r.attempts > 0),
-        "their failures counted: {pending:?}"
+        reason.contains("partitioned by `sku`") && reason.contains("is not a key"),
+        "{reason}"
     );
     assert_eq!(
         base_stream_len(&server).await,
@@ -430,7 +468,7 @@ async fn a_relay_meeting_a_category_recorded_with_a_key_keeps_unkeyed_rows_pendi
         .await
         .expect("xlen");
     assert_eq!(
-        audit, 3,
+        audit, 6,
         "the other category's rows are published all the same"
     );
     relay.shutdown().await.expect("shutdown");

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::{OutboxRecord, OutboxStore};
 use crate::broker::{Broker, KeyUse, Producer, Publication, PublishError};
 use crate::config::PriorityLanesConfig;
+use crate::envelope::Envelope;
 use crate::error::{Error, chain};
 use crate::future::BoxFuture;
 use crate::key::Escaped;
@@ -194,28 +195,58 @@ impl OutboxProcessor {
             return Ok(nothing(settled));
         }
         // A category the broker records as partitioned by a field is never
-        // published without a key for an event that carries the field (a
-        // writer that knew no key raised it): those records stay pending,
-        // loudly (their failures counted), and the rest of the batch goes
-        // out. Checked once per category and shape in this process
-        // (unkeyed shapes again every few seconds).
-        let mut refused = self.refused_unkeyed(&batch).await?;
+        // published without a key for an event that carries the field: a
+        // writer raised it before the category's key was recorded (or
+        // without knowing it). Such a record is routed by that field of
+        // its payload, in its place in the batch (the key's order kept);
+        // one whose payload holds no valid key there is abandoned with the
+        // reason, for an operator to fix and retry (`convoy outbox`).
+        // Checked once per category and shape in this process (unkeyed
+        // shapes again every few seconds).
+        let refused = self.refused_unkeyed(&batch).await?;
         if !refused.is_empty() {
-            let (out, kept): (Vec<Publication>, Vec<Publication>) = batch
-                .into_iter()
-                .partition(|p| refused.iter().any(|(c, _)| *c == p.envelope.category));
-            for p in &out {
-                self.store.record_failure(p.seq).await?;
+            let mut kept = Vec::with_capacity(batch.len());
+            let mut routed = 0usize;
+            for mut p in batch {
+                let field = refused.iter().find_map(|(c, e)| match e {
+                    Error::KeyFieldMismatch { recorded, .. } if *c == p.envelope.category => {
+                        Some(recorded.as_str())
+                    }
+                    _ => None,
+                });
+                let Some(field) = field.filter(|_| p.envelope.partition_key.is_none()) else {
+                    kept.push(p);
+                    continue;
+                };
+                match self.key_in_payload(&p.envelope.payload, field) {
+                    Ok(key) => {
+                        let mut envelope = Envelope::clone(&p.envelope);
+                        envelope.partition_key = Some(key);
+                        p.envelope = Arc::new(envelope);
+                        routed += 1;
+                        kept.push(p);
+                    }
+                    Err(reason) => {
+                        let reason = format!(
+                            "category {} is partitioned by `{field}` but this record was raised without a key, and {reason}: fix the row's payload and retry it",
+                            Escaped(&p.envelope.category)
+                        );
+                        tracing::error!(seq = p.seq, id = %Escaped(&p.envelope.id), reason = %Escaped(&reason), "outbox record abandoned");
+                        self.store.mark_abandoned(p.seq, reason).await?;
+                        settled += 1;
+                    }
+                }
             }
-            if kept.is_empty() {
-                metrics::outbox_publish_failed();
-                let (_, first) = refused.swap_remove(0);
-                return Err(first);
-            }
-            for (category, e) in &refused {
-                tracing::error!(category = %Escaped(category), error = %chain(e), "outbox records of this category stay pending; the rest are published");
+            if routed > 0 {
+                tracing::warn!(
+                    records = routed,
+                    "outbox records raised without a key, of categories partitioned by a field, routed by that field of their payload (a writer raised them before the category's key was recorded, or without knowing it: declare the key on the aggregate, #[aggregate(partition_key = ..)])"
+                );
             }
             batch = kept;
+            if batch.is_empty() {
+                return Ok(nothing(settled));
+            }
         }
         Ok(Prepared {
             batch,
@@ -332,6 +363,27 @@ impl OutboxProcessor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             == Some(producer)
+    }
+
+    /// The partition key in `field` of a JSON payload (a string, or an
+    /// integer as its digits), checked as a raise checks it; why not.
+    fn key_in_payload(&self, payload: &str, field: &str) -> Result<String, String> {
+        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(payload)
+            .map_err(|e| format!("its payload is not a JSON object ({e})"))?;
+        let key = match map.get(field) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+            Some(other) => {
+                return Err(format!(
+                    "its payload's `{field}` is not a key (a string or an integer): {other}"
+                ));
+            }
+            None => return Err(format!("its payload has no `{field}`")),
+        };
+        check_key(Some(&key), &self.lanes.backfill_suffix).map_err(|rule| {
+            format!("its payload's `{field}` {key:?} is not a valid key: {rule}")
+        })?;
+        Ok(key)
     }
 
     fn check(&self, r: &OutboxRecord) -> Result<(), String> {
