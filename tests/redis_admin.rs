@@ -483,6 +483,13 @@ async fn undelivered_heads_and_several_groups() {
         .expect_err("unknown");
     assert!(matches!(e, AdminError::UnknownHandler { .. }), "{e}");
     let e = admin
+        .resolve_group("othre", None, None)
+        .await
+        .expect_err("a typo");
+    assert!(matches!(e, AdminError::UnknownCategory { .. }), "{e}");
+    // A category an engine ran once, whose handlers are gone.
+    let _: () = c.sadd(keys::CATEGORIES, "other").await.expect("sadd");
+    let e = admin
         .resolve_group("other", None, None)
         .await
         .expect_err("none");

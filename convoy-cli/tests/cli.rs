@@ -427,19 +427,23 @@ async fn the_handler_must_be_named_when_ambiguous() {
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("app::One, app::Two"), "{r:?}");
     assert!(r.stderr.contains("pass --handler"), "{r:?}");
+    // The handler resolves; the key is one the category never had, and
+    // is named as such (not shown as an unowned partition).
     let r = convoy(
         server.dir(),
         &["inspect", "ledger", "c1", "--handler", "Two"],
         Some(&url),
     )
-    .await
-    .ok();
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
     assert!(
-        r.stdout
-            .lines()
-            .any(|l| l.starts_with("handler ") && l.ends_with(" app::Two")),
+        r.stderr.contains("category ledger has no partition \"c1\""),
         "{r:?}"
     );
+    // So is a category no engine ever ran a handler of (a typo).
+    let r = convoy(server.dir(), &["partitions", "ledgre"], Some(&url)).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("no category \"ledgre\" here"), "{r:?}");
     let r = convoy(
         server.dir(),
         &["skip", "ledger", "c1", "--handler", "Three", "--yes"],
@@ -834,10 +838,12 @@ async fn the_cli_applies_the_engine_s_environment_overrides() {
     let lists = |var: &'static str| {
         let url = url.clone();
         async move {
-            let r = run_convoy(dir, &["partitions", "ledger"], &[(var, &url)])
-                .await
-                .ok();
-            assert!(r.stdout.contains("no live partitions"), "{var}: {r:?}");
+            // It reached the server: an empty one knows no category.
+            let r = run_convoy(dir, &["partitions", "ledger"], &[(var, &url)]).await;
+            assert!(
+                r.stderr.contains("no category \"ledger\" here"),
+                "{var}: {r:?}"
+            );
         }
     };
     // No --redis-url, no domain.toml: the URL from the environment.

@@ -68,6 +68,7 @@ pub const COMMANDS: &[&str] = &[
     "+srem",
     "+scard",
     "+smembers",
+    "+sismember",
     "+sscan",
     "+pexpire",
     "+persist",

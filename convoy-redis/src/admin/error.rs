@@ -163,6 +163,29 @@ pub enum AdminError {
         pause: Box<crate::pause::KeyPause>,
     },
 
+    /// A category no engine or publisher ever used here (a typo?).
+    #[error(
+        "no category {category:?} here: no engine ever ran a handler of it (a typo?); known categories: {}",
+        if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+    )]
+    UnknownCategory {
+        /// The name given.
+        category: String,
+        /// The categories convoy knows here.
+        known: Vec<String>,
+    },
+
+    /// A key the category never had: no stream, no state, not in its index.
+    #[error(
+        "category {category} has no partition {key:?}: no event of it was published and no handler holds state for it (check the key; `convoy partitions {category}` lists them)"
+    )]
+    UnknownKey {
+        /// The category.
+        category: String,
+        /// The key given.
+        key: String,
+    },
+
     /// A pause of an empty key or prefix.
     #[error(
         "an empty key or prefix pauses nothing in category {category}: name a key, or the prefix its tenant's keys start with"
@@ -298,6 +321,8 @@ impl AdminError {
                 | AdminError::EntryDeleted { .. }
                 | AdminError::NotAbandoned { .. }
                 | AdminError::AlreadyPaused { .. }
+                | AdminError::UnknownCategory { .. }
+                | AdminError::UnknownKey { .. }
                 | AdminError::EmptyPause { .. }
                 | AdminError::NotPaused { .. }
         )

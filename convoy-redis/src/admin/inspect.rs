@@ -72,6 +72,9 @@ impl Admin {
         }
         pipe.cmd("GET").arg(&unit.lease);
         pipe.cmd("HGETALL").arg(&unit.state);
+        pipe.cmd("SISMEMBER")
+            .arg(names::partition_index(unit.shard, category))
+            .arg(key);
         let mut c = self.conn.clone();
         let v: Vec<Value> = pipe
             .query_async(&mut c)
@@ -82,6 +85,14 @@ impl Admin {
         let infos = [group_infos(&get(1)), group_infos(&get(4))];
         let pendings = [first_pending(&get(2)), first_pending(&get(5))];
         let state = string_map(&get(7));
+        // No stream, no lease, no state and not in the index: a key the
+        // category never had (a typo), not an unowned partition.
+        if lens == [0, 0] && get(6) == Value::Nil && state.is_empty() && ok_int(&get(8)) != 1 {
+            return Err(AdminError::UnknownKey {
+                category: category.to_owned(),
+                key: key.to_owned(),
+            });
+        }
         let mut rows = [status(
             key,
             unit.shard,

@@ -259,6 +259,20 @@ impl Admin {
         })
     }
 
+    /// Why a category has no handler: it is unknown here (a typo), or no
+    /// engine of a `sequential_by` handler ran on it yet.
+    pub(crate) async fn no_handlers(&self, category: &str) -> AdminError {
+        match self.categories().await {
+            Ok(known) if !known.iter().any(|c| c == category) => AdminError::UnknownCategory {
+                category: category.to_owned(),
+                known,
+            },
+            _ => AdminError::NoHandlers {
+                category: category.to_owned(),
+            },
+        }
+    }
+
     /// Picks the consumer group an operation on `key` is meant for.
     ///
     /// With `handler`, it must name a registered group, exactly or as the
@@ -283,9 +297,7 @@ impl Admin {
                 return Ok((*one).clone());
             }
             if registered.is_empty() {
-                return Err(AdminError::NoHandlers {
-                    category: category.to_owned(),
-                });
+                return Err(self.no_handlers(category).await);
             }
             return Err(AdminError::UnknownHandler {
                 category: category.to_owned(),
@@ -294,9 +306,7 @@ impl Admin {
             });
         }
         match registered.len() {
-            0 => Err(AdminError::NoHandlers {
-                category: category.to_owned(),
-            }),
+            0 => Err(self.no_handlers(category).await),
             1 => Ok(registered[0].clone()),
             _ => {
                 let mut halted = Vec::new();

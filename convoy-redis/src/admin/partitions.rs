@@ -75,6 +75,11 @@ impl Admin {
         super::check_category(category)?;
         let shards = self.shards(category).await?;
         let groups = self.groups(category).await?;
+        if groups.is_empty()
+            && let err @ AdminError::UnknownCategory { .. } = self.no_handlers(category).await
+        {
+            return Err(err);
+        }
         let keys_ = self.partition_keys(category, shards).await?;
         let scopes = self.scopes(&groups, category).await?;
         let mut rows = Vec::with_capacity(keys_.len() * groups.len());

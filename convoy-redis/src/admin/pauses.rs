@@ -138,9 +138,9 @@ impl Admin {
         }
         match handler {
             Some(h) => Ok(Some(self.resolve_group(category, None, Some(h)).await?)),
-            None if self.groups(category).await?.is_empty() => Err(AdminError::NoHandlers {
-                category: category.to_owned(),
-            }),
+            None if self.groups(category).await?.is_empty() => {
+                Err(self.no_handlers(category).await)
+            }
             None => Ok(None),
         }
     }

@@ -273,15 +273,18 @@ impl IntoResponse for Failure {
 
 impl From<AdminError> for Failure {
     fn from(e: AdminError) -> Self {
-        let status = if e.is_refusal() {
+        let status = if matches!(
+            e,
+            AdminError::BadCategory { .. }
+                | AdminError::NoSuchDeadLetter { .. }
+                | AdminError::UnknownCategory { .. }
+                | AdminError::UnknownKey { .. }
+        ) {
+            StatusCode::NOT_FOUND
+        } else if e.is_refusal() {
             StatusCode::CONFLICT
         } else if e.is_unreachable() {
             StatusCode::BAD_GATEWAY
-        } else if matches!(
-            e,
-            AdminError::BadCategory { .. } | AdminError::NoSuchDeadLetter { .. }
-        ) {
-            StatusCode::NOT_FOUND
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
         };
