@@ -561,7 +561,7 @@ fn the_commands_name_tests_examples_packages_and_variables_that_exist() {
     for path in sources.iter().filter(|p| **p != this) {
         code.push_str(&fs::read_to_string(path).unwrap_or_default());
     }
-    for script in ["run", "test", "valkey.sh"] {
+    for script in ["run", "test", "valkey.sh", "redis8.sh"] {
         code.push_str(&read(&format!(".ci/{script}")));
     }
 

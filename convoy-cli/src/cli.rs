@@ -61,7 +61,8 @@ pub struct Connection {
         default_value = "domain.toml"
     )]
     pub config: PathBuf,
-    /// Who is acting, recorded in the audit stream [default: $USER].
+    /// Who is acting, recorded in the audit stream [default: $USER, else
+    /// $LOGNAME, else `uid N@host`].
     #[arg(long, global = true, value_name = "NAME")]
     pub operator: Option<String>,
 }

@@ -74,14 +74,32 @@ pub async fn connect(t: &Target) -> Result<Admin, CliError> {
     Ok(admin.backfill_suffix(t.backfill_suffix.clone()))
 }
 
-/// The operator's name: `--operator`, else `$USER`, else `$LOGNAME`.
+/// The operator's name: `--operator`, else `$USER`, else `$LOGNAME`, else
+/// the process's uid and host.
 pub fn operator(conn: &Connection) -> String {
     conn.operator
         .clone()
         .or_else(|| std::env::var("USER").ok())
         .or_else(|| std::env::var("LOGNAME").ok())
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
+        .unwrap_or_else(process_identity)
+}
+
+/// Who runs this process when no name was given (a container or a cron
+/// job without `$USER`): `uid {uid}@{host}`, so the audit record still
+/// says who acted.
+fn process_identity() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid().to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("uid {uid}@{host}")
 }
 
 /// What a command on the partitions works with: the admin API and who

@@ -1207,3 +1207,38 @@ async fn pause_and_resume_a_key_from_the_command_line() {
     assert!(e.stderr.contains("is not paused"), "{e:?}");
     engine.shutdown().await.expect("shutdown");
 }
+
+/// Without `--operator`, `$USER` or `$LOGNAME` (a container, a cron job),
+/// the audit record still says who acted: the process's uid and host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_without_a_user_name_is_audited_as_uid_at_host() {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    let mut c = server.connection().await.expect("connection");
+    for s in 0..keys::DEFAULT_SHARDS {
+        let _: () = c
+            .sadd(keys::groups(s, "ledger"), "app::One")
+            .await
+            .expect("sadd");
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["pause", "ledger", "c1", "--yes", "--redis-url", &url])
+        .current_dir(server.dir())
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("CONVOY_REDIS_URL")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run convoy");
+    assert!(out.status.success(), "{out:?}");
+    let audit = convoy(server.dir(), &["audit", "--json"], Some(&url))
+        .await
+        .ok()
+        .json();
+    let operator = audit[0]["fields"]["operator"].as_str().unwrap_or_default();
+    assert!(
+        operator.starts_with("uid ") && operator.contains('@'),
+        "{audit}"
+    );
+}
