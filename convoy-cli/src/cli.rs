@@ -62,7 +62,7 @@ pub struct Connection {
     )]
     pub config: PathBuf,
     /// Who is acting, recorded in the audit stream [default: $USER, else
-    /// $LOGNAME, else `uid N@host`].
+    /// $LOGNAME, else uid N at the host].
     #[arg(long, global = true, value_name = "NAME")]
     pub operator: Option<String>,
 }
