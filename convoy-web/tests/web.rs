@@ -805,3 +805,73 @@ async fn partitions_of_a_paused_handler_show_as_paused_until_its_dependency_is_b
     assert!(!r.body.contains(">c0</a>"), "{}", r.body);
     engine.shutdown().await.expect("shutdown");
 }
+
+/// Pause and resume a key from its page: the button posts, the page
+/// redirects to the key's live status (a reload sends nothing again), the
+/// key shows paused with who and why and runs no new event; resumed, it
+/// goes on in order. A read-only page shows no button and refuses the POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_paused_and_resumed_from_its_page() {
+    let s = setup();
+    let engine = s.domain.engine().spawn();
+    s.publish(&[posted("c1", 0, false)]).await;
+    wait_until(WAIT, "c1#0 handled", || async { s.seen("c1").len() == 1 }).await;
+    let page = s.page(settings()).await;
+    let router = page.router();
+    let r = get(&router, "/c/ledger/key?key=c1").await.ok();
+    assert!(r.body.contains("Pause this key for"), "{}", r.body);
+    let fields = [
+        ("csrf", r.field("csrf")),
+        ("key", "c1".to_owned()),
+        ("handler", s.group.clone()),
+        ("reason", "fixing c1 by hand".to_owned()),
+    ];
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let done = post(&router, "/c/ledger/pause", &fields, Some(&r.cookie())).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert!(
+        done.headers["location"]
+            .to_str()
+            .expect("location")
+            .ends_with("/c/ledger/key?key=c1"),
+        "{:?}",
+        done.headers
+    );
+    let r = get(&router, "/c/ledger/key?key=c1").await.ok();
+    assert!(
+        r.body.contains("paused by an operator") && r.body.contains("fixing c1 by hand"),
+        "{}",
+        r.body
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.publish(&[posted("c1", 1, false)]).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0]), "paused: no new event");
+    // Read-only: no button, and the POST is refused.
+    let ro = s
+        .page(Settings {
+            read_only: true,
+            ..settings()
+        })
+        .await
+        .router();
+    let r2 = get(&ro, "/c/ledger/key?key=c1").await.ok();
+    assert!(!r2.body.contains("Resume key"), "{}", r2.body);
+    let refused = post(&ro, "/c/ledger/resume", &fields, Some(&r.cookie())).await;
+    assert_ne!(refused.status, StatusCode::SEE_OTHER);
+    // Resumed from the page.
+    let resume = [
+        ("csrf", r.field("csrf")),
+        ("key", "c1".to_owned()),
+        ("handler", s.group.clone()),
+    ];
+    let resume: Vec<(&str, &str)> = resume.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let done = post(&router, "/c/ledger/resume", &resume, Some(&r.cookie())).await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    wait_until(WAIT, "c1 resumed", || async { s.seen("c1").len() == 2 }).await;
+    assert_eq!(s.seen("c1"), ids("c1", &[0, 1]));
+    let audit = s.audit("c1").await;
+    let ops: Vec<&str> = audit.iter().map(|a| a["op"].as_str()).collect();
+    assert_eq!(ops, ["pause", "resume"], "{audit:?}");
+    engine.shutdown().await.expect("shutdown");
+}

@@ -103,7 +103,12 @@ impl Admin {
         )];
         self.liveness(category, &mut rows, &[state.get("inc").cloned()])
             .await?;
-        let [status] = rows;
+        let [mut status] = rows;
+        status.key_pause = crate::pause::read(&mut self.conn.clone(), category)
+            .await
+            .map_err(|e| Error::redis("reading the pauses", e))?
+            .into_iter()
+            .find(|p| p.holds(group, key));
         let lanes = [(Lane::Primary, &primary), (Lane::Backfill, &backfill)];
 
         // The first pending entry, else the first not yet delivered.

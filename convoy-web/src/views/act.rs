@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use axum::extract::{Extension, Form, Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
-use convoy_runtime::redis::admin::{AdminError, HeadOp, HeadReplay, HeadRequest, Inspection, Lane};
+use axum::response::IntoResponse;
+use convoy_runtime::redis::admin::{
+    AdminError, HeadOp, HeadReplay, HeadRequest, Inspection, Lane, PauseTarget,
+};
 use maud::{Markup, html};
 use serde::Deserialize;
 
@@ -656,4 +659,71 @@ pub(crate) async fn replay(
             p { a class="button" href=(key_url(&state, &category, &f.key)) { "Back to the key" } }
         },
     )))
+}
+
+/// The form of a pause or resume: the key page's button.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PauseForm {
+    #[serde(default)]
+    csrf: String,
+    key: String,
+    /// The handler (empty: every handler).
+    #[serde(default)]
+    handler: String,
+    /// A prefix pause's prefix (resume only): held instead of the key.
+    prefix: Option<String>,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Pauses a key for a handler (`/c/{category}/pause`), then redirects to
+/// the key's live status, so a reload never sends it again.
+pub(crate) async fn pause(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Extension(operator): Extension<Operator>,
+    headers: HeaderMap,
+    Form(f): Form<PauseForm>,
+) -> Result<axum::response::Response, Failure> {
+    pause_or_resume(&state, &category, &operator, &headers, &f, true).await
+}
+
+/// Resumes a paused key or prefix (`/c/{category}/resume`), then
+/// redirects to the key's live status.
+pub(crate) async fn resume(
+    AxState(state): AxState<Arc<State>>,
+    Path(category): Path<String>,
+    Extension(operator): Extension<Operator>,
+    headers: HeaderMap,
+    Form(f): Form<PauseForm>,
+) -> Result<axum::response::Response, Failure> {
+    pause_or_resume(&state, &category, &operator, &headers, &f, false).await
+}
+
+async fn pause_or_resume(
+    state: &State,
+    category: &str,
+    operator: &Operator,
+    headers: &HeaderMap,
+    f: &PauseForm,
+    pause: bool,
+) -> Result<axum::response::Response, Failure> {
+    check_csrf(state, headers, &f.csrf)?;
+    let target = match &f.prefix {
+        Some(p) if !pause => PauseTarget::Prefix(p.clone()),
+        _ => PauseTarget::Key(f.key.clone()),
+    };
+    let handler = (!f.handler.is_empty()).then_some(f.handler.as_str());
+    if pause {
+        state
+            .admin
+            .pause(category, &target, handler, &f.reason, &operator.0)
+            .await?;
+    } else {
+        state
+            .admin
+            .resume(category, &target, handler, &operator.0)
+            .await?;
+    }
+    Ok(axum::response::Redirect::to(&key_url(state, category, &f.key)).into_response())
 }

@@ -50,6 +50,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/c/{category}/retry-all", post(act::retry_all))
         .route("/c/{category}/confirm-replay", get(act::confirm_replay))
         .route("/c/{category}/replay", post(act::replay))
+        .route("/c/{category}/pause", post(act::pause))
+        .route("/c/{category}/resume", post(act::resume))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -69,6 +71,8 @@ fn is_action(path: &str) -> bool {
             "/retry-all",
             "/confirm-replay",
             "/replay",
+            "/pause",
+            "/resume",
         ]
         .iter()
         .any(|a| path.ends_with(a))

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::StatusCode;
 use convoy_runtime::redis::admin::{
-    AuditRecord, DeadLetter, Inspection, PartitionStatus, ScanCursor,
+    AuditRecord, DeadLetter, Inspection, PartitionStatus, PauseTarget, ScanCursor,
 };
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{Failure, State, View, age, cut, enc, html_response, layout, pretty, short, utc};
+use super::{
+    Failure, State, View, age, csrf_field, cut, enc, html_response, layout, pretty, short, utc,
+};
 use crate::chart::lag_chart;
 use crate::state::{RowState, Series, now_ms};
 
@@ -611,6 +613,36 @@ fn unit(state: &State, category: &str, key: &str, group: &str, i: &Inspection) -
                 }
                 @if let Some(g) = &s.gap {
                     dt { "gap" } dd { "entry " span class="mono" { (g.entry_id) } " (message " (g.message_id) ") dead-lettered as " span class="mono" { (g.dead_letter_id) } ": " (g.reason) }
+                }
+                @if let Some(p) = &s.key_pause {
+                    dt { "paused by an operator" } dd class="err" id=(format!("paused-{}", short(group))) {
+                        (p.operator) " since " (utc(p.since_ms))
+                        @if !p.reason.is_empty() { ": " (p.reason) }
+                        @if p.handler.is_none() { " (every handler)" } @else if !matches!(p.target, PauseTarget::Key(_)) { " (" (p.target) ")" }
+                    }
+                }
+            }
+            @if !state.settings.read_only {
+                @match &s.key_pause {
+                    Some(p) => {
+                        form method="post" action=(state.url(&format!("/c/{category}/resume"))) {
+                            (csrf_field(state))
+                            input type="hidden" name="key" value=(key);
+                            input type="hidden" name="handler" value=(p.handler.as_deref().unwrap_or(""));
+                            @if let PauseTarget::Prefix(prefix) = &p.target { input type="hidden" name="prefix" value=(prefix); }
+                            button type="submit" class="resume" { "Resume " (p.target) }
+                        }
+                    }
+                    None => {
+                        form method="post" action=(state.url(&format!("/c/{category}/pause"))) {
+                            (csrf_field(state))
+                            input type="hidden" name="key" value=(key);
+                            input type="hidden" name="handler" value=(group);
+                            label { "reason " input type="text" name="reason" maxlength="200" required; }
+                            " "
+                            button type="submit" class="pause" { "Pause this key for " (short(group)) }
+                        }
+                    }
                 }
             }
             @if let Some(h) = &i.head {
