@@ -57,17 +57,12 @@ impl Projector {
     }
 }
 
-async fn effects(pool: &PgPool) -> Option<Vec<(String, i64)>> {
-    sqlx::query_as("SELECT key, n FROM effects ORDER BY id")
-        .fetch_all(pool)
-        .await
-        .ok()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_outage_with_a_backlog_halts_no_key_and_every_event_is_handled_once_in_order() {
+/// A Redis and a PostgreSQL of the test's own, a database with the
+/// `effects` table, and a pool on it that fails fast while PostgreSQL is
+/// down.
+async fn servers() -> (RedisServer, PgServer, String, PgPool) {
     let redis = RedisServer::start().expect("start redis-server");
-    let mut pg = PgServer::start().expect("start PostgreSQL");
+    let pg = PgServer::start().expect("start PostgreSQL");
     let db = pg.create_database("app").expect("database");
     let pool = PgPoolOptions::new()
         .max_connections(4)
@@ -80,6 +75,19 @@ async fn a_database_outage_with_a_backlog_halts_no_key_and_every_event_is_handle
     .execute(&pool)
     .await
     .expect("table");
+    (redis, pg, db, pool)
+}
+
+async fn effects(pool: &PgPool) -> Option<Vec<(String, i64)>> {
+    sqlx::query_as("SELECT key, n FROM effects ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_with_a_backlog_halts_no_key_and_every_event_is_handled_once_in_order() {
+    let (redis, mut pg, _db, pool) = servers().await;
     // Two retries, fast: a database outage counted as failures would halt
     // every key within a second.
     let mut config = test_config(&redis.url());
@@ -258,20 +266,7 @@ async fn no_halt_during(engine: &convoy_runtime::EngineHandle, span: Duration, w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exactly_once_helpers_errors_in_an_outage_halt_no_key() {
-    let redis = RedisServer::start().expect("start redis-server");
-    let mut pg = PgServer::start().expect("start PostgreSQL");
-    let db = pg.create_database("app").expect("database");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_millis(500))
-        .connect_lazy(&db)
-        .expect("pool");
-    sqlx::query(
-        "CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, n bigint NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .expect("table");
+    let (redis, mut pg, db, pool) = servers().await;
     // The library's retry counts, fast: an outage counted as failures
     // would halt keys within a second.
     let mut config = test_config(&redis.url());
@@ -392,16 +387,7 @@ impl Mapped {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_wide_failure_of_the_default_class_pauses_and_halts_no_key() {
     use std::sync::atomic::Ordering;
-    let redis = RedisServer::start().expect("start redis-server");
-    let pg = PgServer::start().expect("start PostgreSQL");
-    let db = pg.create_database("app").expect("database");
-    let pool = PgPool::connect(&db).await.expect("pool");
-    sqlx::query(
-        "CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, n bigint NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .expect("table");
+    let (redis, _pg, _db, pool) = servers().await;
     // The library's retry settings (three retries, then a key halts).
     let mut config = test_config(&redis.url());
     config.server.retry = convoy_runtime::config::RetryConfig::default();

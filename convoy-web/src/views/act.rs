@@ -676,28 +676,19 @@ pub(crate) struct PauseForm {
     reason: String,
 }
 
-/// Pauses a key for a handler (`/c/{category}/pause`), then redirects to
-/// the key's live status, so a reload never sends it again.
+/// Pauses a key for a handler (`/c/{category}/pause`) or resumes a paused
+/// key or prefix (`/c/{category}/resume`), then redirects to the key's
+/// live status, so a reload never sends it again.
 pub(crate) async fn pause(
     AxState(state): AxState<Arc<State>>,
     Path(category): Path<String>,
+    uri: axum::http::Uri,
     Extension(operator): Extension<Operator>,
     headers: HeaderMap,
     Form(f): Form<PauseForm>,
 ) -> Result<axum::response::Response, Failure> {
-    pause_or_resume(&state, &category, &operator, &headers, &f, true).await
-}
-
-/// Resumes a paused key or prefix (`/c/{category}/resume`), then
-/// redirects to the key's live status.
-pub(crate) async fn resume(
-    AxState(state): AxState<Arc<State>>,
-    Path(category): Path<String>,
-    Extension(operator): Extension<Operator>,
-    headers: HeaderMap,
-    Form(f): Form<PauseForm>,
-) -> Result<axum::response::Response, Failure> {
-    pause_or_resume(&state, &category, &operator, &headers, &f, false).await
+    let pause = uri.path().ends_with("/pause");
+    pause_or_resume(&state, &category, &operator, &headers, &f, pause).await
 }
 
 async fn pause_or_resume(

@@ -51,7 +51,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/c/{category}/confirm-replay", get(act::confirm_replay))
         .route("/c/{category}/replay", post(act::replay))
         .route("/c/{category}/pause", post(act::pause))
-        .route("/c/{category}/resume", post(act::resume))
+        .route("/c/{category}/resume", post(act::pause))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
