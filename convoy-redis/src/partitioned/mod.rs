@@ -242,6 +242,9 @@ pub(crate) struct Coordinator {
     ownership: Ownership,
     /// Heartbeats so far.
     heartbeats: u32,
+    /// The units owned at the last periodic summary (leases taken and
+    /// released are DEBUG lines, one per partition; the summary is INFO).
+    reported: usize,
 }
 
 /// Heartbeats between two sweeps for workers that ended unreported.
@@ -282,6 +285,7 @@ impl Coordinator {
             discovery: Discovery::default(),
             ownership: Ownership::default(),
             heartbeats: 0,
+            reported: 0,
         }
     }
 
@@ -413,6 +417,17 @@ impl Coordinator {
     async fn cycle(&mut self, shutdown: &CancellationToken) -> bool {
         self.heartbeats = self.heartbeats.wrapping_add(1);
         if self.heartbeats.is_multiple_of(PRUNE_EVERY) {
+            let owned = self.ownership.owned();
+            if owned != self.reported {
+                tracing::info!(
+                    handler = self.shared.group(),
+                    owned,
+                    before = self.reported,
+                    "this instance owns {owned} partitions of the handler (was {}); each lease taken or released is a DEBUG line",
+                    self.reported
+                );
+                self.reported = owned;
+            }
             self.ownership.prune();
             // A pause whose wake-up was lost is read here at the latest.
             self.shared.read_pauses().await;

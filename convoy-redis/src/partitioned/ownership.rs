@@ -452,7 +452,7 @@ impl Ownership {
                 };
                 left = left.saturating_sub(1);
                 let key = unit.key.clone();
-                tracing::info!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
+                tracing::debug!(handler = s.group(), key = ?Escaped(&key), generation = taken.generation, halted = taken.halted, "lease acquired");
                 convoy_core::metrics::acquired(s.group(), 1);
                 let handle = worker::spawn(
                     s.clone(),

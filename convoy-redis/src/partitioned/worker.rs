@@ -305,7 +305,7 @@ impl<I: UnitIo> Worker<I> {
                 false
             }
             Exit::Retired => {
-                tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), "drained idle partition retired");
+                tracing::debug!(handler = self.group(), key = ?Escaped(&self.unit.key), "drained idle partition retired");
                 false
             }
         }
@@ -1260,7 +1260,7 @@ impl<I: UnitIo> Worker<I> {
     async fn release(&self) -> bool {
         match self.io.release().await {
             Ok(Released::Released) => {
-                tracing::info!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "lease released");
+                tracing::debug!(handler = self.group(), key = ?Escaped(&self.unit.key), token = %self.token, "lease released");
                 true
             }
             Ok(Released::NotHeld) => true,
